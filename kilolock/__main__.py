@@ -1,0 +1,3 @@
+from kilolock.cli import main
+
+raise SystemExit(main())

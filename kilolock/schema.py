@@ -1,0 +1,257 @@
+"""Provider schemas and attribute paths as Kilolock's own types.
+
+Both plugin protocol versions are converted into these (kilolock.provider), the codec compiles
+them into wire types (kilolock.codec), and the store keeps them as JSON in the shape Terraform
+prints with ``terraform providers schema -json`` so the two can be compared directly.
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+
+class NestingMode(enum.IntEnum):
+    """Numbers as on the wire (tfplugin5/6 ``NestingMode``)."""
+
+    INVALID = 0
+    SINGLE = 1
+    LIST = 2
+    SET = 3
+    MAP = 4
+    GROUP = 5
+
+
+@dataclass(frozen=True)
+class Attribute:
+    name: str
+    # cty JSON type spec, compact (e.g. b'["map","string"]'); None when nested_type is set.
+    type: bytes | None = None
+    nested_type: NestedObject | None = None
+    description: str = ""
+    required: bool = False
+    optional: bool = False
+    computed: bool = False
+    sensitive: bool = False
+    deprecated: bool = False
+    write_only: bool = False
+
+
+@dataclass(frozen=True)
+class NestedObject:
+    """A protocol-6 nested attribute type (``Schema.Object``); GROUP does not occur here."""
+
+    attributes: tuple[Attribute, ...]
+    nesting: NestingMode
+
+
+@dataclass(frozen=True)
+class Block:
+    attributes: tuple[Attribute, ...] = ()
+    block_types: tuple[NestedBlock, ...] = ()
+    version: int = 0
+    description: str = ""
+    deprecated: bool = False
+
+
+@dataclass(frozen=True)
+class NestedBlock:
+    type_name: str
+    block: Block
+    nesting: NestingMode
+    min_items: int = 0
+    max_items: int = 0
+
+
+@dataclass(frozen=True)
+class Schema:
+    version: int
+    block: Block
+
+
+@dataclass(frozen=True)
+class ProviderSchema:
+    protocol_version: int
+    provider: Schema
+    resource_schemas: dict[str, Schema] = field(default_factory=dict)
+    data_source_schemas: dict[str, Schema] = field(default_factory=dict)
+    provider_meta: Schema | None = None
+
+
+# --- attribute paths -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GetAttr:
+    name: str
+
+
+@dataclass(frozen=True)
+class Index:
+    """An element step; ``key`` is a str (map key) or an int (list index)."""
+
+    key: Union[str, int]
+
+
+PathStep = Union[GetAttr, Index]
+AttributePath = tuple[PathStep, ...]
+
+
+def path_to_state_json(path: AttributePath) -> list[dict[str, Any]]:
+    """One path in Terraform's ``sensitive_attributes`` shape."""
+    steps: list[dict[str, Any]] = []
+    for step in path:
+        if isinstance(step, GetAttr):
+            steps.append({"type": "get_attr", "value": step.name})
+        else:
+            kind = "string" if isinstance(step.key, str) else "number"
+            steps.append({"type": "index", "value": {"value": step.key, "type": kind}})
+    return steps
+
+
+def path_from_state_json(steps: list[dict[str, Any]]) -> AttributePath:
+    out: list[PathStep] = []
+    for step in steps:
+        if step["type"] == "get_attr":
+            out.append(GetAttr(step["value"]))
+        elif step["type"] == "index":
+            out.append(Index(step["value"]["value"]))
+        else:
+            raise ValueError(f"unknown path step type {step['type']!r}")
+    return tuple(out)
+
+
+def path_display(path: AttributePath) -> str:
+    """Human form, as Terraform sorts and prints paths: ``.tags["k"]``, ``.rule[0].cidr``."""
+    parts = []
+    for step in path:
+        if isinstance(step, GetAttr):
+            parts.append("." + step.name)
+        elif isinstance(step.key, str):
+            parts.append("[" + json.dumps(step.key) + "]")
+        else:
+            parts.append(f"[{step.key}]")
+    return "".join(parts)
+
+
+# --- JSON form (``terraform providers schema -json``) ------------------------------------------
+
+_NESTING_NAMES = {m: m.name.lower() for m in NestingMode if m is not NestingMode.INVALID}
+_NESTING_BY_NAME = {v: k for k, v in _NESTING_NAMES.items()}
+
+
+def _attribute_to_json(attr: Attribute) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if attr.type is not None:
+        out["type"] = json.loads(attr.type)
+    if attr.nested_type is not None:
+        out["nested_type"] = {
+            "attributes": {a.name: _attribute_to_json(a) for a in attr.nested_type.attributes},
+            "nesting_mode": _NESTING_NAMES[attr.nested_type.nesting],
+        }
+    if attr.description:
+        out["description"] = attr.description
+        out["description_kind"] = "plain"
+    for flag in ("required", "optional", "computed", "sensitive", "deprecated", "write_only"):
+        if getattr(attr, flag):
+            out[flag] = True
+    return out
+
+
+def block_to_json(block: Block) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if block.attributes:
+        out["attributes"] = {a.name: _attribute_to_json(a) for a in block.attributes}
+    if block.block_types:
+        types: dict[str, Any] = {}
+        for nb in block.block_types:
+            item: dict[str, Any] = {"nesting_mode": _NESTING_NAMES[nb.nesting], "block": block_to_json(nb.block)}
+            if nb.min_items:
+                item["min_items"] = nb.min_items
+            if nb.max_items:
+                item["max_items"] = nb.max_items
+            types[nb.type_name] = item
+        out["block_types"] = types
+    if block.description:
+        out["description"] = block.description
+        out["description_kind"] = "plain"
+    if block.deprecated:
+        out["deprecated"] = True
+    return out
+
+
+def schema_to_json(schema: Schema) -> dict[str, Any]:
+    return {"version": schema.version, "block": block_to_json(schema.block)}
+
+
+def _attribute_from_json(name: str, obj: dict[str, Any]) -> Attribute:
+    nested = None
+    if "nested_type" in obj:
+        nt = obj["nested_type"]
+        nested = NestedObject(
+            attributes=tuple(_attribute_from_json(n, a) for n, a in sorted(nt.get("attributes", {}).items())),
+            nesting=_NESTING_BY_NAME[nt["nesting_mode"]],
+        )
+    type_bytes = None
+    if "type" in obj:
+        type_bytes = json.dumps(obj["type"], separators=(",", ":"), sort_keys=True).encode()
+    return Attribute(
+        name=name,
+        type=type_bytes,
+        nested_type=nested,
+        description=obj.get("description", ""),
+        required=obj.get("required", False),
+        optional=obj.get("optional", False),
+        computed=obj.get("computed", False),
+        sensitive=obj.get("sensitive", False),
+        deprecated=obj.get("deprecated", False),
+        write_only=obj.get("write_only", False),
+    )
+
+
+def block_from_json(obj: dict[str, Any], version: int = 0) -> Block:
+    return Block(
+        attributes=tuple(_attribute_from_json(n, a) for n, a in sorted(obj.get("attributes", {}).items())),
+        block_types=tuple(
+            NestedBlock(
+                type_name=n,
+                block=block_from_json(b.get("block", {})),
+                nesting=_NESTING_BY_NAME[b["nesting_mode"]],
+                min_items=b.get("min_items", 0),
+                max_items=b.get("max_items", 0),
+            )
+            for n, b in sorted(obj.get("block_types", {}).items())
+        ),
+        version=version,
+        description=obj.get("description", ""),
+        deprecated=obj.get("deprecated", False),
+    )
+
+
+def schema_from_json(obj: dict[str, Any]) -> Schema:
+    version = int(obj.get("version", 0))
+    return Schema(version=version, block=block_from_json(obj.get("block", {}), version))
+
+
+def provider_schema_to_json(ps: ProviderSchema) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "protocol_version": ps.protocol_version,
+        "provider": schema_to_json(ps.provider),
+        "resource_schemas": {k: schema_to_json(v) for k, v in sorted(ps.resource_schemas.items())},
+        "data_source_schemas": {k: schema_to_json(v) for k, v in sorted(ps.data_source_schemas.items())},
+    }
+    if ps.provider_meta is not None:
+        out["provider_meta"] = schema_to_json(ps.provider_meta)
+    return out
+
+
+def provider_schema_from_json(obj: dict[str, Any]) -> ProviderSchema:
+    meta = obj.get("provider_meta")
+    return ProviderSchema(
+        protocol_version=int(obj["protocol_version"]),
+        provider=schema_from_json(obj["provider"]),
+        resource_schemas={k: schema_from_json(v) for k, v in obj.get("resource_schemas", {}).items()},
+        data_source_schemas={k: schema_from_json(v) for k, v in obj.get("data_source_schemas", {}).items()},
+        provider_meta=schema_from_json(meta) if meta is not None else None,
+    )
