@@ -1,0 +1,1 @@
+"""PostgreSQL store: connection, migrations, and one module per table family."""

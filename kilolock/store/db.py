@@ -1,0 +1,74 @@
+"""Which database kl talks to, and opening connections to it."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import psycopg
+
+from kilolock.errors import KlError
+
+
+class DatabaseError(KlError):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    embedded: bool
+
+    def describe(self) -> str:
+        return f"embedded ({self.url})" if self.embedded else _redact(self.url)
+
+
+def _redact(url: str) -> str:
+    # postgresql://user:secret@host/db -> postgresql://user:***@host/db
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, at, host = rest.rpartition("@")
+    if ":" in creds:
+        creds = creds.split(":", 1)[0] + ":***"
+    return f"{scheme}://{creds}@{host}"
+
+
+def resolve_target(start_embedded: bool = True) -> Target:
+    """KL_DATABASE_URL when set; otherwise the embedded cluster, started on demand."""
+    url = os.environ.get("KL_DATABASE_URL")
+    if url:
+        return Target(url=url, embedded=False)
+    from kilolock.store.embedded import EmbeddedCluster, default_data_dir
+
+    cluster = EmbeddedCluster(default_data_dir())
+    return Target(url=cluster.ensure_running() if start_embedded else cluster.url(), embedded=True)
+
+
+def connect(url: str) -> psycopg.Connection:
+    try:
+        return psycopg.connect(url, application_name="kilolock")
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first}") from None
+
+
+def open_store(migrate: bool | None = None) -> psycopg.Connection:
+    """A connection ready for use: the schema must be current.
+
+    The embedded database is migrated automatically (it is kl's own); an external one must be
+    migrated explicitly with `kl db migrate`, unless `migrate=True`.
+    """
+    from kilolock.store.migrate import pending_migrations, apply_migrations
+
+    target = resolve_target()
+    conn = connect(target.url)
+    if migrate or (migrate is None and target.embedded):
+        apply_migrations(conn)
+    else:
+        pending = pending_migrations(conn)
+        if pending:
+            conn.close()
+            raise DatabaseError(
+                f"the database schema is not current ({len(pending)} pending migration(s), first {pending[0]}); run `kl db migrate`"
+            )
+    return conn

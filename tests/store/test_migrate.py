@@ -1,0 +1,65 @@
+"""`kl db migrate`: order, idempotence, checksums, one transaction per file."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from kilolock.store import migrate
+
+
+def test_applies_all_in_order_then_is_idempotent(empty_db_url):
+    bundled = [m.name for m in migrate.bundled_migrations()]
+    assert bundled == sorted(bundled) and bundled[0].startswith("0001_") and len(bundled) >= 6
+    with psycopg.connect(empty_db_url) as conn:
+        assert migrate.apply_migrations(conn) == bundled
+        assert migrate.apply_migrations(conn) == []
+        assert migrate.pending_migrations(conn) == []
+        rows = conn.execute("SELECT name, checksum FROM schema_migrations ORDER BY name").fetchall()
+    assert [r[0] for r in rows] == bundled
+    assert all(len(r[1]) == 64 for r in rows)
+
+
+def test_expected_tables_and_view_exist(conn):
+    names = {r[0] for r in conn.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'").fetchall()}
+    assert {"states", "state_locks", "state_versions", "resources", "provider_schemas", "provider_configs",
+            "refresh_runs", "current_resource_drift", "schema_migrations"} <= names
+    idx = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'resources_closed_at_idx'").fetchone()
+    assert idx and "WHERE (delete_serial IS NOT NULL)" in idx[0]
+    cols = [r[0] for r in conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'refresh_runs' ORDER BY ordinal_position")]
+    assert cols == ["id", "state_id", "from_version_id", "to_version_id", "started_at", "finished_at",
+                    "resources_checked", "resources_changed", "resources_failed", "status", "error_summary",
+                    "actor", "created_at"]
+
+
+def test_refuses_when_an_applied_file_changed(empty_db_url, monkeypatch):
+    with psycopg.connect(empty_db_url) as conn:
+        migrate.apply_migrations(conn)
+        original = migrate.bundled_migrations()
+        changed = [migrate.Migration(m.name, m.sql + "\n-- edited\n") if m.name.startswith("0002") else m for m in original]
+        monkeypatch.setattr(migrate, "bundled_migrations", lambda: changed)
+        with pytest.raises(migrate.MigrationError, match=r"migration 0002_\S+ was changed after it was applied"):
+            migrate.apply_migrations(conn)
+        with pytest.raises(migrate.MigrationError):
+            migrate.pending_migrations(conn)
+
+
+def test_refuses_a_database_migrated_by_a_newer_kl(empty_db_url, monkeypatch):
+    with psycopg.connect(empty_db_url) as conn:
+        migrate.apply_migrations(conn)
+        conn.execute("INSERT INTO schema_migrations (name, checksum) VALUES ('9999_future.sql', 'x')")
+        conn.commit()
+        with pytest.raises(migrate.MigrationError, match="newer kl"):
+            migrate.apply_migrations(conn)
+
+
+def test_a_failing_migration_leaves_nothing_behind(empty_db_url, monkeypatch):
+    original = migrate.bundled_migrations()
+    broken = original[:1] + [migrate.Migration("0002_broken.sql", "CREATE TABLE half_done (x int);\nSELECT no_such_function();")]
+    monkeypatch.setattr(migrate, "bundled_migrations", lambda: broken)
+    with psycopg.connect(empty_db_url) as conn:
+        with pytest.raises(migrate.MigrationError, match="migration 0002_broken.sql failed"):
+            migrate.apply_migrations(conn)
+        assert conn.execute("SELECT to_regclass('half_done')").fetchone()[0] is None
+        assert [r[0] for r in conn.execute("SELECT name FROM schema_migrations")] == [original[0].name]
