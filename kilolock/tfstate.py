@@ -1,0 +1,329 @@
+"""Terraform state (format version 4): parsing, validation and instance addresses.
+
+The parsed form keeps every instance object as the dict Terraform wrote, so a state that goes
+in comes back out with nothing lost; what this module adds is validation with a JSON path in
+every error, and the addresses Terraform prints (``module.a["x"].null_resource.b[0]``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Union
+
+from kilolock.errors import KlError
+
+InstanceKey = Union[None, int, str]
+
+
+class StateError(KlError):
+    """The state file is not a Terraform state Kilolock can store; the message says where."""
+
+
+# --- addresses ---------------------------------------------------------------------------------
+
+
+def hcl_quoted(s: str) -> str:
+    """A string as Terraform prints it inside an address: HCL quoted-template escaping."""
+    out = ['"']
+    for i, ch in enumerate(s):
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch in "$%":
+            # "${" and "%{" would start a template sequence; Terraform doubles the introducer.
+            out.append(ch * 2 if s[i + 1 : i + 2] == "{" else ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def format_key(key: InstanceKey) -> str:
+    if key is None:
+        return ""
+    if isinstance(key, int):
+        return f"[{key}]"
+    return f"[{hcl_quoted(key)}]"
+
+
+def instance_address(module: str, mode: str, type_: str, name: str, key: InstanceKey) -> str:
+    local = f"{'data.' if mode == 'data' else ''}{type_}.{name}{format_key(key)}"
+    return f"{module}.{local}" if module else local
+
+
+# --- the parsed state --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProviderRef:
+    """``provider["registry.terraform.io/hashicorp/null"].alias`` split into its parts."""
+
+    source: str  # registry.terraform.io/hashicorp/null
+    alias: str  # "" when not aliased
+    module: str  # the module prefix, e.g. "module.child" ("" for root)
+
+    @property
+    def type(self) -> str:
+        return self.source.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Instance:
+    address: str
+    deposed: str  # "" for the current object
+    module: str
+    mode: str
+    type: str
+    name: str
+    index_key: InstanceKey
+    provider: str  # the provider string exactly as in state
+    resource_index: int  # position in state["resources"]
+    instance_index: int  # position in that resource's "instances"
+    obj: dict[str, Any]  # the instance object as Terraform wrote it
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.obj.get("schema_version", 0))
+
+
+@dataclass
+class State:
+    raw: dict[str, Any]
+    instances: list[Instance]
+
+    @property
+    def serial(self) -> int:
+        return int(self.raw["serial"])
+
+    @property
+    def lineage(self) -> str:
+        return str(self.raw["lineage"])
+
+    @property
+    def terraform_version(self) -> str:
+        return str(self.raw.get("terraform_version", ""))
+
+    def managed(self) -> Iterator[Instance]:
+        return (i for i in self.instances if i.mode == "managed")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def load_json(data: bytes | str, origin: str = "state") -> dict[str, Any]:
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StateError(f"{origin}: not UTF-8 text (byte {exc.start})") from None
+    if not data.strip():
+        raise StateError(f"{origin}: empty input, expected a Terraform state (JSON)")
+    try:
+        doc = json.loads(data, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise StateError(f"{origin}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # NaN/Infinity, or a number too deep for the parser
+        raise StateError(f"{origin}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise StateError(f"{origin}: not valid JSON: nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise StateError(f"{origin}: expected a JSON object at the top level, got {_kind(doc)}")
+    return doc
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def is_encrypted_envelope(doc: dict[str, Any]) -> bool:
+    """OpenTofu's client-side encrypted state: ``{"meta":…, "encrypted_data":…, "encryption_version":…}``."""
+    return "encryption_version" in doc and "encrypted_data" in doc
+
+
+def _expect(cond: bool, path: str, msg: str) -> None:
+    if not cond:
+        raise StateError(f"{path}: {msg}")
+
+
+def _expect_type(v: Any, types: type | tuple[type, ...], path: str, what: str) -> None:
+    ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)))
+    if not ok:
+        raise StateError(f"{path}: expected {what}, got {_kind(v)}")
+
+
+def parse_provider(s: str, path: str = "provider") -> ProviderRef:
+    """Parse an AbsProviderConfig string: ``[module.x.]provider["host/ns/type"][.alias]``."""
+    head, sep, rest = s.partition('provider["')
+    _expect(bool(sep), path, f'provider address {s!r} is not of the form provider["HOST/NAMESPACE/TYPE"]')
+    module = head[:-1] if head.endswith(".") else head
+    _expect(head == "" or head.endswith("."), path, f"provider address {s!r} has a malformed module prefix")
+    source, sep, tail = rest.partition('"]')
+    _expect(bool(sep) and source.count("/") == 2 and all(source.split("/")), path,
+            f"provider address {s!r}: source must be HOST/NAMESPACE/TYPE")
+    alias = ""
+    if tail:
+        _expect(tail.startswith(".") and len(tail) > 1, path, f"provider address {s!r} has trailing text {tail!r}")
+        alias = tail[1:]
+    return ProviderRef(source=source, alias=alias, module=module)
+
+
+def parse_state(data: bytes | str | dict[str, Any], origin: str = "state") -> State:
+    """Validate a Terraform state v4 document and index its resource instances."""
+    doc = data if isinstance(data, dict) else load_json(data, origin)
+    if is_encrypted_envelope(doc):
+        raise StateError(
+            f"{origin}: this is an OpenTofu-encrypted state (encryption_version "
+            f"{doc.get('encryption_version')!r}); Kilolock cannot index or refresh encrypted state"
+        )
+    version = doc.get("version")
+    _expect("version" in doc, f"{origin}.version", "missing; not a Terraform state file")
+    _expect_type(version, int, f"{origin}.version", "a number")
+    if version != 4:
+        hint = " (Terraform 0.11 or older); upgrade it with Terraform 0.12+ first" if version in (1, 2, 3) else ""
+        raise StateError(f"{origin}.version: state format version {version} is not supported, only 4{hint}")
+    for key in ("serial", "lineage"):
+        _expect(key in doc, f"{origin}.{key}", "missing")
+    _expect_type(doc["serial"], int, f"{origin}.serial", "a number")
+    _expect(doc["serial"] >= 0, f"{origin}.serial", "must not be negative")
+    _expect_type(doc["lineage"], str, f"{origin}.lineage", "a string")
+    _expect(doc["lineage"] != "", f"{origin}.lineage", "must not be empty")
+    if "terraform_version" in doc:
+        _expect_type(doc["terraform_version"], str, f"{origin}.terraform_version", "a string")
+    if "outputs" in doc:
+        _expect_type(doc["outputs"], dict, f"{origin}.outputs", "an object")
+        for oname, out in doc["outputs"].items():
+            _expect_type(out, dict, f"{origin}.outputs.{oname}", "an object")
+            _expect("value" in out, f"{origin}.outputs.{oname}", "missing value")
+    resources = doc.get("resources", [])
+    _expect_type(resources, list, f"{origin}.resources", "an array")
+
+    instances: list[Instance] = []
+    seen: set[tuple[str, str]] = set()
+    for ri, res in enumerate(resources):
+        rpath = f"{origin}.resources[{ri}]"
+        _expect_type(res, dict, rpath, "an object")
+        for key in ("mode", "type", "name", "provider", "instances"):
+            _expect(key in res, f"{rpath}.{key}", "missing")
+        mode, type_, name = res["mode"], res["type"], res["name"]
+        _expect(mode in ("managed", "data"), f"{rpath}.mode", f"must be \"managed\" or \"data\", got {mode!r}")
+        _expect_type(type_, str, f"{rpath}.type", "a string")
+        _expect_type(name, str, f"{rpath}.name", "a string")
+        _expect(bool(type_) and bool(name), rpath, "type and name must not be empty")
+        _expect_type(res["provider"], str, f"{rpath}.provider", "a string")
+        parse_provider(res["provider"], f"{rpath}.provider")
+        module = res.get("module", "")
+        _expect_type(module, str, f"{rpath}.module", "a string")
+        _expect(module == "" or module.startswith("module."), f"{rpath}.module", f"{module!r} is not a module address")
+        _expect_type(res["instances"], list, f"{rpath}.instances", "an array")
+        for ii, obj in enumerate(res["instances"]):
+            ipath = f"{rpath}.instances[{ii}]"
+            _expect_type(obj, dict, ipath, "an object")
+            if "attributes_flat" in obj and "attributes" not in obj:
+                raise StateError(
+                    f"{ipath}.attributes_flat: legacy flatmap attributes (Terraform 0.11 era) are not supported; "
+                    "refresh the state with Terraform 0.12+ first"
+                )
+            _expect("attributes" in obj, f"{ipath}.attributes", "missing")
+            _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
+            if "schema_version" in obj:
+                _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
+            key = obj.get("index_key")
+            _expect(key is None or (isinstance(key, (int, str)) and not isinstance(key, bool)),
+                    f"{ipath}.index_key", f"expected a number or a string, got {_kind(key)}")
+            deposed = obj.get("deposed", "")
+            _expect_type(deposed, str, f"{ipath}.deposed", "a string")
+            if "sensitive_attributes" in obj:
+                _expect_type(obj["sensitive_attributes"], list, f"{ipath}.sensitive_attributes", "an array")
+            if "status" in obj:
+                _expect(obj["status"] in ("tainted",), f"{ipath}.status", f"unknown status {obj['status']!r}")
+            address = instance_address(module, mode, type_, name, key)
+            _expect((address, deposed) not in seen, ipath, f"duplicate instance {address}" + (f" (deposed {deposed})" if deposed else ""))
+            seen.add((address, deposed))
+            instances.append(
+                Instance(
+                    address=address,
+                    deposed=deposed,
+                    module=module,
+                    mode=mode,
+                    type=type_,
+                    name=name,
+                    index_key=key,
+                    provider=res["provider"],
+                    resource_index=ri,
+                    instance_index=ii,
+                    obj=obj,
+                )
+            )
+    return State(raw=doc, instances=instances)
+
+
+# Terraform writes the top-level keys in this order; `kl state pull` keeps it for readable diffs.
+TOP_LEVEL_ORDER = ("version", "terraform_version", "serial", "lineage", "outputs", "resources", "check_results")
+
+
+# --- writing state back out --------------------------------------------------------------------
+
+
+class _Number(str):
+    """A JSON number kept as its text, so `kl state pull` never rounds a value through a float."""
+
+
+def _write(v: Any, indent: str, out: list[str]) -> None:
+    if isinstance(v, dict):
+        if not v:
+            out.append("{}")
+            return
+        inner = indent + "  "
+        out.append("{\n")
+        for n, (k, item) in enumerate(v.items()):
+            out.append(f"{inner}{json.dumps(k, ensure_ascii=False)}: ")
+            _write(item, inner, out)
+            out.append(",\n" if n < len(v) - 1 else "\n")
+        out.append(indent + "}")
+    elif isinstance(v, list):
+        if not v:
+            out.append("[]")
+            return
+        inner = indent + "  "
+        out.append("[\n")
+        for n, item in enumerate(v):
+            out.append(inner)
+            _write(item, inner, out)
+            out.append(",\n" if n < len(v) - 1 else "\n")
+        out.append(indent + "]")
+    elif isinstance(v, _Number):
+        out.append(str.__str__(v))
+    else:
+        out.append(json.dumps(v, ensure_ascii=False))
+
+
+def pretty_state(text: str) -> str:
+    """State JSON (as stored) in Terraform's layout: its top-level key order, two-space indent."""
+    doc = json.loads(text, parse_float=_Number, parse_int=_Number)
+    ordered = {k: doc[k] for k in TOP_LEVEL_ORDER if k in doc}
+    ordered.update((k, v) for k, v in doc.items() if k not in ordered)
+    out: list[str] = []
+    _write(ordered, "", out)
+    out.append("\n")
+    return "".join(out)

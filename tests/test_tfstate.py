@@ -1,0 +1,144 @@
+"""Addresses, provider strings and validation of Terraform state v4."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kilolock import tfstate
+
+NULL = 'provider["registry.terraform.io/hashicorp/null"]'
+
+
+@pytest.mark.parametrize(
+    ("module", "mode", "type_", "name", "key", "expected"),
+    [
+        ("", "managed", "null_resource", "x", None, "null_resource.x"),
+        ("", "managed", "null_resource", "many", 0, "null_resource.many[0]"),
+        ("", "data", "x", "y", None, "data.x.y"),
+        ("module.a", "managed", "null_resource", "x", "k", 'module.a.null_resource.x["k"]'),
+        ('module.a["x"].module.b[0]', "data", "t", "n", 3, 'module.a["x"].module.b[0].data.t.n[3]'),
+        ("", "managed", "t", "n", 'say "hi"', r'''t.n["say \"hi\""]'''),
+        ("", "managed", "t", "n", "back\\slash", r't.n["back\\slash"]'),
+        ("", "managed", "t", "n", "tab\there\nnl\rcr", r't.n["tab\there\nnl\rcr"]'),
+        ("", "managed", "t", "n", "${var} and %{if}", 't.n["$${var} and %%{if}"]'),
+        ("", "managed", "t", "n", "$ alone % too", 't.n["$ alone % too"]'),
+        ("", "managed", "t", "n", "héllo wörld ✓", 't.n["héllo wörld ✓"]'),
+        ("", "managed", "t", "n", "\x01\u200b\U000e0001", r't.n["\u0001\u200b\U000e0001"]'),
+        ("", "managed", "t", "n", "", 't.n[""]'),
+    ],
+)
+def test_instance_address(module, mode, type_, name, key, expected):
+    assert tfstate.instance_address(module, mode, type_, name, key) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "source", "alias", "module"),
+    [
+        (NULL, "registry.terraform.io/hashicorp/null", "", ""),
+        (NULL + ".alt", "registry.terraform.io/hashicorp/null", "alt", ""),
+        ("module.child." + NULL, "registry.terraform.io/hashicorp/null", "", "module.child"),
+        ('provider["example.com/acme/thing"].a_b', "example.com/acme/thing", "a_b", ""),
+    ],
+)
+def test_parse_provider(text, source, alias, module):
+    ref = tfstate.parse_provider(text)
+    assert (ref.source, ref.alias, ref.module) == (source, alias, module)
+
+
+@pytest.mark.parametrize("text", ["null", 'provider["null"]', 'provider["a/b/c"]x', 'provider["a//c"]', 'module.x provider["a/b/c"]'])
+def test_parse_provider_rejects(text):
+    with pytest.raises(tfstate.StateError):
+        tfstate.parse_provider(text)
+
+
+def _state(**over):
+    doc = {
+        "version": 4,
+        "terraform_version": "1.0.3",
+        "serial": 3,
+        "lineage": "l-1",
+        "outputs": {},
+        "resources": [
+            {"mode": "managed", "type": "null_resource", "name": "a", "provider": NULL,
+             "instances": [{"schema_version": 0, "attributes": {"id": "1"}}]},
+        ],
+    }
+    doc.update(over)
+    return doc
+
+
+def test_parse_indexes_instances():
+    doc = _state(resources=[
+        {"mode": "managed", "type": "null_resource", "name": "many", "provider": NULL,
+         "instances": [{"index_key": i, "schema_version": 0, "attributes": {"id": str(i)}} for i in range(3)]},
+        {"module": "module.m", "mode": "data", "type": "null_data_source", "name": "d", "provider": NULL,
+         "instances": [{"schema_version": 0, "attributes": {}}]},
+        {"mode": "managed", "type": "null_resource", "name": "b", "provider": NULL,
+         "instances": [{"schema_version": 1, "attributes": {"id": "c"}},
+                       {"schema_version": 1, "deposed": "0a1b2c3d", "attributes": {"id": "old"}}]},
+    ])
+    state = tfstate.parse_state(json.dumps(doc))
+    assert [(i.address, i.deposed) for i in state.instances] == [
+        ("null_resource.many[0]", ""), ("null_resource.many[1]", ""), ("null_resource.many[2]", ""),
+        ("module.m.data.null_data_source.d", ""), ("null_resource.b", ""), ("null_resource.b", "0a1b2c3d"),
+    ]
+    assert [i.address for i in state.managed()][-1] == "null_resource.b"
+    assert state.instances[-1].schema_version == 1
+    assert (state.serial, state.lineage) == (3, "l-1")
+
+
+BAD_INPUTS = [
+    (b"", "empty input"),
+    (b"not json", "not valid JSON"),
+    (b'{"version": 4, "serial": 1, "lin', "not valid JSON"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b"[1,2]", "expected a JSON object at the top level, got array"),
+    (json.dumps({"serial": 1, "lineage": "x"}).encode(), "state.version: missing"),
+    (json.dumps(_state(version=3)).encode(), "state format version 3 is not supported"),
+    (json.dumps(_state(version="4")).encode(), "state.version: expected a number, got string"),
+    (json.dumps({k: v for k, v in _state().items() if k != "lineage"}).encode(), "state.lineage: missing"),
+    (json.dumps({k: v for k, v in _state().items() if k != "serial"}).encode(), "state.serial: missing"),
+    (json.dumps(_state(serial="3")).encode(), "state.serial: expected a number, got string"),
+    (json.dumps(_state(serial=-1)).encode(), "state.serial: must not be negative"),
+    (json.dumps(_state(lineage=7)).encode(), "state.lineage: expected a string, got number"),
+    (json.dumps(_state(resources={})).encode(), "state.resources: expected an array, got object"),
+    (json.dumps(_state(resources=[{"mode": "managed"}])).encode(), "state.resources[0].type: missing"),
+    (json.dumps(_state(resources=[{"mode": "weird", "type": "t", "name": "n", "provider": NULL, "instances": []}])).encode(),
+     "state.resources[0].mode: must be"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "aws", "instances": []}])).encode(),
+     "state.resources[0].provider: provider address 'aws'"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
+                                   "instances": [{"schema_version": 0, "attributes_flat": {"id": "1"}}]}])).encode(),
+     "state.resources[0].instances[0].attributes_flat: legacy flatmap"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
+                                   "instances": [{"schema_version": 0, "attributes": []}]}])).encode(),
+     "state.resources[0].instances[0].attributes: expected an object, got array"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
+                                   "instances": [{"index_key": [1], "attributes": {}}]}])).encode(),
+     "index_key: expected a number or a string, got array"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
+                                   "instances": [{"attributes": {}}, {"attributes": {}}]}])).encode(),
+     "duplicate instance t.n"),
+    (json.dumps({"meta": {}, "encrypted_data": "AAAA", "encryption_version": "v0"}).encode(), "OpenTofu-encrypted state"),
+    (b'{"version": 4, "serial": NaN, "lineage": "x"}', "not valid JSON"),
+    (b"[" * 100000 + b"]" * 100000, "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_state_is_one_clear_error(data, message):
+    with pytest.raises(tfstate.StateError) as info:
+        tfstate.parse_state(data)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_pretty_state_keeps_numbers_exact_and_terraform_key_order():
+    text = '{"lineage": "l", "serial": 2, "version": 4, "resources": [], "outputs": {"x": {"value": 0.10000000000000000001, "type": "number"}}, "terraform_version": "1.0.3", "big": 123456789012345678901234567890}'
+    out = tfstate.pretty_state(text)
+    assert list(json.loads(out)) == ["version", "terraform_version", "serial", "lineage", "outputs", "resources", "big"]
+    assert '"value": 0.10000000000000000001' in out
+    assert "123456789012345678901234567890" in out
+    assert out.endswith("}\n")
