@@ -1,0 +1,36 @@
+"""``kl db migrate|status|stop``."""
+from __future__ import annotations
+
+import argparse
+
+from kilolock.store import db
+from kilolock.store.migrate import apply_migrations, bundled_migrations, pending_migrations
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    target = db.resolve_target()
+    with db.connect(target.url) as conn:
+        applied = apply_migrations(conn)
+    if applied:
+        for name in applied:
+            print(f"applied  {name}")
+    else:
+        print(f"database is current ({len(bundled_migrations())} migrations)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    target = db.resolve_target()
+    with db.connect(target.url) as conn:
+        pending = pending_migrations(conn)
+    print(f"database  {target.describe()}")
+    print(f"schema    {'current' if not pending else 'pending: ' + ', '.join(pending)}")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from kilolock.store.embedded import EmbeddedCluster, default_data_dir
+
+    cluster = EmbeddedCluster(default_data_dir())
+    print("embedded PostgreSQL stopped" if cluster.stop() else "embedded PostgreSQL was not running")
+    return 0
