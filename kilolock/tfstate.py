@@ -278,15 +278,95 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state") -> St
     return State(raw=doc, instances=instances)
 
 
-# Terraform writes the top-level keys in this order; `kl state pull` keeps it for readable diffs.
+# Terraform writes keys in these orders (statefile/version4.go); `kl state pull` restores them,
+# since jsonb does not keep key order, so a pulled state diffs cleanly against Terraform's own.
 TOP_LEVEL_ORDER = ("version", "terraform_version", "serial", "lineage", "outputs", "resources", "check_results")
+RESOURCE_ORDER = ("module", "mode", "type", "name", "each", "provider", "instances")
+INSTANCE_ORDER = (
+    "index_key", "status", "deposed", "schema_version", "attributes", "attributes_flat", "sensitive_attributes",
+    "identity_schema_version", "identity", "private", "dependencies", "create_before_destroy",
+)
 
 
 # --- writing state back out --------------------------------------------------------------------
+#
+# jsonb keeps neither key order nor formatting, so `kl state pull` re-creates Terraform's own
+# layout: structs in their field order (statefile/version4.go), maps and cty values with sorted
+# keys, two-space indentation, Go's HTML-safe string escaping. A state Terraform wrote therefore
+# comes back byte-identical, and a pulled state diffs cleanly against Terraform's.
+
+TOP_LEVEL_ORDER = ("version", "terraform_version", "serial", "lineage", "outputs", "resources", "check_results")
+OUTPUT_ORDER = ("value", "type", "sensitive")
+RESOURCE_ORDER = ("module", "mode", "type", "name", "each", "provider", "instances")
+INSTANCE_ORDER = (
+    "index_key", "status", "deposed", "schema_version", "attributes", "attributes_flat", "sensitive_attributes",
+    "identity_schema_version", "identity", "private", "dependencies", "create_before_destroy",
+)
+PATH_STEP_ORDER = ("type", "value")
+DYNAMIC_ORDER = ("value", "type")  # ctyjson writes a dynamic value's wrapper value-first
+CHECK_RESULT_ORDER = ("object_kind", "config_addr", "status", "objects")
+CHECK_OBJECT_ORDER = ("object_addr", "status", "failure_messages")
 
 
 class _Number(str):
     """A JSON number kept as its text, so `kl state pull` never rounds a value through a float."""
+
+
+def _sorted_deep(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _sorted_deep(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+    if isinstance(v, list):
+        return [_sorted_deep(x) for x in v]
+    return v
+
+
+def _ordered(obj: Any, order: tuple[str, ...]) -> Any:
+    if not isinstance(obj, dict):
+        return obj
+    out = {k: obj[k] for k in order if k in obj}
+    out.update((k, v) for k, v in obj.items() if k not in out)
+    return out
+
+
+def _terraform_layout(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = _ordered(_sorted_deep(doc), TOP_LEVEL_ORDER)
+    if isinstance(doc.get("outputs"), dict):
+        doc["outputs"] = {k: _ordered(v, OUTPUT_ORDER) for k, v in doc["outputs"].items()}
+    if isinstance(doc.get("resources"), list):
+        doc["resources"] = [_ordered(r, RESOURCE_ORDER) for r in doc["resources"]]
+        for r in doc["resources"]:
+            if isinstance(r, dict) and isinstance(r.get("instances"), list):
+                r["instances"] = [_instance_layout(i) for i in r["instances"]]
+    if isinstance(doc.get("check_results"), list):
+        doc["check_results"] = [_ordered(c, CHECK_RESULT_ORDER) for c in doc["check_results"]]
+        for c in doc["check_results"]:
+            if isinstance(c, dict) and isinstance(c.get("objects"), list):
+                c["objects"] = [_ordered(o, CHECK_OBJECT_ORDER) for o in c["objects"]]
+    return doc
+
+
+def _instance_layout(inst: Any) -> Any:
+    inst = _ordered(inst, INSTANCE_ORDER)
+    if isinstance(inst, dict) and isinstance(inst.get("sensitive_attributes"), list):
+        inst["sensitive_attributes"] = [
+            [_step_layout(step) for step in path] if isinstance(path, list) else path
+            for path in inst["sensitive_attributes"]
+        ]
+    return inst
+
+
+def _step_layout(step: Any) -> Any:
+    step = _ordered(step, PATH_STEP_ORDER)
+    if isinstance(step, dict) and isinstance(step.get("value"), dict):
+        step["value"] = _ordered(step["value"], DYNAMIC_ORDER)
+    return step
+
+
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _go_string(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False).translate(_GO_ESCAPES)
 
 
 def _write(v: Any, indent: str, out: list[str]) -> None:
@@ -297,7 +377,7 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         inner = indent + "  "
         out.append("{\n")
         for n, (k, item) in enumerate(v.items()):
-            out.append(f"{inner}{json.dumps(k, ensure_ascii=False)}: ")
+            out.append(f"{inner}{_go_string(k)}: ")
             _write(item, inner, out)
             out.append(",\n" if n < len(v) - 1 else "\n")
         out.append(indent + "}")
@@ -314,16 +394,16 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         out.append(indent + "]")
     elif isinstance(v, _Number):
         out.append(str.__str__(v))
+    elif isinstance(v, str):
+        out.append(_go_string(v))
     else:
-        out.append(json.dumps(v, ensure_ascii=False))
+        out.append(json.dumps(v))
 
 
 def pretty_state(text: str) -> str:
-    """State JSON (as stored) in Terraform's layout: its top-level key order, two-space indent."""
+    """State JSON (as stored) in Terraform's own layout (see above)."""
     doc = json.loads(text, parse_float=_Number, parse_int=_Number)
-    ordered = {k: doc[k] for k in TOP_LEVEL_ORDER if k in doc}
-    ordered.update((k, v) for k, v in doc.items() if k not in ordered)
     out: list[str] = []
-    _write(ordered, "", out)
+    _write(_terraform_layout(doc) if isinstance(doc, dict) else doc, "", out)
     out.append("\n")
     return "".join(out)
