@@ -369,6 +369,50 @@ def _go_string(s: str) -> str:
     return json.dumps(s, ensure_ascii=False).translate(_GO_ESCAPES)
 
 
+def _write_compact(v: Any, out: list[str]) -> None:
+    if isinstance(v, dict):
+        out.append("{")
+        for n, (k, item) in enumerate(v.items()):
+            if n:
+                out.append(",")
+            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(":")
+            _write_compact(item, out)
+        out.append("}")
+    elif isinstance(v, list):
+        out.append("[")
+        for n, item in enumerate(v):
+            if n:
+                out.append(",")
+            _write_compact(item, out)
+        out.append("]")
+    elif isinstance(v, _Number):
+        out.append(str.__str__(v))
+    else:
+        out.append(json.dumps(v, ensure_ascii=False))
+
+
+def dumps_compact(v: Any) -> str:
+    """Compact JSON of a value from loads_exact, numbers exactly as they were written."""
+    out: list[str] = []
+    _write_compact(v, out)
+    return "".join(out)
+
+
+def private_bytes(obj: dict[str, Any]) -> bytes:
+    """An instance object's `private` (base64 in state) as the bytes the provider gave."""
+    import base64
+    import binascii
+
+    text = obj.get("private")
+    if not text:
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise StateError("instance private data is not valid base64") from None
+
+
 def _write(v: Any, indent: str, out: list[str]) -> None:
     if isinstance(v, dict):
         if not v:
@@ -400,10 +444,22 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         out.append(json.dumps(v))
 
 
-def pretty_state(text: str) -> str:
-    """State JSON (as stored) in Terraform's own layout (see above)."""
-    doc = json.loads(text, parse_float=_Number, parse_int=_Number)
+def loads_exact(text: str | bytes) -> Any:
+    """Parse JSON keeping every non-integer number as its text (integers are exact in Python)."""
+    return json.loads(text, parse_float=_Number)
+
+
+def dumps_terraform(doc: dict[str, Any]) -> str:
+    """A state document in Terraform's own layout (see above); numbers from loads_exact stay exact."""
     out: list[str] = []
-    _write(_terraform_layout(doc) if isinstance(doc, dict) else doc, "", out)
+    _write(_terraform_layout(doc), "", out)
     out.append("\n")
     return "".join(out)
+
+
+def pretty_state(text: str) -> str:
+    """State JSON (as stored) in Terraform's own layout."""
+    doc = loads_exact(text)
+    if not isinstance(doc, dict):
+        raise StateError("stored state is not a JSON object")
+    return dumps_terraform(doc)

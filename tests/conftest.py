@@ -100,7 +100,8 @@ def empty_db_url(pg_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
 def conn(db_url: str):
     import psycopg
 
-    with psycopg.connect(db_url) as c:
+    # autocommit, as kl's own connections: `conn.transaction()` is then a real transaction.
+    with psycopg.connect(db_url, autocommit=True) as c:
         yield c
 
 

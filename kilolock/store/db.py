@@ -46,7 +46,7 @@ def resolve_target(start_embedded: bool = True) -> Target:
 
 def connect(url: str) -> psycopg.Connection:
     try:
-        return psycopg.connect(url, application_name="kilolock")
+        return psycopg.connect(url, application_name="kilolock", autocommit=True)
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first}") from None

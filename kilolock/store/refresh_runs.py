@@ -1,0 +1,81 @@
+"""The refresh audit trail (ADR 0006 refresh_runs): begun before any work, always finished."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+STATUSES = ("running", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    state: str
+    status: str
+    from_serial: int
+    to_serial: int | None
+    started_at: datetime
+    finished_at: datetime | None
+    resources_checked: int | None
+    resources_changed: int | None
+    resources_failed: int | None
+    error_summary: str | None
+    actor: str | None
+
+
+def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id",
+            (state_id, from_version_id, actor),
+        ).fetchone()
+    return str(row[0])
+
+
+def finish(
+    conn: psycopg.Connection,
+    run_id: str,
+    *,
+    status: str,
+    checked: int,
+    changed: int,
+    failed: int,
+    error_summary: str | None,
+    to_version_id: str | None,
+) -> None:
+    if status not in STATUSES[1:]:
+        raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
+    with conn.transaction():
+        conn.execute(
+            """UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
+                   resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s
+               WHERE id = %s""",
+            (status, checked, changed, failed, error_summary, to_version_id, run_id),
+        )
+
+
+_SELECT = """
+SELECT rr.id, s.name, rr.status, f.serial, t.serial, rr.started_at, rr.finished_at, rr.resources_checked,
+       rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor
+FROM refresh_runs rr
+JOIN states s ON s.id = rr.state_id
+JOIN state_versions f ON f.id = rr.from_version_id
+LEFT JOIN state_versions t ON t.id = rr.to_version_id
+"""
+
+
+def _row(r: tuple[Any, ...]) -> RunRow:
+    return RunRow(str(r[0]), *r[1:])
+
+
+def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:
+    r = conn.execute(_SELECT + " WHERE rr.id = %s", (run_id,)).fetchone()
+    return _row(r) if r else None
+
+
+def list_runs(conn: psycopg.Connection, state_id: str, limit: int = 50) -> list[RunRow]:
+    rows = conn.execute(_SELECT + " WHERE rr.state_id = %s ORDER BY rr.started_at DESC LIMIT %s", (state_id, limit)).fetchall()
+    return [_row(r) for r in rows]
