@@ -1,0 +1,65 @@
+"""What the orchestrator holds: a provider client that speaks JSON, and the factory that opens one.
+
+The production implementations are EncodingClient (kilolock.refresh.encoding) over the gRPC
+clients, opened by ProductionFactory (kilolock.refresh.factory). Tests replace them with plain
+JSON fakes; nothing here knows about msgpack or processes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kilolock.errors import KlError
+from kilolock.schema import AttributePath, Schema
+
+
+class ResourceError(KlError):
+    """A per-resource failure: recorded against the address, the run goes on (unless fail-fast)."""
+
+
+@dataclass(frozen=True)
+class ReadOutcome:
+    new_state: bytes | None  # canonical JSON of the object now; None: the object is gone
+    private: bytes = b""
+    sensitive_paths: tuple[AttributePath, ...] = ()  # sent by the provider (ReadResource field 6)
+    identity: bytes | None = None  # canonical JSON, when the provider returns one
+
+
+@dataclass(frozen=True)
+class OpenedProvider:
+    source: str
+    alias: str
+    version: str
+    binary: str
+    protocol_version: int
+    schema_from_cache: bool
+
+
+class ResourceClient(Protocol):
+    info: OpenedProvider
+
+    def resource_schema(self, type_name: str) -> Schema:
+        """The live schema of a managed resource type; ResourceError when the provider lacks it."""
+
+    def canonicalize(self, type_name: str, attributes: bytes) -> bytes | None:
+        """Canonical JSON of attributes under the live schema; None when they do not fit it."""
+
+    def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
+        """UpgradeResourceState with the stored JSON; returns canonical JSON."""
+
+    def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        """ReadResource with canonical prior JSON."""
+
+    def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
+        """Paths of schema-sensitive attributes present in value (canonical JSON)."""
+
+    def stop(self) -> None:
+        """StopProvider: interrupt in-flight calls (cancellation only)."""
+
+    def close(self) -> None:
+        """Shut the provider process down."""
+
+
+class ClientFactory(Protocol):
+    def open(self, source: str, alias: str) -> ResourceClient:
+        """Discover, launch, fetch (or reuse) the schema, configure; raise KlError on failure."""

@@ -1,0 +1,341 @@
+"""The refresh orchestrator (ADR 0006 layer 1): what to refresh, in what order, and whether to commit.
+
+run() loads the state's current version, groups managed instances by (provider source, alias),
+opens one client per group through the factory, reads every instance, and commits a new version
+with source='refresh' only when commit_decision() says so. The refresh_runs row is begun before
+any work and finished on every path.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import psycopg
+
+import kilolock
+from kilolock import tfstate
+from kilolock.errors import KlError
+from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
+from kilolock.refresh.options import RefreshOptions
+from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
+from kilolock.store import locks, refresh_runs, versions
+
+log = logging.getLogger("kilolock.refresh")
+
+GroupKey = tuple[str, str]  # (provider source, alias)
+ProgressFn = Callable[[str, int, int], None]  # (group label, done, total)
+
+
+@dataclass
+class Failure:
+    address: str
+    message: str
+
+
+@dataclass
+class Result:
+    state: str
+    run_id: str | None = None
+    status: str = "running"
+    dry_run: bool = False
+    from_serial: int | None = None
+    to_serial: int | None = None
+    checked: int = 0
+    changed: int = 0
+    failed: int = 0
+    changed_addresses: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    error: str | None = None  # the run-level reason when status is not succeeded
+    duration_s: float = 0.0
+    providers: list[str] = field(default_factory=list)  # "source version (binary)" per opened group
+
+
+class Cancellation:
+    """One reason to stop, set once by whoever notices first (signal, timeout, fail-fast)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+
+    def cancel(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is None:
+                self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+
+@dataclass
+class _Entry:
+    inst: tfstate.Instance
+    update: InstanceUpdate | None = None
+    error: str | None = None
+
+
+def group_instances(state: tfstate.State) -> dict[GroupKey, list[tfstate.Instance]]:
+    """Managed instances (current and deposed) by provider configuration; data sources are skipped."""
+    groups: dict[GroupKey, list[tfstate.Instance]] = defaultdict(list)
+    for inst in state.managed():
+        ref = tfstate.parse_provider(inst.provider)
+        groups[(ref.source, ref.alias)].append(inst)
+    return dict(sorted(groups.items()))
+
+
+def commit_decision(result: Result, options: RefreshOptions, mass_removal: str | None, cancelled: bool) -> tuple[bool, str | None]:
+    """The commit policy, in one place. Returns (commit, why not)."""
+    if cancelled:
+        return False, "cancelled"
+    if result.failed:
+        return False, f"{result.failed} resource(s) failed; nothing committed"
+    if mass_removal and not options.allow_mass_removal:
+        return False, mass_removal + "; nothing committed (use --allow-mass-removal if this is real)"
+    if options.dry_run:
+        return False, None
+    # Zero failures: commit, also when nothing changed (ADR 0006: the version records that refresh ran).
+    return True, None
+
+
+def _mass_removal(groups: dict[GroupKey, list[_Entry]], options: RefreshOptions) -> str | None:
+    for (source, alias), entries in groups.items():
+        gone = sum(1 for e in entries if e.update is not None and e.update.removed)
+        if gone >= options.mass_removal_min and gone > options.mass_removal_share * len(entries):
+            label = source + (f" (alias {alias})" if alias else "")
+            return (f"{gone} of {len(entries)} instances of {label} came back deleted, more than "
+                    f"{options.mass_removal_share:.0%}: this looks like bad credentials or the wrong account")
+    return None
+
+
+def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions) -> InstanceUpdate:
+    schema = client.resource_schema(inst.type)
+    recorded, live = inst.schema_version, schema.version
+    if recorded > live:
+        raise ResourceError(
+            f"resource instance managed by a newer provider version (state has schema version {recorded}, "
+            f"{client.info.source} {client.info.version} has {live})"
+        )
+    raw_prior = tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
+    canonical_prior = client.canonicalize(inst.type, raw_prior)
+    # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
+    # schema version moved or the stored JSON does not fit the live schema (or when asked to).
+    upgraded = options.always_upgrade or live > recorded or canonical_prior is None
+    prior = client.upgrade_resource_state(inst.type, recorded, raw_prior) if upgraded else canonical_prior
+    assert prior is not None
+    private = tfstate.private_bytes(inst.obj)
+    identity = tfstate.dumps_compact(inst.obj["identity"]).encode() if inst.obj.get("identity") is not None else None
+    outcome = client.read_resource(inst.type, prior, private, identity)
+    if outcome.new_state is None:
+        return InstanceUpdate(removed=True, changed=True)
+    sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
+    return InstanceUpdate(
+        removed=False,
+        changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
+        attributes=outcome.new_state,
+        private=outcome.private,
+        identity=outcome.identity,
+        schema_version=live if upgraded else recorded,
+        sensitive_paths=sensitive,
+    )
+
+
+class _Run:
+    """State shared by the threads of one run."""
+
+    def __init__(self, factory: ClientFactory, options: RefreshOptions, progress: ProgressFn | None, cancel: Cancellation) -> None:
+        self.factory = factory
+        self.options = options
+        self.progress = progress
+        self.cancel = cancel
+        self.clients: list[ResourceClient] = []
+        self.lock = threading.Lock()
+        self.first_failure_seen = False
+
+    def record_failure(self, entry: _Entry, message: str) -> None:
+        entry.error = message
+        if self.options.fail_fast:
+            self.cancel.cancel(f"fail-fast: {entry.inst.address}: {message}")
+
+    def run_group(self, key: GroupKey, entries: list[_Entry], opened: list[str]) -> None:
+        source, alias = key
+        label = source + (f".{alias}" if alias else "")
+        if self.cancel.cancelled:
+            return
+        try:
+            client = self.factory.open(source, alias)
+        except KlError as exc:
+            for e in entries:
+                self.record_failure(e, f"provider {label}: {exc}")
+            return
+        with self.lock:
+            self.clients.append(client)
+            opened.append(f"{client.info.source} {client.info.version} (protocol {client.info.protocol_version}, {client.info.binary})")
+        done = 0
+        total = len(entries)
+
+        def one(entry: _Entry) -> None:
+            if self.cancel.cancelled:
+                return
+            try:
+                entry.update = _refresh_one(client, entry.inst, self.options)
+            except KlError as exc:
+                if not self.cancel.cancelled:
+                    self.record_failure(entry, str(exc))
+
+        try:
+            with cf.ThreadPoolExecutor(self.options.provider_parallelism, thread_name_prefix=f"kl-read-{key[0].rsplit('/', 1)[-1]}") as pool:
+                futures = [pool.submit(one, e) for e in entries]
+                for fut in cf.as_completed(futures):
+                    fut.result()
+                    done += 1
+                    if self.progress:
+                        self.progress(label, done, total)
+        finally:
+            with self.lock:
+                self.clients.remove(client)
+            client.close()
+
+    def stop_all(self) -> None:
+        with self.lock:
+            clients = list(self.clients)
+        for c in clients:
+            try:
+                c.stop()
+            except Exception as exc:  # best effort: the process is closed right after
+                log.debug("StopProvider failed: %s", exc)
+
+
+def run(
+    conn: psycopg.Connection,
+    name: str,
+    factory: ClientFactory,
+    options: RefreshOptions,
+    *,
+    progress: ProgressFn | None = None,
+    cancel: Cancellation | None = None,
+) -> Result:
+    started = time.monotonic()
+    cancel = cancel or Cancellation()
+    result = Result(state=name, dry_run=options.dry_run)
+
+    sid = versions.state_id(conn, name)
+    current = versions.current_version(conn, sid)
+    if current is None:
+        raise KlError(f"state {name!r} has no versions to refresh")
+    raw_text = versions.raw_state_text(conn, name, current.serial)
+    result.from_serial = current.serial
+    result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
+
+    to_version_id: str | None = None
+    try:
+        doc = tfstate.loads_exact(raw_text)
+        if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
+            raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
+        state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
+        holder = locks.current(conn, sid)
+        if holder is not None:
+            raise locks.StateLocked(name, holder)
+
+        groups = {k: [_Entry(i) for i in insts] for k, insts in group_instances(state).items()}
+        shared = _Run(factory, options, progress, cancel)
+        timer = None
+        if options.timeout:
+            timer = threading.Timer(options.timeout, cancel.cancel, args=(f"timed out after {options.timeout:g}s",))
+            timer.daemon = True
+            timer.start()
+        try:
+            with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="kl-group") as pool:
+                futures = [pool.submit(shared.run_group, k, entries, result.providers) for k, entries in groups.items()]
+                stopped = False
+                while not all(f.done() for f in futures):
+                    if cancel.wait(0.05) and not stopped:
+                        shared.stop_all()  # StopProvider first; each group then closes its process
+                        stopped = True
+                for f in futures:
+                    f.result()
+        finally:
+            if timer:
+                timer.cancel()
+
+        entries = [e for es in groups.values() for e in es]
+        result.checked = sum(1 for e in entries if e.update is not None or e.error is not None)
+        result.failures = sorted((Failure(e.inst.address, e.error) for e in entries if e.error), key=lambda f: f.address)
+        result.failed = len(result.failures)
+        changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
+        result.changed_addresses, result.changed = changed, len(changed)
+
+        commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled)
+        if cancel.cancelled:
+            result.status, result.error = "cancelled", cancel.reason
+        elif why_not:
+            result.status, result.error = "failed", why_not
+        else:
+            result.status = "succeeded"
+        if commit:
+            updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
+            new_doc = build_refreshed_state(doc, updates, serial=current.serial + 1)
+            to_version_id, result.to_serial = _commit(conn, name, sid, new_doc, current, options.actor, result.run_id)
+    except KeyboardInterrupt:
+        result.status, result.error = "cancelled", "interrupted"
+        raise
+    except KlError as exc:
+        result.status, result.error = "failed", str(exc)
+    except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
+        result.status, result.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        result.duration_s = round(time.monotonic() - started, 3)
+        _finish(conn, result, to_version_id)
+    return result
+
+
+def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], start: versions.VersionRow,
+            actor: str, run_id: str | None) -> tuple[str, int]:
+    """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
+    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=f"kl refresh run {run_id}")
+    try:
+        locks.acquire(conn, sid, name, info, actor)
+    except locks.StateLocked as exc:
+        raise KlError(f"{exc}; refresh not committed") from None
+    try:
+        raw = tfstate.dumps_terraform(doc).encode()
+        written = versions.write_version(
+            conn, name, tfstate.parse_state(raw), raw, source="refresh", actor=actor,
+            expect_serial=start.serial, expect_lineage=start.lineage,
+        )
+    finally:
+        locks.release(conn, sid, info["ID"], actor)
+    return written.version.id, written.version.serial
+
+
+def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
+    if result.run_id is None:
+        return
+    summary = result.error
+    if result.failures and not summary:
+        summary = f"{result.failed} resource(s) failed"
+    if result.failures:
+        first = result.failures[0]
+        summary = f"{summary}; first: {first.address}: {first.message}"
+    kwargs = dict(status=result.status if result.status != "running" else "failed", checked=result.checked,
+                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        refresh_runs.finish(conn, result.run_id, **kwargs)
+    except psycopg.OperationalError:
+        # The connection died mid-run: finish the audit row on a fresh one.
+        from kilolock.store.db import connect
+
+        with connect(conn.info.dsn) as fresh:
+            refresh_runs.finish(fresh, result.run_id, **kwargs)

@@ -1,0 +1,87 @@
+"""Putting refreshed objects back into the state document, the way Terraform writes them."""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kilolock import schema as sch
+from kilolock import tfstate
+
+
+@dataclass
+class InstanceUpdate:
+    removed: bool
+    changed: bool
+    attributes: bytes = b""  # canonical JSON
+    private: bytes = b""
+    identity: bytes | None = None
+    schema_version: int = 0
+    sensitive_paths: list[sch.AttributePath] = field(default_factory=list)
+
+
+def _path_exists(value: Any, path: sch.AttributePath) -> bool:
+    for step in path:
+        if isinstance(step, sch.GetAttr):
+            if not isinstance(value, dict) or step.name not in value:
+                return False
+            value = value[step.name]
+        elif isinstance(step.key, str):
+            if not isinstance(value, dict) or step.key not in value:
+                return False
+            value = value[step.key]
+        else:
+            if not isinstance(value, list) or not 0 <= step.key < len(value):
+                return False
+            value = value[step.key]
+    return True
+
+
+def merged_sensitive_paths(prior: list[Any], new: list[sch.AttributePath], value: Any) -> list[Any]:
+    """Prior marks ∪ new paths, kept only where the new value has them, sorted as Terraform sorts
+    them (by their printed form), in state JSON shape."""
+    paths: dict[str, sch.AttributePath] = {}
+    for raw in prior:
+        try:
+            p = sch.path_from_state_json(raw)
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed prior mark cannot be re-applied; Terraform would fail, we drop it
+        paths[sch.path_display(p)] = p
+    for p in new:
+        paths[sch.path_display(p)] = p
+    return [sch.path_to_state_json(paths[k]) for k in sorted(paths) if _path_exists(value, paths[k])]
+
+
+def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], InstanceUpdate], serial: int) -> dict[str, Any]:
+    """A new state document: refreshed objects spliced in, gone objects removed (and resources
+    left without instances dropped, as Terraform does), serial set, lineage kept."""
+    out = copy.deepcopy(doc)
+    out["serial"] = serial
+    kept_resources = []
+    for ri, res in enumerate(out.get("resources", [])):
+        kept = []
+        for ii, obj in enumerate(res.get("instances", [])):
+            upd = updates.get((ri, ii))
+            if upd is None:
+                kept.append(obj)
+                continue
+            if upd.removed:
+                continue
+            value = tfstate.loads_exact(upd.attributes)
+            obj["attributes"] = value
+            obj["schema_version"] = upd.schema_version
+            obj["sensitive_attributes"] = merged_sensitive_paths(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
+            if upd.private:
+                obj["private"] = base64.b64encode(upd.private).decode("ascii")
+            else:
+                obj.pop("private", None)
+            if upd.identity is not None:
+                obj["identity"] = tfstate.loads_exact(upd.identity)
+            kept.append(obj)
+        if kept or res.get("mode") != "managed":
+            res["instances"] = kept
+            kept_resources.append(res)
+    out["resources"] = kept_resources
+    return out

@@ -1,0 +1,343 @@
+"""The orchestrator with a JSON fake below it (ADR 0006: recordingClient + fakeFactory), against a
+real database. The real providers are exercised end to end in test_refresh_real.py."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from kilolock import schema as sch
+from kilolock import tfstate
+from kilolock.errors import KlError
+from kilolock.refresh import orchestrator
+from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.refresh.options import RefreshOptions, parse_duration
+from kilolock.store import locks, versions
+
+NULL = "registry.terraform.io/hashicorp/null"
+
+
+def canon(v) -> bytes:
+    return json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
+
+
+class FakeClient:
+    """Answers ReadResource from `world` (id -> attributes, None = gone, Exception = fail)."""
+
+    def __init__(self, factory: "FakeFactory", source: str, alias: str) -> None:
+        self.f = factory
+        self.info = OpenedProvider(source, alias, "2.1.2", "/fake/terraform-provider-null", 5, False)
+        self.closed = False
+
+    def resource_schema(self, type_name):
+        if type_name not in self.f.schema_versions:
+            raise ResourceError(f"provider has no resource type {type_name}")
+        block = sch.Block(attributes=(sch.Attribute("id", b'"string"', computed=True),
+                                      sch.Attribute("secret", b'"string"', optional=True, sensitive=True),
+                                      sch.Attribute("triggers", b'["map","string"]', optional=True)))
+        return sch.Schema(self.f.schema_versions[type_name], block)
+
+    def canonicalize(self, type_name, attributes):
+        value = json.loads(attributes)
+        return None if "legacy_field" in value else canon(value)
+
+    def upgrade_resource_state(self, type_name, version, raw):
+        self.f.calls.append(("upgrade", json.loads(raw).get("id")))
+        value = json.loads(raw)
+        if value.get("id") in self.f.fail_upgrade:
+            raise ResourceError("upgrade failed: provider said no")
+        value.pop("legacy_field", None)
+        return canon(value)
+
+    def read_resource(self, type_name, prior, private, identity):
+        value = json.loads(prior)
+        ident = value.get("id")
+        with self.f.lock:
+            self.f.calls.append(("read", ident))
+            self.f.in_flight += 1
+            self.f.max_in_flight = max(self.f.max_in_flight, self.f.in_flight)
+        try:
+            if self.f.delay:
+                deadline = time.monotonic() + self.f.delay
+                while time.monotonic() < deadline and not self.f.stopped.is_set():
+                    time.sleep(0.005)
+                if self.f.stopped.is_set():
+                    raise ResourceError("provider stopped")
+            if self.f.on_read:
+                self.f.on_read(ident)
+            new = self.f.world.get(ident, value)
+            if isinstance(new, Exception):
+                raise new
+            return ReadOutcome(new_state=None if new is None else canon(new), private=b"p:" + ident.encode())
+        finally:
+            with self.f.lock:
+                self.f.in_flight -= 1
+
+    def sensitive_paths(self, type_name, value):
+        return [(sch.GetAttr("secret"),)] if "secret" in json.loads(value) else []
+
+    def stop(self):
+        self.f.stop_calls += 1
+        self.f.stopped.set()
+
+    def close(self):
+        self.closed = True
+        self.f.closed += 1
+
+
+class FakeFactory:
+    def __init__(self, world=None, schema_versions=None):
+        self.world = world or {}
+        self.schema_versions = schema_versions or {"null_resource": 0}
+        self.calls: list = []
+        self.lock = threading.Lock()
+        self.in_flight = self.max_in_flight = 0
+        self.delay = 0.0
+        self.on_read = None
+        self.fail_upgrade: set[str] = set()
+        self.stop_calls = 0
+        self.closed = 0
+        self.opened: list[tuple[str, str]] = []
+        self.stopped = threading.Event()
+        self.fail_open: Exception | None = None
+
+    def open(self, source, alias):
+        if self.fail_open:
+            raise self.fail_open
+        self.opened.append((source, alias))
+        return FakeClient(self, source, alias)
+
+    def reads(self):
+        return [c for c in self.calls if c[0] == "read"]
+
+
+def seed(conn, make_state, attrs: dict[str, dict], serial=1, source="apply", **kw):
+    raw = make_state(serial, attrs, **kw)
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
+
+
+def attrs(n, **extra):
+    return {f"r{i}": {"id": f"id{i}", "triggers": None, **extra} for i in range(n)}
+
+
+def run(conn, factory, **opts):
+    return orchestrator.run(conn, "prod", factory, RefreshOptions(actor="tester", **opts))
+
+
+def run_row(conn, run_id):
+    return conn.execute(
+        "SELECT status, resources_checked, resources_changed, resources_failed, error_summary, actor, finished_at IS NOT NULL, to_version_id IS NOT NULL FROM refresh_runs WHERE id = %s",
+        (run_id,)).fetchone()
+
+
+def current(conn):
+    return conn.execute("SELECT serial, source, raw_state FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()
+
+
+def test_unchanged_state_commits_a_refresh_version_with_zero_changed(conn, make_state):
+    seed(conn, make_state, attrs(3))
+    f = FakeFactory()
+    res = run(conn, f)
+    assert (res.status, res.checked, res.changed, res.failed, res.from_serial, res.to_serial) == ("succeeded", 3, 0, 0, 1, 2)
+    serial, source, raw = current(conn)
+    assert (serial, source) == (2, "refresh")
+    assert raw["lineage"] == "lineage-1"
+    assert run_row(conn, res.run_id) == ("succeeded", 3, 0, 0, None, "tester", True, True)
+    assert f.opened == [(NULL, "")] and f.closed == 1
+    # private from the provider is stored (base64), schema-sensitive paths are recorded
+    inst = raw["resources"][0]["instances"][0]
+    assert inst["private"] == "cDppZDA="
+    assert conn.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0] == 3
+
+
+def test_changed_and_removed_objects(conn, make_state):
+    seed(conn, make_state, attrs(4))
+    f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "drifted"}}, "id3": None})
+    res = run(conn, f, allow_mass_removal=False)
+    assert (res.status, res.changed, res.changed_addresses) == ("succeeded", 2, ["null_resource.r1", "null_resource.r3"])
+    _, _, raw = current(conn)
+    assert [r["name"] for r in raw["resources"]] == ["r0", "r1", "r2"]
+    assert raw["resources"][1]["instances"][0]["attributes"]["triggers"] == {"k": "drifted"}
+    kinds = dict(conn.execute("SELECT address, drift_kind FROM current_resource_drift").fetchall())
+    assert kinds == {"null_resource.r1": "changed", "null_resource.r3": "deleted"}
+
+
+def test_one_failure_among_many_commits_nothing(conn, make_state):
+    seed(conn, make_state, attrs(6))
+    f = FakeFactory(world={"id2": ResourceError("boom from provider")})
+    res = run(conn, f)
+    assert (res.status, res.checked, res.failed, res.to_serial) == ("failed", 6, 1, None)
+    assert [(x.address, x.message) for x in res.failures] == [("null_resource.r2", "boom from provider")]
+    assert current(conn)[0] == 1
+    row = run_row(conn, res.run_id)
+    assert row[0] == "failed" and "null_resource.r2: boom from provider" in row[4] and row[6] and not row[7]
+
+
+def test_fail_fast_stops_at_the_first_failure(conn, make_state):
+    seed(conn, make_state, attrs(40))
+    f = FakeFactory(world={"id0": ResourceError("first")})
+    f.delay = 0.01
+    res = run(conn, f, fail_fast=True, provider_parallelism=1)
+    assert res.status == "cancelled" and "fail-fast: null_resource.r0: first" in res.error
+    assert len(f.reads()) < 40 and f.stop_calls == 1
+    assert current(conn)[0] == 1
+    assert run_row(conn, res.run_id)[0] == "cancelled"
+
+
+def test_dry_run_reads_everything_and_commits_nothing(conn, make_state):
+    seed(conn, make_state, attrs(3))
+    f = FakeFactory(world={"id0": {"id": "id0", "triggers": {"a": "b"}}})
+    res = run(conn, f, dry_run=True)
+    assert (res.status, res.changed, res.to_serial, res.dry_run) == ("succeeded", 1, None, True)
+    assert current(conn)[0] == 1 and len(f.reads()) == 3
+    assert run_row(conn, res.run_id)[:4] == ("succeeded", 3, 1, 0)
+
+
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_provider_parallelism_bounds_requests_in_flight(conn, make_state, parallelism):
+    seed(conn, make_state, attrs(24))
+    f = FakeFactory()
+    f.delay = 0.02
+    res = run(conn, f, provider_parallelism=parallelism)
+    assert res.status == "succeeded"
+    assert f.max_in_flight == parallelism
+
+
+def test_groups_by_provider_and_alias(conn):
+    doc = {"version": 4, "serial": 1, "lineage": "l", "resources": [
+        {"mode": "managed", "type": "null_resource", "name": "a", "provider": f'provider["{NULL}"]',
+         "instances": [{"schema_version": 0, "attributes": {"id": "a"}}]},
+        {"mode": "managed", "type": "null_resource", "name": "b", "provider": f'provider["{NULL}"].alt',
+         "instances": [{"schema_version": 0, "attributes": {"id": "b"}}]},
+        {"mode": "data", "type": "null_data_source", "name": "d", "provider": f'provider["{NULL}"]',
+         "instances": [{"schema_version": 0, "attributes": {"id": "d"}}]},
+    ]}
+    raw = json.dumps(doc).encode()
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    f = FakeFactory()
+    res = run(conn, f, concurrency=1)
+    assert sorted(f.opened) == [(NULL, ""), (NULL, "alt")]
+    assert res.checked == 2 and sorted(c[1] for c in f.reads()) == ["a", "b"]  # the data source is not read
+    assert [r["mode"] for r in current(conn)[2]["resources"]] == ["managed", "managed", "data"]
+
+
+def test_state_moved_during_the_run_commits_nothing(conn, db_url, make_state):
+    import psycopg
+
+    seed(conn, make_state, attrs(2))
+    conn.commit()
+
+    def concurrent_apply(ident):
+        if ident == "id1":
+            with psycopg.connect(db_url) as other:
+                seed(other, make_state, attrs(2, triggers={"x": "y"}), serial=2)
+
+    f = FakeFactory()
+    f.on_read = concurrent_apply
+    res = run(conn, f, provider_parallelism=1)
+    assert res.status == "failed" and "changed while this run was in progress" in res.error
+    assert current(conn)[:2] == (2, "apply")
+    assert conn.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+
+
+def test_locked_state_is_refused(conn, make_state):
+    seed(conn, make_state, attrs(2))
+    sid = versions.state_id(conn, "prod")
+    locks.acquire(conn, sid, "prod", locks.lock_info("OperationTypeApply", "alice@laptop", "1.0.3"), "alice")
+    f = FakeFactory()
+    res = run(conn, f)
+    assert res.status == "failed" and "locked by alice@laptop (OperationTypeApply" in res.error
+    assert f.calls == [] and current(conn)[0] == 1
+
+
+def test_mass_removal_needs_the_flag(conn, make_state):
+    seed(conn, make_state, attrs(4))
+    world = {f"id{i}": None for i in range(3)}
+    res = run(conn, FakeFactory(world=world))
+    assert res.status == "failed" and "3 of 4 instances" in res.error and "--allow-mass-removal" in res.error
+    assert current(conn)[0] == 1
+    assert "3 of 4" in run_row(conn, res.run_id)[4]
+    res = run(conn, FakeFactory(world=world), allow_mass_removal=True)
+    assert res.status == "succeeded" and res.to_serial == 2
+    assert len(current(conn)[2]["resources"]) == 1
+
+
+def test_upgrade_gate(conn, make_state):
+    seed(conn, make_state, {"old": {"id": "old", "legacy_field": "x"}, "plain": {"id": "plain"}})
+    f = FakeFactory()
+    res = run(conn, f)
+    assert [c for c in f.calls if c[0] == "upgrade"] == [("upgrade", "old")]  # only the one that does not fit
+    assert res.changed_addresses == ["null_resource.old"]
+    f2 = FakeFactory(schema_versions={"null_resource": 2})
+    res = run(conn, f2)
+    assert sorted(c[1] for c in f2.calls if c[0] == "upgrade") == ["old", "plain"]
+    assert {i["schema_version"] for r in current(conn)[2]["resources"] for i in r["instances"]} == {2}
+    f3 = FakeFactory(schema_versions={"null_resource": 2})
+    run(conn, f3, always_upgrade=True)
+    assert len([c for c in f3.calls if c[0] == "upgrade"]) == 2
+
+
+def test_newer_schema_in_state_and_failed_upgrade_are_per_resource_errors(conn, make_state):
+    raw = make_state(1, {"a": {"id": "a"}, "b": {"id": "b"}})
+    doc = json.loads(raw)
+    doc["resources"][0]["instances"][0]["schema_version"] = 5
+    raw = json.dumps(doc).encode()
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    f = FakeFactory(schema_versions={"null_resource": 1})
+    f.fail_upgrade = {"b"}
+    res = run(conn, f)
+    msgs = {x.address: x.message for x in res.failures}
+    assert "managed by a newer provider version (state has schema version 5" in msgs["null_resource.a"]
+    assert msgs["null_resource.b"] == "upgrade failed: provider said no"
+    assert f.reads() == []  # no ReadResource after a failed or refused upgrade
+
+
+def test_timeout_cancels_stops_providers_and_commits_nothing(conn, make_state):
+    seed(conn, make_state, attrs(5))
+    f = FakeFactory()
+    f.delay = 30
+    t0 = time.monotonic()
+    res = run(conn, f, timeout=0.3)
+    assert time.monotonic() - t0 < 10
+    assert res.status == "cancelled" and res.error == "timed out after 0.3s"
+    assert f.stop_calls == 1 and f.closed == 1 and current(conn)[0] == 1
+    assert run_row(conn, res.run_id)[0] == "cancelled"
+
+
+def test_provider_that_cannot_be_opened_fails_its_group(conn, make_state):
+    seed(conn, make_state, attrs(2))
+    f = FakeFactory()
+    f.fail_open = KlError("no binary for registry.terraform.io/hashicorp/null (looked in /x)")
+    res = run(conn, f)
+    assert res.status == "failed" and res.failed == 2
+    assert res.failures[0].message.startswith("provider registry.terraform.io/hashicorp/null: no binary")
+
+
+def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):
+    raw = make_state(1, {"a": {"id": "a", "secret": "s3cr3t", "triggers": {"k": "v"}}})
+    doc = json.loads(raw)
+    doc["resources"][0]["instances"][0]["sensitive_attributes"] = [
+        [{"type": "get_attr", "value": "triggers"}, {"type": "index", "value": {"value": "k", "type": "string"}}],
+        [{"type": "get_attr", "value": "vanished"}],
+    ]
+    raw = json.dumps(doc).encode()
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    run(conn, FakeFactory())
+    inst = current(conn)[2]["resources"][0]["instances"][0]
+    assert inst["sensitive_attributes"] == [
+        [{"type": "get_attr", "value": "secret"}],
+        [{"type": "get_attr", "value": "triggers"}, {"type": "index", "value": {"value": "k", "type": "string"}}],
+    ]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("5m", 300), ("1h", 3600), ("1m30s", 90), ("500ms", 0.5)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "5x", "-1s", "0s", "s"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(KlError):
+        parse_duration(text)
