@@ -55,7 +55,61 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "status", "kilolock.cli.statecmd:cmd_status", "summary of a state: serial, counts, refresh, drift")
     p.add_argument("name")
     p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = _add(sub, "refresh", "kilolock.cli.refreshcmd:cmd_refresh",
+             "ask every managed resource's provider what it looks like now; commit a new version")
+    p.add_argument("state")
+    p.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
+    p.add_argument("--concurrency", type=_positive, help="provider groups at once (default: CPU count)")
+    p.add_argument("--provider-parallelism", type=_positive, default=10,
+                   help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
+    p.add_argument("--actor", help="who runs it (default: $USER@cli)")
+    p.add_argument("--provider-search-path", action="append", metavar="DIR",
+                   help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
+    p.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
+    p.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
+    p.add_argument("--allow-mass-removal", action="store_true",
+                   help="commit even when most of a provider's objects come back deleted")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = _add(sub, "drift", "kilolock.cli.driftcmd:cmd_drift", "what refresh found changed or deleted, until the next apply")
+    p.add_argument("state")
+    p.add_argument("--limit", type=_positive)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = _add(sub, "runs", "kilolock.cli.driftcmd:cmd_runs", "refresh runs of a state (the audit trail)")
+    p.add_argument("state")
+    p.add_argument("--limit", type=_positive, default=50)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    prov = _add(sub, "provider", "", "provider configuration and version pins").add_subparsers(
+        dest="provider_command", metavar="ACTION", parser_class=_Parser
+    )
+    p = _add(prov, "configure", "kilolock.cli.providercmd:cmd_configure",
+             'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)')
+    p.add_argument("source", help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    p.add_argument("--alias", default="")
+    p.add_argument("--state", help="only for this state (default: every state)")
+    p.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
+    p = _add(prov, "pin", "kilolock.cli.providercmd:cmd_pin", "use this provider version instead of the highest found")
+    p.add_argument("source")
+    p.add_argument("version")
+    p.add_argument("--alias", default="")
+    p.add_argument("--state")
+    p = _add(prov, "list", "kilolock.cli.providercmd:cmd_list", "stored provider configs, pins and cached schemas")
+    p.add_argument("--format", choices=("table", "json"), default="table")
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return n
 
 
 def _configure_logging() -> None:

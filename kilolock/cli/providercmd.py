@@ -1,0 +1,70 @@
+"""``kl provider configure|pin|list``: provider configuration kept in provider_configs."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from kilolock.cli import render
+from kilolock.cli.statecmd import _read_input
+from kilolock.errors import KlError, UsageError
+from kilolock.store import db, provider_configs, versions
+
+
+def normalize_source(text: str) -> str:
+    """``hashicorp/null`` → ``registry.terraform.io/hashicorp/null``, as Terraform reads it."""
+    parts = text.strip().split("/")
+    if len(parts) == 2 and all(parts):
+        return "registry.terraform.io/" + "/".join(parts)
+    if len(parts) == 3 and all(parts):
+        return "/".join(parts)
+    raise UsageError(f"provider source {text!r} must be NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+
+
+def _describe_secret_free(config: dict) -> str:
+    keys = sorted(config)
+    return ", ".join(f"{k}=(env {config[k]['env']})" if isinstance(config[k], dict) and set(config[k]) == {"env"} else k for k in keys) or "(empty)"
+
+
+def cmd_configure(args: argparse.Namespace) -> int:
+    source = normalize_source(args.source)
+    raw = _read_input(args.config)
+    try:
+        config = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise KlError(f"{args.config}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise KlError(f"{args.config}: a provider config must be a JSON object")
+    with db.open_store() as conn:
+        sid = versions.state_id(conn, args.state) if args.state else None
+        provider_configs.upsert(conn, sid, source, args.alias, config=config)
+    scope = f"state {args.state}" if args.state else "all states"
+    print(f"{source}{'.' + args.alias if args.alias else ''} ({scope}): config stored: {_describe_secret_free(config)}")
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    source = normalize_source(args.source)
+    version = args.version.lstrip("v")
+    with db.open_store() as conn:
+        sid = versions.state_id(conn, args.state) if args.state else None
+        provider_configs.upsert(conn, sid, source, args.alias, pinned_version=version)
+    print(f"{source}{'.' + args.alias if args.alias else ''}: pinned to {version}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with db.open_store() as conn:
+        rows = provider_configs.list_all(conn)
+        schemas = conn.execute("SELECT source, version, protocol_version, fetched_at FROM provider_schemas ORDER BY source, version").fetchall()
+    if args.format == "json":
+        render.emit_json({"version": 1,
+                          "configs": [{"state": s, "source": c.source, "alias": c.alias, "config_keys": sorted(c.config),
+                                       "pinned_version": c.pinned_version} for s, c in rows],
+                          "cached_schemas": [{"source": r[0], "version": r[1], "protocol": r[2], "fetched_at": r[3]} for r in schemas]})
+        return 0
+    render.table(["source", "alias", "state", "pinned", "config"],
+                 [(c.source, c.alias or "-", s or "(all)", c.pinned_version, _describe_secret_free(c.config)) for s, c in rows])
+    if schemas:
+        print()
+        render.table(["cached schema", "version", "protocol", "fetched"], schemas)
+    return 0

@@ -1,0 +1,99 @@
+"""EncodingClient (ADR 0006 layer 3): JSON for the orchestrator, cty msgpack on the wire.
+
+Every value crosses the codec here and nowhere else: the prior state is encoded with the live
+schema's implied type, the answers are decoded into canonical JSON, so prior and new values are
+compared in one form and an unchanged object never looks drifted.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kilolock import codec
+from kilolock.errors import KlError
+from kilolock.provider import ProviderClient
+from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.schema import AttributePath, ProviderSchema, Schema
+
+
+class EncodingClient:
+    def __init__(self, raw: ProviderClient, schema: ProviderSchema, info: OpenedProvider, rpc_timeout: float | None = None) -> None:
+        self._raw = raw
+        self._schema = schema
+        self.info = info
+        self._rpc_timeout = rpc_timeout
+        self._types: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def resource_schema(self, type_name: str) -> Schema:
+        try:
+            return self._schema.resource_schemas[type_name]
+        except KeyError:
+            raise ResourceError(f"provider {self.info.source} {self.info.version} has no resource type {type_name!r}") from None
+
+    def _type(self, type_name: str) -> Any:
+        t = self._types.get(type_name)
+        if t is None:
+            compiled = codec.compile_block(self.resource_schema(type_name).block)
+            with self._lock:
+                t = self._types.setdefault(type_name, compiled)
+        return t
+
+    def canonicalize(self, type_name: str, attributes: bytes) -> bytes | None:
+        t = self._type(type_name)
+        try:
+            return t.decode(t.encode(attributes))
+        except codec.CodecError:
+            return None
+
+    def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
+        try:
+            upgraded = self._raw.upgrade_resource_state(type_name, version, raw_attributes)
+        except KlError as exc:
+            raise ResourceError(f"UpgradeResourceState: {exc}") from None
+        if upgraded is None:
+            raise ResourceError("UpgradeResourceState returned no state")
+        return self._decode(type_name, upgraded, "UpgradeResourceState")
+
+    def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        t = self._type(type_name)
+        try:
+            wire = t.encode(prior)
+        except codec.CodecError as exc:
+            raise ResourceError(f"prior state does not fit the schema of {type_name}: {exc}") from None
+        # Identity needs the identity schema to encode; kl does not send it yet (Terraform < 1.12
+        # states carry none), so the provider reads without a current identity.
+        try:
+            res = self._raw.read_resource(type_name, wire, private, timeout=self._rpc_timeout)
+        except KlError as exc:
+            raise ResourceError(str(exc)) from None
+        if res.deferred_reason is not None:
+            raise ResourceError(f"provider deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
+        sensitive: list[AttributePath] = []
+        if res.unknown_field_6:
+            try:
+                sensitive = list(codec.decode_attribute_paths(res.unknown_field_6))
+            except codec.CodecError as exc:
+                raise ResourceError(f"ReadResource: malformed sensitive paths (field 6): {exc}") from None
+        if res.new_state is None:
+            return ReadOutcome(new_state=None)
+        return ReadOutcome(
+            new_state=self._decode(type_name, res.new_state, "ReadResource"),
+            private=res.private,
+            sensitive_paths=tuple(sensitive),
+        )
+
+    def _decode(self, type_name: str, wire: bytes, rpc: str) -> bytes:
+        try:
+            return self._type(type_name).decode(wire)
+        except codec.CodecError as exc:
+            raise ResourceError(f"provider produced an invalid object in {rpc}: {exc}") from None
+
+    def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
+        return codec.sensitive_paths(self.resource_schema(type_name).block, value)
+
+    def stop(self) -> None:
+        self._raw.stop()
+
+    def close(self) -> None:
+        self._raw.close()

@@ -1,0 +1,95 @@
+"""ProductionFactory (ADR 0006 layer 2): discover → launch → schema (cached) → configure → wrap.
+
+One factory lives for one run. Schemas are cached in provider_schemas across runs and in the
+factory within a run (two groups of one provider share a fetch); nothing is cached process-wide.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+import psycopg
+
+from kilolock import codec
+from kilolock.errors import KlError
+from kilolock.provider import ProviderClient, launch_provider
+from kilolock.provider.discovery import find_provider
+from kilolock.refresh.client import OpenedProvider
+from kilolock.refresh.encoding import EncodingClient
+from kilolock.schema import ProviderSchema
+from kilolock.store import provider_configs, provider_schemas
+
+log = logging.getLogger("kilolock.refresh.factory")
+
+
+class ProviderConfigError(KlError):
+    pass
+
+
+def resolve_env_refs(value: Any, where: str = "config") -> Any:
+    """Replace every {"env": "NAME"} with the variable's value; the stored config keeps the reference."""
+    if isinstance(value, dict):
+        if set(value) == {"env"} and isinstance(value["env"], str):
+            name = value["env"]
+            if name not in os.environ:
+                raise ProviderConfigError(f"{where}: environment variable {name} is not set")
+            return os.environ[name]
+        return {k: resolve_env_refs(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env_refs(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+class ProductionFactory:
+    def __init__(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
+                 rpc_timeout: float | None = None) -> None:
+        self._conn = conn
+        self._state_id = state_id
+        self._search_paths = search_paths
+        self._rpc_timeout = rpc_timeout
+        self._schemas: dict[tuple[str, str], tuple[ProviderSchema, bool]] = {}
+        self._lock = threading.Lock()
+        self.get_schema_calls = 0
+
+    def open(self, source: str, alias: str) -> EncodingClient:
+        stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
+        found = find_provider(source, stored.pinned_version if stored else None, self._search_paths)
+        version = found.version or "unversioned"
+        log.info("provider %s: using %s", source, found.describe())
+        raw = launch_provider(found.binary)
+        try:
+            schema, cached = self._schema(source, found.version, raw)
+            config = resolve_env_refs(stored.config if stored else {}, f"provider {source}" + (f".{alias}" if alias else "") + " config")
+            self._configure(raw, schema, config, source)
+            info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached)
+            return EncodingClient(raw, schema, info, self._rpc_timeout)
+        except BaseException:
+            raw.close()
+            raise
+
+    def _schema(self, source: str, version: str | None, raw: ProviderClient) -> tuple[ProviderSchema, bool]:
+        key = (source, version or "")
+        with self._lock:
+            if version and key in self._schemas:
+                return self._schemas[key][0], True
+            cached = provider_schemas.get(self._conn, source, version) if version else None
+            if cached is not None:
+                self._schemas[key] = (cached, True)
+                return cached, True
+            schema = raw.get_schema()
+            self.get_schema_calls += 1
+            if version:  # an unversioned binary could be anything tomorrow: never cache it
+                provider_schemas.put(self._conn, source, version, schema)
+                self._schemas[key] = (schema, False)
+            return schema, False
+
+    def _configure(self, raw: ProviderClient, schema: ProviderSchema, config: dict[str, Any], source: str) -> None:
+        try:
+            wire = codec.compile_block(schema.provider.block).encode(json.dumps(config).encode())
+        except codec.CodecError as exc:
+            raise ProviderConfigError(f"provider {source} config does not fit its schema: {exc}") from None
+        raw.validate_config(wire)
+        raw.configure(wire)
