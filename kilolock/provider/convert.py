@@ -101,11 +101,19 @@ def schema(msg: Any) -> Schema:
     return Schema(version=msg.version, block=_block(msg.block, msg.version))
 
 
+def _provider_meta(resp: Any) -> Schema | None:
+    # Some servers send an empty provider_meta schema; like Terraform's JSON, treat it as absent.
+    if not resp.HasField("provider_meta"):
+        return None
+    meta = schema(resp.provider_meta)
+    return meta if (meta.block.attributes or meta.block.block_types) else None
+
+
 def provider_schema(resp: Any, protocol_version: int) -> ProviderSchema:
     return ProviderSchema(
         protocol_version=protocol_version,
         provider=schema(resp.provider),
         resource_schemas={name: schema(s) for name, s in resp.resource_schemas.items()},
         data_source_schemas={name: schema(s) for name, s in resp.data_source_schemas.items()},
-        provider_meta=schema(resp.provider_meta) if resp.HasField("provider_meta") else None,
+        provider_meta=_provider_meta(resp),
     )
