@@ -11,10 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
-import grpc
-from google.protobuf import empty_pb2
+# grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
+# below makes that routine; kl reports it through logging instead. Only a default: an operator's
+# own GRPC_VERBOSITY wins, and it must be set before grpc is first imported to take effect.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
+from google.protobuf import empty_pb2  # noqa: E402
 
 from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
 from kilolock.provider.certs import der_to_pem, process_client_certificate
@@ -77,6 +83,7 @@ class PluginConnection:
             if self._closed:
                 return
             self._closed = True
+        deadline = time.monotonic() + _SHUTDOWN_GRACE  # one 2 s budget for Shutdown and the exit
         try:
             if self.process.alive():
                 shutdown = self.channel.unary_unary(
@@ -92,7 +99,7 @@ class PluginConnection:
                         self.process.logger.debug("Shutdown answered %s; killing", code)
         finally:
             self.channel.close()
-            if not self.process.wait(_SHUTDOWN_GRACE):
+            if not self.process.wait(max(0.1, deadline - time.monotonic())):
                 self.process.logger.debug("plugin did not exit within %gs of Shutdown; sending SIGKILL", _SHUTDOWN_GRACE)
             self.process.kill()
 

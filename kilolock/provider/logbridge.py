@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+from typing import Mapping
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -68,3 +70,32 @@ class StderrLogBridge:
             if prefix in text[:40]:
                 return level, text
         return logging.DEBUG, text
+
+
+def provider_log_level(env: Mapping[str, str]) -> int | None:
+    """The level asked for by TF_LOG_PROVIDER, TF_LOG or KL_LOG (first set wins), or None.
+
+    As in Terraform, a value that is not a level name (e.g. TF_LOG=1 or JSON) means TRACE.
+    """
+    for var in ("TF_LOG_PROVIDER", "TF_LOG", "KL_LOG"):
+        value = env.get(var, "").strip().lower()
+        if value and value != "off":
+            return _LEVELS.get(value, TRACE)
+    return None
+
+
+def configure_provider_logging(env: Mapping[str, str]) -> int | None:
+    """Make provider log lines visible on stderr when the environment asks for them.
+
+    Called once by the CLI at start-up; returns the level set, or None when nothing was asked.
+    """
+    level = provider_log_level(env)
+    if level is None:
+        return None
+    logger = logging.getLogger("kilolock.provider")
+    logger.setLevel(level)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    return level
