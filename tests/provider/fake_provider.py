@@ -189,11 +189,14 @@ def serve() -> None:
         own = certs.generate_client_certificate()  # same shape serves as a server cert (serverAuth EKU)
         creds = grpc.ssl_server_credentials([(own.key_pem, own.cert_pem)], root_certificates=client_pem.encode(), require_client_auth=True)
         server.add_secure_port(f"unix:{sock}", creds)
-        cert_field = base64.b64encode(own.cert_der).decode().rstrip("=")
+        shown = certs.generate_client_certificate() if os.environ.get("FAKE_BAD_CERT") else own  # a lie: TLS must fail
+        cert_field = base64.b64encode(shown.cert_der).decode().rstrip("=")
     else:
         server.add_insecure_port(f"unix:{sock}")
     server.start()
     sys.stderr.write('{"@level":"info","@message":"fake provider serving","@module":"fake","proto":%d}\n' % proto)
+    sys.stderr.flush()
+    sys.stderr.write('{"@level":"debug","@message":"client cert %s"}\n' % ("present" if client_pem else "absent"))
     sys.stderr.flush()
     say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")
     done.wait()

@@ -2,6 +2,7 @@
 timeout, with no process left behind."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -163,3 +164,36 @@ def test_stdio_stream_and_stderr_are_drained_into_logging(fake_binary, caplog: p
     messages = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
     assert ("kilolock.provider.fake", "INFO", "fake: fake provider serving proto=5") in messages
     assert any("hello from StreamStdio" in m for _, _, m in messages)
+
+
+def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS", raising=False)
+    with launch_provider(fake_binary()) as client:
+        assert client.connection.tls is True  # type: ignore[attr-defined]
+        assert any("client cert present" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+    monkeypatch.setenv("KL_DISABLE_PLUGIN_TLS", "1")
+    with launch_provider(fake_binary()) as client:
+        assert client.connection.tls is False  # type: ignore[attr-defined]
+        assert any("client cert absent" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+
+
+def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="kilolock.provider.connection")
+    binary = fake_binary(FAKE_BAD_CERT="1")
+    with launch_provider(binary, tls=True) as client:
+        assert client.connection.tls is False  # type: ignore[attr-defined]
+        assert "client cert absent" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_state == msgpack.packb({"id": "1"})
+    assert f"grpcio could not complete AutoMTLS with {binary}" in caplog.text
+    assert "private 0700 unix socket directory" in caplog.text
+
+
+def test_socket_lives_in_a_private_directory_removed_at_close(fake_binary) -> None:
+    client = launch_provider(fake_binary(), tls=False)
+    proc = client.connection.process  # type: ignore[attr-defined]
+    try:
+        assert os.stat(proc.socket_dir).st_mode & 0o777 == 0o700
+        assert os.path.dirname(proc.handshake.address) == proc.socket_dir
+    finally:
+        client.close()
+    assert not os.path.exists(proc.socket_dir)
