@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 # grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
 # below makes that routine; kl reports it through logging instead. Only a default: an operator's
@@ -37,12 +36,6 @@ _SHUTDOWN_GRACE = 2.0  # go-plugin's Kill waits 2 s before SIGKILL
 
 def tls_disabled_by_env() -> bool:
     return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS"))
-
-
-@dataclass(frozen=True)
-class ConnectOptions:
-    tls: bool
-    start_timeout: float = DEFAULT_START_TIMEOUT
 
 
 class PluginConnection:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,17 +168,37 @@ def test_concurrent_reads_on_one_client() -> None:
     assert len(results) == 10
 
 
-def test_killed_provider_gives_clear_error_and_no_zombie() -> None:
+def test_killed_mid_call_gives_clear_error_and_no_zombie() -> None:
     provider = BY_TYPE["time"]
     client = launch_provider(require(provider), tls=False)
     proc = client.connection.process  # type: ignore[attr-defined]
+    outcomes: list[BaseException | None] = []
+    started = threading.Barrier(5)
+    type_name, values = READ_CASES["time"]
+    state = msgpack.packb({**null_object(client.get_schema().resource_schemas[type_name].block), **values})
+
+    def reader() -> None:
+        started.wait()
+        try:
+            while True:  # reads in flight continuously until the provider dies under them
+                assert client.read_resource(type_name, state).new_state == state
+        except BaseException as exc:
+            outcomes.append(exc)
+
     try:
         client.configure(b"\x80")
+        threads = [threading.Thread(target=reader) for _ in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.3)
         os.kill(proc.pid, 9)
-        with pytest.raises(ProviderCallError) as err:
-            client.read_resource("time_static", msgpack.packb({"id": "x"}))
-        assert "plugin exited during ReadResource" in str(err.value)
-        assert "SIGKILL" in str(err.value)
+        for t in threads:
+            t.join(timeout=10)
+        assert len(outcomes) == 4
+        for exc in outcomes:
+            assert isinstance(exc, ProviderCallError), repr(exc)
+            assert "provider time: the plugin exited during ReadResource (killed by SIGKILL)" in str(exc)
     finally:
         client.close()
     assert survivors([proc.pid]) == []
