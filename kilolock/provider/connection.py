@@ -1,0 +1,174 @@
+"""A launched plugin plus its gRPC channel: AutoMTLS, readiness probe, StreamStdio, ordered close.
+
+AutoMTLS is on unless ``KL_DISABLE_PLUGIN_TLS`` is set, as Terraform does with TF_DISABLE_PLUGIN_TLS.
+If grpcio cannot complete the TLS handshake with a provider that did offer a certificate, kl starts
+the provider again without ``PLUGIN_CLIENT_CERT``: plaintext gRPC over a unix socket in a private
+0700 directory (PLUGIN_UNIX_SOCKET_DIR), reachable only by kl's own user, and logs a warning saying so.
+Every plugin gets such a private socket directory, TLS or not.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+# grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
+# below makes that routine; kl reports it through logging instead. Only a default: an operator's
+# own GRPC_VERBOSITY wins, and it must be set before grpc is first imported to take effect.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import grpc  # noqa: E402
+from google.protobuf import empty_pb2  # noqa: E402
+
+from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
+from kilolock.provider.certs import der_to_pem, process_client_certificate
+from kilolock.provider.errors import PluginStartError
+from kilolock.provider.process import LaunchSpec, PluginProcess
+
+_log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # provider schemas exceed grpc's 4 MiB default
+DEFAULT_START_TIMEOUT = 60.0  # go-plugin's StartTimeout
+_PROBE_TIMEOUT = 10.0
+_SHUTDOWN_GRACE = 2.0  # go-plugin's Kill waits 2 s before SIGKILL
+
+
+def tls_disabled_by_env() -> bool:
+    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS"))
+
+
+class PluginConnection:
+    def __init__(self, process: PluginProcess, channel: grpc.Channel, tls: bool) -> None:
+        assert process.handshake is not None
+        self.process = process
+        self.channel = channel
+        self.tls = tls
+        self.protocol_version = process.handshake.protocol_version
+        self.name = process.spec.name
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._stdio_call: grpc.Future | None = None
+        self._stdio_thread = threading.Thread(target=self._drain_stdio, name=f"kl-{self.name}-stdio", daemon=True)
+
+    def start_stdio(self) -> None:
+        self._stdio_thread.start()
+
+    def _drain_stdio(self) -> None:
+        stream = self.channel.unary_stream(
+            "/plugin.GRPCStdio/StreamStdio",
+            request_serializer=empty_pb2.Empty.SerializeToString,
+            response_deserializer=grpc_stdio_pb2.StdioData.FromString,
+        )
+        try:
+            call = stream(empty_pb2.Empty())
+            self._stdio_call = call
+            for item in call:
+                channel = "stderr" if item.channel == grpc_stdio_pb2.StdioData.STDERR else "stdout"
+                self.process.logger.info("plugin %s: %s", channel, item.data.decode("utf-8", "replace").rstrip())
+        except grpc.RpcError as exc:
+            # UNIMPLEMENTED from old go-plugin servers, CANCELLED/UNAVAILABLE at close: all normal.
+            self.process.logger.debug("StreamStdio ended: %s", exc.code())  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Shutdown → close the channel → wait up to 2 s → SIGKILL; idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        deadline = time.monotonic() + _SHUTDOWN_GRACE  # one 2 s budget for Shutdown and the exit
+        try:
+            if self.process.alive():
+                shutdown = self.channel.unary_unary(
+                    "/plugin.GRPCController/Shutdown",
+                    request_serializer=grpc_controller_pb2.Empty.SerializeToString,
+                    response_deserializer=grpc_controller_pb2.Empty.FromString,
+                )
+                try:
+                    shutdown(grpc_controller_pb2.Empty(), timeout=_SHUTDOWN_GRACE)
+                except grpc.RpcError as exc:
+                    code = exc.code()  # type: ignore[attr-defined]
+                    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                        self.process.logger.debug("Shutdown answered %s; killing", code)
+        finally:
+            self.channel.close()
+            if not self.process.wait(max(0.1, deadline - time.monotonic())):
+                self.process.logger.debug("plugin did not exit within %gs of Shutdown; sending SIGKILL", _SHUTDOWN_GRACE)
+            self.process.kill()
+
+
+def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel:
+    hs = process.handshake
+    assert hs is not None
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    if not tls:
+        return grpc.insecure_channel(hs.grpc_target, options=options)
+    assert hs.server_cert_der is not None
+    cert = process_client_certificate()
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=der_to_pem(hs.server_cert_der),
+        private_key=cert.key_pem,
+        certificate_chain=cert.cert_pem,
+    )
+    options.append(("grpc.ssl_target_name_override", "localhost"))
+    return grpc.secure_channel(hs.grpc_target, creds, options=options)
+
+
+def _probe(channel: grpc.Channel) -> grpc.RpcError | None:
+    """Health.Check("plugin"), the service go-plugin registers; proves the channel works."""
+    check = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=grpc_health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=grpc_health_pb2.HealthCheckResponse.FromString,
+    )
+    try:
+        check(grpc_health_pb2.HealthCheckRequest(service="plugin"), timeout=_PROBE_TIMEOUT, wait_for_ready=False)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            return None
+        return exc
+    return None
+
+
+# Binaries whose TLS handshake already failed in this process: later launches go straight to the
+# fallback instead of paying for a doomed start.
+_tls_failed: set[str] = set()
+
+
+def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT) -> PluginConnection:
+    """Launch ``binary`` and return a working connection (TLS unless disabled or impossible)."""
+    want_tls = (not tls_disabled_by_env() and binary not in _tls_failed) if tls is None else tls
+    cert_pem = process_client_certificate().cert_pem if want_tls else None
+    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout))
+    try:
+        hs = process.handshake
+        assert hs is not None
+        use_tls = want_tls and hs.server_cert_der is not None
+        if want_tls and not use_tls:
+            process.logger.info("%s offered no server certificate (no AutoMTLS support); using plaintext on a private socket", binary)
+        channel = _open_channel(process, use_tls)
+        failure = _probe(channel)
+    except BaseException:
+        process.kill()
+        raise
+    if failure is None:
+        conn = PluginConnection(process, channel, use_tls)
+        conn.start_stdio()
+        return conn
+    channel.close()
+    alive = process.alive()
+    detail = failure.details()  # type: ignore[attr-defined]
+    process.kill()
+    if use_tls and alive:
+        _tls_failed.add(binary)
+        _log.warning(
+            "grpcio could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
+            "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt)",
+            binary,
+            detail,
+        )
+        return connect(binary, name, tls=False, start_timeout=start_timeout)
+    raise PluginStartError(f"{binary} completed the handshake but does not answer gRPC ({process.exit_description()}): {detail}")

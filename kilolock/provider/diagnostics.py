@@ -1,0 +1,34 @@
+"""Provider diagnostics as Kilolock's own objects, independent of the protocol version."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kilolock.schema import AttributePath, path_display
+
+
+class Severity(enum.IntEnum):
+    """Numbers as on the wire (``Diagnostic.Severity``)."""
+
+    INVALID = 0
+    ERROR = 1
+    WARNING = 2
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    severity: Severity
+    summary: str
+    detail: str = ""
+    attribute: AttributePath = ()
+
+    def describe(self) -> str:
+        """One line: where (if known), summary and detail."""
+        where = f"at {path_display(self.attribute)}: " if self.attribute else ""
+        detail = f": {self.detail}" if self.detail and self.detail != self.summary else ""
+        return f"{where}{self.summary}{detail}"
+
+
+def errors_of(diagnostics: tuple[Diagnostic, ...]) -> tuple[Diagnostic, ...]:
+    # INVALID is treated as an error: a provider that sends it is broken, and hiding it is worse.
+    return tuple(d for d in diagnostics if d.severity != Severity.WARNING)

@@ -1,0 +1,315 @@
+"""Starting a provider binary as a go-plugin server, reading its handshake, and reaping it.
+
+A provider must never outlive kl. Three mechanisms, each covering what the others cannot:
+- its own process group (setsid), so kl can kill it and anything it spawned in one signal, and a
+  Ctrl-C at the terminal reaches kl only (kl then shuts providers down in order);
+- PR_SET_PDEATHSIG=SIGKILL (Linux), so even a SIGKILLed kl takes its providers with it. The signal
+  fires when the *thread* that forked exits, so every plugin is forked from one long-lived spawner
+  thread rather than from whichever worker thread asked;
+- a registry of live plugins killed at interpreter exit (atexit) and by ``kill_all()``, which the
+  orchestrator's signal handling calls.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import concurrent.futures
+import ctypes
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from kilolock.provider.errors import PluginStartError
+from kilolock.provider.handshake import Handshake, parse_handshake
+from kilolock.provider.logbridge import StderrLogBridge, provider_logger
+
+MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
+MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
+_NOT_FOR_DIRECT_USE = "This binary is a plugin"
+_STDERR_TAIL_LINES = 40
+_MAX_HANDSHAKE_LINE = 64 * 1024
+
+T = TypeVar("T")
+
+
+# --- the spawner thread ---------------------------------------------------------------------------
+
+
+class _Spawner:
+    """One daemon thread that performs every fork, so PDEATHSIG tracks the life of kl itself."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future[object]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="kl-plugin-spawner", daemon=True)
+                self._thread.start()
+        fut: concurrent.futures.Future[object] = concurrent.futures.Future()
+        self._jobs.put((fn, fut))
+        return fut.result()  # type: ignore[return-value]
+
+    def _loop(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed back to the caller's thread
+                fut.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+if sys.platform.startswith("linux"):
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _prctl = _libc.prctl
+else:  # pragma: no cover - kl's supported platform is Linux; elsewhere the registry still reaps
+    _prctl = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec(parent_pid: int) -> Callable[[], None]:
+    def child() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent_pid:  # kl died between fork and prctl
+                os._exit(1)
+
+    return child
+
+
+# --- the registry of live plugins -----------------------------------------------------------------
+
+_live: set["PluginProcess"] = set()
+_live_lock = threading.Lock()
+
+
+def kill_all() -> None:
+    """SIGKILL every plugin still running; safe from signal handlers' follow-up code and atexit."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        proc.kill()
+
+
+atexit.register(kill_all)
+
+
+# --- one plugin process ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    binary: str
+    name: str  # the provider type, used for logger names and messages
+    client_cert_pem: bytes | None
+    start_timeout: float
+
+
+class PluginProcess:
+    """A running plugin binary after a successful handshake."""
+
+    def __init__(self, spec: LaunchSpec, popen: subprocess.Popen[bytes], socket_dir: str) -> None:
+        self.spec = spec
+        self.popen = popen
+        self.pid = popen.pid
+        self.socket_dir = socket_dir
+        self.logger = provider_logger(spec.name)
+        self.handshake: Handshake | None = None
+        self._first_line: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._reaped = threading.Event()
+        self._kill_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._drain_stdout, name=f"kl-{spec.name}-stdout", daemon=True),
+            threading.Thread(target=self._drain_stderr, name=f"kl-{spec.name}-stderr", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- start --
+
+    @classmethod
+    def start(cls, spec: LaunchSpec) -> "PluginProcess":
+        socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
+        env = dict(os.environ)
+        env.pop("PLUGIN_CLIENT_CERT", None)
+        env.update(
+            {
+                MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE,
+                "PLUGIN_PROTOCOL_VERSIONS": "6,5",
+                "PLUGIN_MIN_PORT": "10000",
+                "PLUGIN_MAX_PORT": "25000",
+                "PLUGIN_UNIX_SOCKET_DIR": socket_dir,
+            }
+        )
+        if spec.client_cert_pem is not None:
+            env["PLUGIN_CLIENT_CERT"] = spec.client_cert_pem.decode()
+        parent = os.getpid()
+
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                [spec.binary],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_preexec(parent),
+                close_fds=True,
+            )
+
+        try:
+            popen = _spawner.run(spawn)
+        except FileNotFoundError:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise PluginStartError(f"provider binary {spec.binary} does not exist") from None
+        except PermissionError:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise PluginStartError(f"provider binary {spec.binary} is not executable (check its permissions)") from None
+        except OSError as exc:
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            raise PluginStartError(f"provider binary {spec.binary} cannot be executed: {exc.strerror or exc}") from None
+        proc = cls(spec, popen, socket_dir)
+        with _live_lock:
+            _live.add(proc)
+        try:
+            proc.handshake = proc._await_handshake()
+        except BaseException:
+            proc.kill()
+            raise
+        return proc
+
+    def _await_handshake(self) -> Handshake:
+        binary, timeout = self.spec.binary, self.spec.start_timeout
+        try:
+            line = self._first_line.get(timeout=timeout)
+        except queue.Empty:
+            raise PluginStartError(
+                f"{binary} did not complete the plugin handshake within {timeout:g}s{self._tail_suffix()}"
+            ) from None
+        if line is None:  # stdout closed without a line: the process is exiting
+            try:
+                self.popen.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._threads[1].join(timeout=1.0)
+            tail = "\n".join(self._stderr_tail)
+            if _NOT_FOR_DIRECT_USE in tail:
+                raise PluginStartError(
+                    f"{binary} is a go-plugin binary for another application: it rejected Terraform's magic cookie"
+                )
+            raise PluginStartError(f"{binary} exited before the plugin handshake ({self.exit_description()}){self._tail_suffix()}")
+        return parse_handshake(line, binary)
+
+    # -- draining --
+
+    def _drain_stdout(self) -> None:
+        stream = self.popen.stdout
+        assert stream is not None
+        first = True
+        try:
+            while True:
+                raw = stream.readline(_MAX_HANDSHAKE_LINE)
+                if not raw:
+                    break
+                text = raw.decode("utf-8", errors="replace")
+                if first:
+                    first = False
+                    self._first_line.put(text)
+                else:
+                    self.logger.debug("stdout: %s", text.rstrip())
+        except (OSError, ValueError):
+            pass
+        finally:
+            if first:
+                self._first_line.put(None)
+
+    def _drain_stderr(self) -> None:
+        stream = self.popen.stderr
+        assert stream is not None
+        bridge = StderrLogBridge(self.logger)
+        try:
+            for raw in iter(stream.readline, b""):
+                text = raw.decode("utf-8", errors="replace")
+                self._stderr_tail.append(text.rstrip())
+                bridge.line(text)
+        except (OSError, ValueError):
+            pass
+
+    # -- state --
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def exit_description(self) -> str:
+        code = self.popen.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._stderr_tail)
+
+    def _tail_suffix(self) -> str:
+        lines = [line for line in self._stderr_tail if line][-8:]
+        return "; stderr: " + " | ".join(lines) if lines else ""
+
+    # -- ending --
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        self._finish()
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap it; idempotent and thread-safe."""
+        with self._kill_lock:
+            if self.popen.poll() is None:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:  # pragma: no cover - group gone and pid reused
+                    self.popen.kill()
+            try:
+                self.popen.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - uninterruptible sleep in the kernel
+                logging.getLogger(__name__).error("provider %s (pid %d) did not die after SIGKILL", self.spec.name, self.pid)
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._reaped.is_set():
+            return
+        self._reaped.set()
+        with _live_lock:
+            _live.discard(self)
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=1.0)
+        for stream in (self.popen.stdout, self.popen.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        shutil.rmtree(self.socket_dir, ignore_errors=True)

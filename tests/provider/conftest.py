@@ -1,0 +1,68 @@
+"""Fixtures for the provider stack: real provider binaries, the fake provider, and the no-survivor check."""
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
+
+from kltest_providers import FAKE, REAL_PROVIDERS, ROOT, RealProvider, _launched, require, running  # noqa: E402
+
+from kilolock.provider import process as plugin_process  # noqa: E402
+
+
+@pytest.fixture(params=REAL_PROVIDERS, ids=lambda p: p.type)
+def real_provider(request: pytest.FixtureRequest) -> RealProvider:
+    require(request.param)
+    return request.param
+
+
+# --- the fake provider ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_binary(tmp_path: Path):
+    """Returns make(mode="serve", proto=5, **env) -> path of an executable wrapper for that mode."""
+
+    def make(mode: str = "serve", proto: int = 5, **env: str) -> str:
+        path = tmp_path / f"terraform-provider-fake_{mode}_{proto}"
+        exports = {"FAKE_MODE": mode, "FAKE_PROTO": str(proto), "PYTHONPATH": str(ROOT), **env}
+        lines = ["#!/bin/sh"] + [f"export {k}='{v}'" for k, v in exports.items()]
+        lines.append(f'exec "{sys.executable}" "{FAKE}" "$@"')
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        return str(path)
+
+    return make
+
+
+# --- no provider survives -------------------------------------------------------------------------
+
+_original_init = plugin_process.PluginProcess.__init__
+
+
+def _recording_init(self, spec, popen, socket_dir):  # type: ignore[no-untyped-def]
+    _launched.append((popen.pid, spec.binary))
+    _original_init(self, spec, popen, socket_dir)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_provider_survives():
+    plugin_process.PluginProcess.__init__ = _recording_init  # type: ignore[method-assign]
+    yield
+    plugin_process.PluginProcess.__init__ = _original_init  # type: ignore[method-assign]
+    alive = [(pid, b) for pid, b in _launched if running(pid)]
+    assert not alive, f"provider processes survived the test session: {alive}"
+
+
+@pytest.fixture(autouse=True)
+def no_live_plugin_after_test():
+    yield
+    with plugin_process._live_lock:
+        leftover = list(plugin_process._live)
+    for proc in leftover:
+        proc.kill()
+    assert not leftover, f"test left plugins running: {[p.spec.binary for p in leftover]}"

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""A fault-injecting stand-in for a provider plugin (never a replacement for the real ones).
+
+Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per ReadResource:
+  modes: serve (default), hang, garbage, not-plugin, exit-early, wrong-cookie, netrpc, proto4
+  types: fake_echo, fake_sensitive (adds field 6), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
+         fake_error, fake_gone
+FAKE_PROTO selects protocol 5 or 6. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
+the server certificate goes out base64 (raw std, no padding) in handshake field 6.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+
+COOKIE = ("TF_PLUGIN_MAGIC_COOKIE", "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2")
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    mode = os.environ.get("FAKE_MODE", "serve")
+    if mode == "wrong-cookie" or os.environ.get(COOKIE[0]) != COOKIE[1]:
+        sys.stderr.write("This binary is a plugin. These are not meant to be executed directly.\n")
+        sys.exit(1)
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "garbage":
+        say("Welcome to the fake tool! \x00\x01 totally not a handshake")
+        time.sleep(3600)
+    if mode == "not-plugin":
+        say("usage: fake-tool [options] FILE")
+        sys.exit(0)
+    if mode == "exit-early":
+        sys.stderr.write("fake: loading configuration\nfake: fatal: cannot open /nonexistent/config.yml\n")
+        sys.stderr.flush()
+        sys.exit(3)
+    if mode == "netrpc":
+        say("1|5|unix|/tmp/nothing-here|netrpc|")
+        time.sleep(3600)
+    if mode == "proto4":
+        say("1|4|unix|/tmp/nothing-here|grpc|")
+        time.sleep(3600)
+    serve()
+
+
+def serve() -> None:
+    import grpc
+    from google.protobuf import empty_pb2
+
+    from kilolock.provider import certs
+    from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2, tfplugin5_pb2, tfplugin6_pb2
+
+    proto = int(os.environ.get("FAKE_PROTO", "5"))
+    pb = tfplugin5_pb2 if proto == 5 else tfplugin6_pb2
+    names = (
+        {"schema": "GetSchema", "validate": "PrepareProviderConfig", "configure": "Configure", "stop": "Stop"}
+        if proto == 5
+        else {"schema": "GetProviderSchema", "validate": "ValidateProviderConfig", "configure": "ConfigureProvider", "stop": "StopProvider"}
+    )
+    stop_event = threading.Event()
+    done = threading.Event()
+    slow = float(os.environ.get("FAKE_SLOW_SECONDS", "5"))
+
+    def attr(name: str, typ: bytes, **flags: bool) -> object:
+        return pb.Schema.Attribute(name=name, type=typ, **flags)
+
+    def get_schema(req, ctx):
+        block = pb.Schema.Block(
+            attributes=[
+                attr("id", b'"string"', computed=True),
+                attr("value", b'"string"', optional=True),
+                attr("secret", b'"string"', optional=True, sensitive=True),
+            ],
+            block_types=[
+                pb.Schema.NestedBlock(
+                    type_name="rule",
+                    nesting=pb.Schema.NestedBlock.LIST,
+                    max_items=3,
+                    block=pb.Schema.Block(attributes=[attr("cidr", b'"string"', required=True)]),
+                )
+            ],
+        )
+        resp = pb.GetProviderSchema.Response(provider=pb.Schema(block=pb.Schema.Block()))
+        for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone"):
+            resp.resource_schemas[t].CopyFrom(pb.Schema(version=2, block=block))
+        return resp
+
+    def validate(req, ctx):
+        return getattr(pb, names["validate"]).Response()
+
+    def configure(req, ctx):
+        return getattr(pb, names["configure"]).Response()
+
+    def upgrade(req, ctx):
+        if req.version > 2:
+            d = pb.Diagnostic(severity=pb.Diagnostic.ERROR, summary="newer state", detail=f"version {req.version}")
+            return pb.UpgradeResourceState.Response(diagnostics=[d])
+        # Echo the JSON as an opaque marker; the fake never needs to decode it.
+        return pb.UpgradeResourceState.Response(upgraded_state=pb.DynamicValue(msgpack=b"\xc4" + bytes([len(req.raw_state.json)]) + req.raw_state.json))
+
+    def read(req, ctx) -> bytes:
+        t = req.type_name
+        resp = pb.ReadResource.Response(new_state=req.current_state, private=req.private + b"+read")
+        if t == "fake_crash":
+            sys.stderr.write("panic: fake provider crashed on purpose\n")
+            sys.stderr.flush()
+            os._exit(2)
+        if t == "fake_slow":
+            stop_event.wait(slow)
+            if stop_event.is_set():
+                resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="cancelled by StopProvider")
+        if t == "fake_error":
+            d = resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="Invalid thing", detail="the rule is wrong")
+            d.attribute.steps.add(attribute_name="rule")
+            d.attribute.steps.add(element_key_int=1)
+            d.attribute.steps.add(attribute_name="cidr")
+            resp.diagnostics.add(severity=pb.Diagnostic.WARNING, summary="just a warning")
+        if t == "fake_gone":
+            resp.ClearField("new_state")
+        raw = resp.SerializeToString()
+        if t == "fake_sensitive":
+            for steps in (("secret",), ("tags", "k")):
+                path = pb.AttributePath()
+                path.steps.add(attribute_name=steps[0])
+                if len(steps) > 1:
+                    path.steps.add(element_key_string=steps[1])
+                body = path.SerializeToString()
+                raw += bytes([0x32, len(body)]) + body  # field 6, length-delimited
+        return raw
+
+    def stop(req, ctx):
+        stop_event.set()
+        return getattr(pb, names["stop"]).Response()
+
+    def shutdown(req, ctx):
+        done.set()
+        return grpc_controller_pb2.Empty()
+
+    def health(req, ctx):
+        return grpc_health_pb2.HealthCheckResponse(status=grpc_health_pb2.HealthCheckResponse.SERVING)
+
+    def stdio(req, ctx):
+        yield grpc_stdio_pb2.StdioData(channel=grpc_stdio_pb2.StdioData.STDERR, data=b"hello from StreamStdio\n")
+        done.wait()
+
+    def h(fn, req_cls, raw=False):
+        ser = (lambda b: b) if raw else (lambda m: m.SerializeToString())
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_cls.FromString, response_serializer=ser)
+
+    service = f"tfplugin{proto}.Provider"
+    handlers = [
+        grpc.method_handlers_generic_handler(
+            service,
+            {
+                names["schema"]: h(get_schema, pb.GetProviderSchema.Request),
+                names["validate"]: h(validate, getattr(pb, names["validate"]).Request),
+                names["configure"]: h(configure, getattr(pb, names["configure"]).Request),
+                "UpgradeResourceState": h(upgrade, pb.UpgradeResourceState.Request),
+                "ReadResource": h(read, pb.ReadResource.Request, raw=True),
+                names["stop"]: h(stop, getattr(pb, names["stop"]).Request),
+            },
+        ),
+        grpc.method_handlers_generic_handler("plugin.GRPCController", {"Shutdown": h(shutdown, grpc_controller_pb2.Empty)}),
+        grpc.method_handlers_generic_handler(
+            "plugin.GRPCStdio",
+            {
+                "StreamStdio": grpc.unary_stream_rpc_method_handler(
+                    stdio, request_deserializer=empty_pb2.Empty.FromString, response_serializer=lambda m: m.SerializeToString()
+                )
+            },
+        ),
+        grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": h(health, grpc_health_pb2.HealthCheckRequest)}),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=handlers)
+    sock_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR") or tempfile.gettempdir()
+    sock = os.path.join(sock_dir, f"fakeplugin{os.getpid()}")
+    client_pem = os.environ.get("PLUGIN_CLIENT_CERT")
+    cert_field = ""
+    if client_pem:
+        own = certs.generate_client_certificate()  # same shape serves as a server cert (serverAuth EKU)
+        creds = grpc.ssl_server_credentials([(own.key_pem, own.cert_pem)], root_certificates=client_pem.encode(), require_client_auth=True)
+        server.add_secure_port(f"unix:{sock}", creds)
+        shown = certs.generate_client_certificate() if os.environ.get("FAKE_BAD_CERT") else own  # a lie: TLS must fail
+        cert_field = base64.b64encode(shown.cert_der).decode().rstrip("=")
+    else:
+        server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    sys.stderr.write('{"@level":"info","@message":"fake provider serving","@module":"fake","proto":%d}\n' % proto)
+    sys.stderr.flush()
+    sys.stderr.write('{"@level":"debug","@message":"client cert %s"}\n' % ("present" if client_pem else "absent"))
+    sys.stderr.flush()
+    say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")
+    done.wait()
+    server.stop(0)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
