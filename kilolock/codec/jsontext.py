@@ -38,7 +38,7 @@ _decoder = json.JSONDecoder(
 
 def parse_json(data: bytes) -> object:
     """Parse JSON bytes (UTF-8 only); errors are ``PathError`` at the root."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
+    if not isinstance(data, (bytes, bytearray)):
         raise PathError(f"expected bytes, got {type(data).__name__}")
     try:
         text = bytes(data).decode("utf-8")

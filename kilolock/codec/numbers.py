@@ -43,7 +43,7 @@ def parse_number(text: str) -> Dec:
     """Parse JSON number syntax exactly; ``ValueError`` names what is wrong."""
     m = _NUMBER_RE.match(text)
     if m is None:
-        raise ValueError(f"invalid number {text[:40]!r}")
+        raise ValueError("not a decimal number")
     sign, int_part, frac, exp_sign, exp_text = m.groups()
     frac = frac or ""
     digits = (int_part + frac).lstrip("0")

@@ -68,11 +68,14 @@ class PureType:
             return bytes(out)
         except PathError as exc:
             raise exc.to_codec_error() from None
+        except UnicodeEncodeError:
+            # an unpaired surrogate escape inside a key of an inferred (dynamic) object
+            raise CodecError("(root): invalid string: unpaired surrogate escape") from None
 
     def decode(self, msgpack_bytes: bytes) -> bytes:
         """msgpack -> canonical cty JSON (sorted keys, compact, exact numbers)."""
         try:
-            if not isinstance(msgpack_bytes, (bytes, bytearray, memoryview)):
+            if not isinstance(msgpack_bytes, (bytes, bytearray)):
                 raise PathError(f"expected bytes, got {type(msgpack_bytes).__name__}")
             reader = Reader(bytes(msgpack_bytes))
             out: list[str] = []
@@ -342,7 +345,7 @@ def marshal_map(value: object, t: CtyType, out: bytearray, depth: int) -> None:
         try:
             key_bytes = key.encode("utf-8")
         except UnicodeEncodeError:
-            raise PathError("invalid map key: unpaired surrogate escape") from None
+            raise PathError("invalid string: unpaired surrogate escape") from None
         if key_bytes in encoded:
             raise PathError(f"duplicate key {quote(key)}")
         buf = bytearray()
