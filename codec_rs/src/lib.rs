@@ -1,9 +1,109 @@
-//! Native backend of `kilolock.codec`. The real codec lands with the codec issue; this module
-//! exists so the package builds and `kilolock.codec` can report which backend is active.
-use pyo3::prelude::*;
+//! Native backend of `kilolock.codec`: cty JSON <-> cty msgpack, byte-identical to the
+//! pure-Python backend (kilolock/codec/pure.py), whose functions these mirror one for one.
 
-#[pymodule]
-fn _codec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    Ok(())
+pub mod error;
+pub mod json;
+pub mod marshal;
+pub mod mp;
+pub mod number;
+pub mod types;
+pub mod unmarshal;
+
+pub use error::{CodecErr, MAX_DEPTH};
+pub use types::Ty;
+
+/// Compile a JSON type specification.
+pub fn compile(type_json: &[u8]) -> Result<Ty, CodecErr> {
+    types::parse_type(type_json)
+}
+
+#[cfg(feature = "python")]
+mod python {
+    use super::*;
+    use pyo3::prelude::*;
+    use pyo3::sync::GILOnceCell;
+    use pyo3::types::{PyByteArray, PyBytes, PyType};
+
+    /// Inputs this large are worked on with the GIL released.
+    const RELEASE_GIL_ABOVE: usize = 16 * 1024;
+
+    static CODEC_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+
+    /// The one `CodecError` class, defined in Python (kilolock.codec.errors) and raised from here.
+    fn codec_error(py: Python<'_>, e: &CodecErr) -> PyErr {
+        match CODEC_ERROR.import(py, "kilolock.codec.errors", "CodecError") {
+            Ok(cls) => PyErr::from_type(cls.clone(), e.render()),
+            Err(import_error) => import_error,
+        }
+    }
+
+    fn with_bytes<R>(py: Python<'_>, data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R + Send) -> PyResult<R>
+    where
+        R: Send,
+    {
+        if let Ok(b) = data.downcast::<PyBytes>() {
+            let slice = b.as_bytes();
+            if slice.len() > RELEASE_GIL_ABOVE {
+                return Ok(py.allow_threads(|| f(slice)));
+            }
+            return Ok(f(slice));
+        }
+        if let Ok(b) = data.downcast::<PyByteArray>() {
+            let owned = b.to_vec();
+            return Ok(f(&owned));
+        }
+        let name = data.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
+        Err(codec_error(py, &CodecErr::new(format!("expected bytes, got {}", name))))
+    }
+
+    /// A compiled type with the codec's two operations.
+    #[pyclass(frozen, module = "kilolock._codec_rs", name = "CodecType")]
+    pub struct CodecType {
+        ty: Ty,
+    }
+
+    #[pymethods]
+    impl CodecType {
+        /// cty JSON -> msgpack exactly as go-cty writes it.
+        fn encode<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+            let ty = &self.ty;
+            match with_bytes(py, data, |b| marshal::encode(b, ty))? {
+                Ok(v) => Ok(PyBytes::new(py, &v)),
+                Err(e) => Err(codec_error(py, &e)),
+            }
+        }
+
+        /// msgpack -> canonical cty JSON (sorted keys, compact, exact numbers).
+        fn decode<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+            let ty = &self.ty;
+            match with_bytes(py, data, |b| unmarshal::decode(b, ty))? {
+                Ok(v) => Ok(PyBytes::new(py, &v)),
+                Err(e) => Err(codec_error(py, &e)),
+            }
+        }
+
+        /// The canonical JSON type specification.
+        #[getter]
+        fn type_json<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+            PyBytes::new(py, &self.ty.json())
+        }
+    }
+
+    /// Compile Terraform's JSON type syntax into a reusable codec type.
+    #[pyfunction]
+    fn compile_type(py: Python<'_>, type_json: &Bound<'_, PyAny>) -> PyResult<CodecType> {
+        match with_bytes(py, type_json, super::compile)? {
+            Ok(ty) => Ok(CodecType { ty }),
+            Err(e) => Err(codec_error(py, &e)),
+        }
+    }
+
+    #[pymodule]
+    fn _codec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("MAX_DEPTH", MAX_DEPTH)?;
+        m.add_class::<CodecType>()?;
+        m.add_function(wrap_pyfunction!(compile_type, m)?)?;
+        Ok(())
+    }
 }

@@ -1,0 +1,465 @@
+//! marshal: cty JSON -> msgpack, streaming through the JSON text with the type in hand (twin of
+//! the `marshal*` functions in kilolock/codec/pure.py). Input already in the wire's order (state
+//! JSON is written with sorted keys) goes straight to the output; anything else is reordered.
+
+use crate::error::{too_deep, AtStep, CodecErr, Result, MAX_DEPTH};
+use crate::json::{quote, write_jval, JVal, Kind, Parser};
+use crate::mp;
+use crate::number::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
+use crate::types::{infer_type, type_from_json, ObjectTy, Ty};
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
+
+/// Encode a whole JSON document.
+pub fn encode(data: &[u8], ty: &Ty) -> Result<Vec<u8>> {
+    let mut p = Parser::new(data)?;
+    let mut out = Vec::with_capacity(data.len() / 2 + 16);
+    marshal(&mut p, ty, &mut out, 0)?;
+    p.finish()?;
+    Ok(out)
+}
+
+#[inline]
+fn expected(what: &str, kind: Kind) -> CodecErr {
+    CodecErr::new(format!("expected {}, got {}", what, kind.name()))
+}
+
+pub fn marshal(p: &mut Parser, ty: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    let kind = p.peek_kind()?;
+    if kind == Kind::Null {
+        p.literal(b"null")?;
+        out.push(0xc0);
+        return Ok(());
+    }
+    match ty {
+        Ty::String => marshal_string(p, kind, out),
+        Ty::Number => marshal_number(p, kind, out),
+        Ty::Bool => marshal_bool(p, kind, out),
+        Ty::List(elem) => marshal_list(p, kind, elem, out, depth),
+        Ty::Set(elem) => marshal_set(p, kind, elem, out, depth),
+        Ty::Map(elem) => marshal_map(p, kind, elem, out, depth),
+        Ty::Object(o) => marshal_object(p, kind, o, out, depth),
+        Ty::Tuple(elems) => marshal_tuple(p, kind, elems, out, depth),
+        Ty::Dynamic => marshal_dynamic(p, out, depth),
+    }
+}
+
+fn marshal_string(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
+    if kind != Kind::String {
+        return Err(expected("string", kind));
+    }
+    let s = p.string()?;
+    mp::write_str(out, s.as_bytes());
+    Ok(())
+}
+
+fn number_dec(text: &[u8]) -> Result<Dec> {
+    parse_number(text).map_err(|e| CodecErr::invalid_json(if e == OUT_OF_RANGE { OUT_OF_RANGE } else { e }))
+}
+
+fn write_number(d: &Dec, out: &mut Vec<u8>) {
+    match wire_form(d) {
+        Wire::Int(v) => mp::write_int(out, v),
+        Wire::Float(f) => mp::write_f64(out, f),
+        Wire::Str(s) => mp::write_str(out, s.as_bytes()),
+    }
+}
+
+fn marshal_number(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
+    if kind != Kind::Number {
+        return Err(expected("number", kind));
+    }
+    let text = p.number_text()?;
+    // Fast path: a short integer literal is always an int64.
+    if text.len() <= 18 && !text.iter().any(|&c| c == b'.' || c == b'e' || c == b'E') {
+        let (neg, digits) = if text[0] == b'-' { (true, &text[1..]) } else { (false, text) };
+        let mut v: i64 = 0;
+        for &c in digits {
+            v = v * 10 + (c - b'0') as i64;
+        }
+        mp::write_int(out, if neg { -v } else { v });
+        return Ok(());
+    }
+    write_number(&number_dec(text)?, out);
+    Ok(())
+}
+
+fn marshal_bool(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
+    if kind != Kind::Bool {
+        return Err(expected("bool", kind));
+    }
+    out.push(if p.parse_bool()? { 0xc3 } else { 0xc2 });
+    Ok(())
+}
+
+fn open(p: &mut Parser, kind: Kind, want: Kind, what: &str, depth: usize) -> Result<()> {
+    if kind != want {
+        return Err(expected(what, kind));
+    }
+    if depth >= MAX_DEPTH {
+        return Err(too_deep());
+    }
+    p.bump();
+    Ok(())
+}
+
+fn marshal_list(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    open(p, kind, Kind::Array, "list", depth)?;
+    let start = out.len();
+    let mut count = 0usize;
+    if !p.empty_close(b']') {
+        loop {
+            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", count))?;
+            count += 1;
+            if !p.next_or_close(b']')? {
+                break;
+            }
+        }
+    }
+    mp::insert_header(out, start, count, false);
+    Ok(())
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Drops byte-equal repeats of the elements written since `start`, keeping first occurrences.
+pub struct Dedup {
+    seen: HashMap<u64, Vec<(usize, usize)>>,
+}
+
+impl Dedup {
+    pub fn new() -> Self {
+        Dedup { seen: HashMap::new() }
+    }
+
+    /// The element at `out[s..]` was just written: keep it (true) or drop it (false).
+    pub fn keep(&mut self, out: &mut Vec<u8>, s: usize) -> bool {
+        let e = out.len();
+        let h = fnv(&out[s..e]);
+        let spans = self.seen.entry(h).or_default();
+        if spans.iter().any(|&(a, b)| out[a..b] == out[s..e]) {
+            out.truncate(s);
+            return false;
+        }
+        spans.push((s, e));
+        true
+    }
+}
+
+fn marshal_set(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    open(p, kind, Kind::Array, "set", depth)?;
+    if elem.is_primitive() {
+        return marshal_primitive_set(p, elem, out);
+    }
+    // cty orders sets of non-primitive values by hash; the order given is the order providers
+    // send back, so it is kept. Equal elements collapse, as they would in a cty set.
+    let start = out.len();
+    let mut count = 0usize;
+    let mut dedup = Dedup::new();
+    if !p.empty_close(b']') {
+        let mut i = 0usize;
+        loop {
+            let s = out.len();
+            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", i))?;
+            if dedup.keep(out, s) {
+                count += 1;
+            }
+            i += 1;
+            if !p.next_or_close(b']')? {
+                break;
+            }
+        }
+    }
+    mp::insert_header(out, start, count, false);
+    Ok(())
+}
+
+/// cty's order for sets of primitives: strings by UTF-8 bytes, numbers numerically, false before
+/// true, nulls last; duplicates collapse.
+fn marshal_primitive_set(p: &mut Parser, elem: &Ty, out: &mut Vec<u8>) -> Result<()> {
+    let mut strings: Vec<Cow<str>> = Vec::new();
+    let mut numbers: Vec<Dec> = Vec::new();
+    let mut bools = [false, false];
+    let mut has_null = false;
+    if !p.empty_close(b']') {
+        let mut i = 0usize;
+        loop {
+            let kind = p.peek_kind()?;
+            let r: Result<()> = (|| {
+                if kind == Kind::Null {
+                    p.literal(b"null")?;
+                    has_null = true;
+                    return Ok(());
+                }
+                match elem {
+                    Ty::String => {
+                        if kind != Kind::String {
+                            return Err(expected("string", kind));
+                        }
+                        strings.push(p.string()?);
+                    }
+                    Ty::Number => {
+                        if kind != Kind::Number {
+                            return Err(expected("number", kind));
+                        }
+                        let text = p.number_text()?;
+                        numbers.push(number_dec(text)?);
+                    }
+                    _ => {
+                        if kind != Kind::Bool {
+                            return Err(expected("bool", kind));
+                        }
+                        bools[p.parse_bool()? as usize] = true;
+                    }
+                }
+                Ok(())
+            })();
+            r.at(|| format!("[{}]", i))?;
+            i += 1;
+            if !p.next_or_close(b']')? {
+                break;
+            }
+        }
+    }
+    strings.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    strings.dedup();
+    numbers.sort_by(cmp_dec);
+    numbers.dedup_by(|a, b| cmp_dec(a, b) == Ordering::Equal);
+    let n = strings.len() + numbers.len() + bools[0] as usize + bools[1] as usize + has_null as usize;
+    mp::write_array_header(out, n);
+    for s in &strings {
+        mp::write_str(out, s.as_bytes());
+    }
+    for d in &numbers {
+        write_number(d, out);
+    }
+    if bools[0] {
+        out.push(0xc2);
+    }
+    if bools[1] {
+        out.push(0xc3);
+    }
+    if has_null {
+        out.push(0xc0);
+    }
+    Ok(())
+}
+
+fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[Ty], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    open(p, kind, Kind::Array, "tuple", depth)?;
+    // The length is checked before any element, as a whole-value walk would.
+    let body = p.pos;
+    let mut count = 0usize;
+    if !p.empty_close(b']') {
+        loop {
+            p.skip_value(depth + 1)?;
+            count += 1;
+            if !p.next_or_close(b']')? {
+                break;
+            }
+        }
+    }
+    if count != elems.len() {
+        return Err(CodecErr::new(format!("expected tuple of {} elements, got {}", elems.len(), count)));
+    }
+    p.pos = body;
+    mp::write_array_header(out, count);
+    if !p.empty_close(b']') {
+        let mut i = 0usize;
+        loop {
+            marshal(p, &elems[i], out, depth + 1).at(|| format!("[{}]", i))?;
+            i += 1;
+            if !p.next_or_close(b']')? {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn marshal_map(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    open(p, kind, Kind::Object, "map", depth)?;
+    let start = out.len();
+    // (key, entry start, entry end): entries go out in document order, reordered at the end
+    // only when the keys did not arrive sorted.
+    let mut entries: Vec<(Cow<str>, usize, usize)> = Vec::new();
+    let mut sorted = true;
+    let mut keyset: Option<HashSet<String>> = None;
+    if !p.empty_close(b'}') {
+        loop {
+            let key = p.key()?;
+            let duplicate = match (&mut keyset, entries.last()) {
+                (Some(set), _) => !set.insert(key.to_string()),
+                (None, Some((last, _, _))) => match key.as_bytes().cmp(last.as_bytes()) {
+                    Ordering::Greater => false,
+                    Ordering::Equal => true,
+                    Ordering::Less => {
+                        sorted = false;
+                        let mut set: HashSet<String> = entries.iter().map(|e| e.0.to_string()).collect();
+                        let dup = !set.insert(key.to_string());
+                        keyset = Some(set);
+                        dup
+                    }
+                },
+                (None, None) => false,
+            };
+            if duplicate {
+                return Err(CodecErr::new(format!("duplicate key {}", quote(&key))));
+            }
+            let s = out.len();
+            mp::write_str(out, key.as_bytes());
+            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", quote(&key)))?;
+            entries.push((key, s, out.len()));
+            if !p.next_or_close(b'}')? {
+                break;
+            }
+        }
+    }
+    if !sorted {
+        let written = out.split_off(start);
+        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        for (_, s, e) in &entries {
+            out.extend_from_slice(&written[s - start..e - start]);
+        }
+    }
+    mp::insert_header(out, start, entries.len(), true);
+    Ok(())
+}
+
+/// Which attributes a JSON object has named so far.
+struct Seen {
+    small: u128,
+    large: Vec<bool>,
+}
+
+impl Seen {
+    fn new(n: usize) -> Self {
+        Seen { small: 0, large: if n > 128 { vec![false; n] } else { Vec::new() } }
+    }
+
+    /// Marks `i`; true if it was already marked.
+    #[inline]
+    fn test_set(&mut self, i: usize) -> bool {
+        if self.large.is_empty() {
+            let bit = 1u128 << i;
+            let was = self.small & bit != 0;
+            self.small |= bit;
+            was
+        } else {
+            std::mem::replace(&mut self.large[i], true)
+        }
+    }
+}
+
+fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectTy, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    open(p, kind, Kind::Object, "object", depth)?;
+    let n = o.names.len();
+    // Every attribute goes on the wire, absent ones as nil, in sorted order.
+    mp::write_map_header(out, n);
+    let region = out.len();
+    let mut seen = Seen::new(n);
+    let mut next = 0usize; // in order so far: attributes [0, next) are written (value or nil)
+    let mut spans: Vec<(usize, usize)> = Vec::new(); // their value spans in `out`
+    let mut reordered: Option<(Vec<u8>, Vec<Option<(usize, usize)>>)> = None;
+    if !p.empty_close(b'}') {
+        loop {
+            let key = p.key()?;
+            let idx = o.lookup(&key).ok_or_else(|| CodecErr::new(format!("unknown attribute {}", quote(&key))))?;
+            if seen.test_set(idx) {
+                return Err(CodecErr::new(format!("duplicate key {}", quote(&key))));
+            }
+            let ty = &o.types[idx];
+            match reordered.as_mut() {
+                None if idx >= next => {
+                    for j in next..idx {
+                        out.extend_from_slice(&o.mp_keys[j]);
+                        spans.push((out.len(), out.len() + 1));
+                        out.push(0xc0);
+                    }
+                    out.extend_from_slice(&o.mp_keys[idx]);
+                    let s = out.len();
+                    marshal(p, ty, out, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                    spans.push((s, out.len()));
+                    next = idx + 1;
+                }
+                _ => {
+                    let (temp, ranges) = reordered.get_or_insert_with(|| {
+                        let temp = out.split_off(region);
+                        let mut ranges = vec![None; n];
+                        for (j, &(s, e)) in spans.iter().enumerate() {
+                            ranges[j] = Some((s - region, e - region));
+                        }
+                        (temp, ranges)
+                    });
+                    let s = temp.len();
+                    marshal(p, ty, temp, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                    ranges[idx] = Some((s, temp.len()));
+                }
+            }
+            if !p.next_or_close(b'}')? {
+                break;
+            }
+        }
+    }
+    match reordered {
+        None => {
+            for j in next..n {
+                out.extend_from_slice(&o.mp_keys[j]);
+                out.push(0xc0);
+            }
+        }
+        Some((temp, ranges)) => {
+            for j in 0..n {
+                out.extend_from_slice(&o.mp_keys[j]);
+                match ranges[j] {
+                    Some((s, e)) => out.extend_from_slice(&temp[s..e]),
+                    None => out.push(0xc0),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `(type spec, value)` when the value is exactly a `{"type": ..., "value": ...}` wrapper.
+fn wrapper_parts(v: &JVal) -> Option<(&JVal, &JVal)> {
+    if let JVal::Obj(members) = v {
+        if members.len() == 2 {
+            let (k1, v1) = &members[0];
+            let (k2, v2) = &members[1];
+            if k1 == "type" && k2 == "value" {
+                return Some((v1, v2));
+            }
+            if k1 == "value" && k2 == "type" {
+                return Some((v2, v1));
+            }
+        }
+    }
+    None
+}
+
+fn marshal_dynamic(p: &mut Parser, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+    let value = p.value(depth)?;
+    let (concrete, inner) = match wrapper_parts(&value) {
+        Some((spec, inner)) => (type_from_json(spec, 0)?, inner),
+        None => (infer_type(&value, depth)?, &value), // the ADR's case: a plain value, type from its JSON
+    };
+    if matches!(concrete, Ty::Dynamic) {
+        return Err(CodecErr::new("a dynamic value needs a concrete type, not \"dynamic\""));
+    }
+    mp::write_array_header(out, 2);
+    mp::write_bin(out, &concrete.json());
+    // Re-walk the (already validated) inner value with the streaming marshaller.
+    let mut text = Vec::new();
+    write_jval(&mut text, inner);
+    let mut sub = Parser { s: &text, pos: 0 };
+    marshal(&mut sub, &concrete, out, depth)
+}

@@ -1,0 +1,72 @@
+"""The cty codec: cty JSON (as Terraform writes state) <-> cty msgpack (as providers speak it).
+
+Two backends with one API and byte-identical output: the Rust extension ``kilolock._codec_rs``
+and the pure-Python ``kilolock.codec.pure``. ``KL_CODEC=rust|python`` forces one (a forced backend
+that cannot load is an error that says why); unset, Rust is used when it imports.
+
+    t = codec.compile_type(b'["object",{"id":"string"}]')
+    t.encode(json_bytes) -> msgpack bytes;  t.decode(msgpack_bytes) -> canonical JSON bytes
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+from kilolock.codec.blocks import block_type_json
+from kilolock.codec.errors import MAX_DEPTH, CodecError
+from kilolock.codec.paths import decode_attribute_paths, sensitive_attributes_json, sensitive_paths
+from kilolock.schema import Block
+
+
+def _load_rust() -> ModuleType:
+    from kilolock import _codec_rs
+
+    return _codec_rs
+
+
+def _select() -> tuple[str, Any]:
+    forced = os.environ.get("KL_CODEC", "")
+    if forced == "python":
+        from kilolock.codec import pure
+
+        return "python", pure
+    if forced == "rust":
+        try:
+            return "rust", _load_rust()
+        except ImportError as exc:
+            raise CodecError(f"KL_CODEC=rust but the Rust codec cannot be loaded: {exc}") from None
+    if forced:
+        raise CodecError(f"KL_CODEC={forced!r} is not a codec backend (use 'rust' or 'python')")
+    try:
+        return "rust", _load_rust()
+    except ImportError:
+        from kilolock.codec import pure
+
+        return "python", pure
+
+
+backend, __impl__ = _select()
+
+
+def compile_type(type_json: bytes) -> Any:
+    """Compile Terraform's JSON type syntax into a reusable codec type (``encode``/``decode``)."""
+    return __impl__.compile_type(type_json)
+
+
+def compile_block(block: Block) -> Any:
+    """Compile a provider schema block's implied type (nested blocks, nested attributes)."""
+    return __impl__.compile_type(block_type_json(block))
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "CodecError",
+    "backend",
+    "block_type_json",
+    "compile_block",
+    "compile_type",
+    "decode_attribute_paths",
+    "sensitive_attributes_json",
+    "sensitive_paths",
+]

@@ -1,0 +1,32 @@
+"""The codec's single exception type, shared by both backends.
+
+The Rust extension imports this class and raises it, so ``except codec.CodecError`` catches
+failures from either backend alike.
+"""
+from __future__ import annotations
+
+from kilolock.errors import KlError
+
+# Nesting limit for values and type specifications, identical in both backends (the Rust crate
+# exposes its own copy as ``MAX_DEPTH`` and a test checks they agree). Real provider schemas
+# nest a handful of levels; 64 leaves headroom while keeping recursion bounded.
+MAX_DEPTH = 64
+
+
+class CodecError(KlError):
+    """A value or type that does not fit; the message starts with the path (``.rules[3].cidr:``)."""
+
+
+class PathError(Exception):
+    """Internal: an error that collects path segments while it unwinds to the API boundary."""
+
+    __slots__ = ("message", "segments")
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.segments: list[str] = []
+
+    def to_codec_error(self) -> CodecError:
+        path = "".join(reversed(self.segments)) or "(root)"
+        return CodecError(f"{path}: {self.message}")

@@ -1,0 +1,57 @@
+"""Strict JSON text in and canonical JSON text out, for the pure-Python backend.
+
+Objects parse into ``JsonObject`` (a list of key/value pairs in document order) so duplicate keys
+are seen and reported instead of silently collapsing; numbers parse exactly (``numbers.Dec``,
+or ``int`` for short integer literals).
+"""
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring  # C-accelerated: escapes '"', '\\' and C0 controls
+
+from kilolock.codec.errors import PathError
+from kilolock.codec.numbers import parse_number
+
+
+class JsonObject(list):
+    """A JSON object as its ``(key, value)`` pairs, in document order."""
+
+    __slots__ = ()
+
+
+def _parse_int(text: str) -> object:
+    # Short literals are plain ints (fast path); long ones keep every digit as a Dec.
+    return int(text) if len(text) <= 18 else parse_number(text)
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_decoder = json.JSONDecoder(
+    object_pairs_hook=JsonObject,
+    parse_float=parse_number,
+    parse_int=_parse_int,
+    parse_constant=_reject_constant,
+)
+
+
+def parse_json(data: bytes) -> object:
+    """Parse JSON bytes (UTF-8 only); errors are ``PathError`` at the root."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise PathError(f"expected bytes, got {type(data).__name__}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PathError(f"invalid JSON: invalid UTF-8 at byte {exc.start}") from None
+    try:
+        return _decoder.decode(text)
+    except RecursionError:
+        raise PathError("invalid JSON: nesting too deep") from None
+    except ValueError as exc:
+        raise PathError(f"invalid JSON: {exc}") from None
+
+
+def quote(text: str) -> str:
+    """A JSON string literal; UTF-8 kept as is, only quote, backslash and C0 controls escaped."""
+    return encode_basestring(text)

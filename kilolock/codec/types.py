@@ -1,0 +1,120 @@
+"""cty types for the pure-Python backend: parsed from Terraform's JSON type syntax, printed back in
+canonical form (compact, sorted keys), and inferred from plain JSON at dynamic positions."""
+from __future__ import annotations
+
+from kilolock.codec.errors import MAX_DEPTH, PathError
+from kilolock.codec.jsontext import JsonObject, parse_json, quote
+from kilolock.codec.numbers import Dec
+
+STRING, NUMBER, BOOL, DYNAMIC, LIST, SET, MAP, OBJECT, TUPLE = range(9)
+PRIMITIVE_KINDS = (STRING, NUMBER, BOOL)
+_PRIMITIVE_NAMES = {"string": STRING, "number": NUMBER, "bool": BOOL, "dynamic": DYNAMIC}
+_COLLECTION_NAMES = {"list": LIST, "set": SET, "map": MAP}
+_KIND_NAMES = {v: k for k, v in {**_PRIMITIVE_NAMES, **_COLLECTION_NAMES, "object": OBJECT, "tuple": TUPLE}.items()}
+
+
+class CtyType:
+    """One node of a compiled type; ``json`` is its canonical type-spec text."""
+
+    __slots__ = ("kind", "elem", "attrs", "names", "name_keys", "optional", "elems", "json")
+
+    def __init__(self, kind: int, *, elem: CtyType | None = None, attrs: dict[str, CtyType] | None = None,
+                 optional: tuple[str, ...] = (), elems: tuple[CtyType, ...] = ()) -> None:
+        self.kind = kind
+        self.elem = elem
+        self.attrs = attrs or {}
+        # Attribute names in wire order: sorted by their UTF-8 bytes (== code point order).
+        self.names = tuple(sorted(self.attrs))
+        self.name_keys: dict[str, bytes] = {}  # msgpack-encoded attribute names, filled by the codec
+        self.optional = optional
+        self.elems = elems
+        self.json = _to_json(self)
+
+    @property
+    def kind_name(self) -> str:
+        return _KIND_NAMES[self.kind]
+
+
+def _to_json(t: CtyType) -> str:
+    kind = t.kind
+    if kind in (STRING, NUMBER, BOOL, DYNAMIC):
+        return f'"{_KIND_NAMES[kind]}"'
+    if kind in (LIST, SET, MAP):
+        assert t.elem is not None
+        return f'["{_KIND_NAMES[kind]}",{t.elem.json}]'
+    if kind == TUPLE:
+        return '["tuple",[' + ",".join(e.json for e in t.elems) + "]]"
+    body = ",".join(quote(n) + ":" + t.attrs[n].json for n in t.names)
+    if t.optional:
+        return '["object",{' + body + "},[" + ",".join(quote(n) for n in t.optional) + "]]"
+    return '["object",{' + body + "}]"
+
+
+SIMPLE = {kind: CtyType(kind) for kind in (STRING, NUMBER, BOOL, DYNAMIC)}
+
+
+def parse_type(data: bytes) -> CtyType:
+    """Compile Terraform's JSON type syntax; errors are ``PathError`` (``invalid type ...``)."""
+    return type_from_json(parse_json(data), 0)
+
+
+def type_from_json(spec: object, depth: int) -> CtyType:
+    if isinstance(spec, str):
+        kind = _PRIMITIVE_NAMES.get(spec)
+        if kind is None:
+            raise PathError(f"invalid type: unknown type name {quote(spec)}")
+        return SIMPLE[kind]
+    if type(spec) is not list or not spec or not isinstance(spec[0], str):
+        raise PathError("invalid type: expected a type name or [kind, ...] array")
+    if depth >= MAX_DEPTH:
+        raise PathError(f"invalid type: nested deeper than {MAX_DEPTH} levels")
+    name = spec[0]
+    kind = _COLLECTION_NAMES.get(name)
+    if kind is not None:
+        if len(spec) != 2:
+            raise PathError(f"invalid type: {name} takes exactly one element type")
+        return CtyType(kind, elem=type_from_json(spec[1], depth + 1))
+    if name == "tuple":
+        if len(spec) != 2 or type(spec[1]) is not list:
+            raise PathError("invalid type: tuple takes an array of element types")
+        return CtyType(TUPLE, elems=tuple(type_from_json(e, depth + 1) for e in spec[1]))
+    if name == "object":
+        if len(spec) not in (2, 3) or not isinstance(spec[1], JsonObject):
+            raise PathError("invalid type: object takes an object of attribute types")
+        attrs: dict[str, CtyType] = {}
+        for key, value in spec[1]:
+            if key in attrs:
+                raise PathError(f"invalid type: duplicate attribute {quote(key)}")
+            attrs[key] = type_from_json(value, depth + 1)
+        optional: set[str] = set()
+        if len(spec) == 3:
+            if type(spec[2]) is not list:
+                raise PathError("invalid type: optional attributes must be an array of names")
+            for opt in spec[2]:
+                if not isinstance(opt, str) or opt not in attrs:
+                    raise PathError("invalid type: optional attribute is not an attribute of the object")
+                optional.add(opt)
+        return CtyType(OBJECT, attrs=attrs, optional=tuple(sorted(optional)))
+    raise PathError(f"invalid type: unknown type kind {quote(name)}")
+
+
+def infer_type(value: object, depth: int) -> CtyType:
+    """The concrete type of a plain JSON value at a dynamic position (null stays dynamic)."""
+    if value is None:
+        return SIMPLE[DYNAMIC]
+    if value is True or value is False:
+        return SIMPLE[BOOL]
+    if isinstance(value, (int, Dec)):
+        return SIMPLE[NUMBER]
+    if isinstance(value, str):
+        return SIMPLE[STRING]
+    if depth >= MAX_DEPTH:
+        raise PathError(f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, JsonObject):
+        attrs: dict[str, CtyType] = {}
+        for key, item in value:
+            if key in attrs:
+                raise PathError(f"duplicate key {quote(key)}")
+            attrs[key] = infer_type(item, depth + 1)
+        return CtyType(OBJECT, attrs=attrs)
+    return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in value))  # list

@@ -1,0 +1,284 @@
+"""Writes vectors.json: the codec's shared test vectors (read by pytest and by `cargo test`).
+
+Every expected value here is written by hand from the encoding rules (reference/protocol.md §3,
+go-cty's msgpack/marshal.go), NOT captured from our codec: the wire form is spelled as the Python
+value go-cty would emit and serialised by msgpack-python (an independent implementation), or
+given as literal hex. Regenerate with ``python tests/codec/make_vectors.py``; the file is checked
+in so `cargo test` needs no Python.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import msgpack
+
+OUT = pathlib.Path(__file__).with_name("vectors.json")
+vectors: list[dict] = []
+
+
+def pack(obj: object) -> str:
+    return msgpack.packb(obj, use_bin_type=True).hex()
+
+
+def v(name: str, type_: object, json_in: str, wire: object, canonical: str | None = None, *,
+      raw_hex: str | None = None, fixed_point: bool = True) -> None:
+    """A round-trip vector: encode(json_in) == wire; decode(wire) == canonical (default json_in).
+
+    ``fixed_point=False`` marks the one lossy case go-cty has: a float64 decodes to its shortest
+    round-trip digits (53-bit precision, as Terraform writes state), so an exactly-float64 number
+    spelled with more digits than that canonicalises to a different decimal."""
+    vectors.append({
+        "fixed_point": fixed_point,
+        "name": name,
+        "type": type_,
+        "json": json_in,
+        "msgpack": raw_hex if raw_hex is not None else pack(wire),
+        "canonical": json_in if canonical is None else canonical,
+    })
+
+
+def dec(name: str, type_: object, wire_hex: str, canonical: str) -> None:
+    """A decode-only vector: wire forms our encoder never writes but providers may send."""
+    vectors.append({"name": name, "type": type_, "msgpack": wire_hex, "canonical": canonical})
+
+
+def enc_err(name: str, type_: object, json_in: str, error: str) -> None:
+    vectors.append({"name": name, "type": type_, "json": json_in, "error": error})
+
+
+def dec_err(name: str, type_: object, wire_hex: str, error: str) -> None:
+    vectors.append({"name": name, "type": type_, "msgpack": wire_hex, "error": error})
+
+
+def type_err(name: str, type_text: str, error: str) -> None:
+    vectors.append({"name": name, "type_text": type_text, "error": error})
+
+
+def bin_type(spec: object) -> bytes:
+    return json.dumps(spec, separators=(",", ":"), sort_keys=True).encode()
+
+
+# --- primitives -----------------------------------------------------------------------------------
+v("string", "string", '"hello"', "hello")
+v("string empty", "string", '""', "")
+v("string utf8 kept", "string", '"h\u00e9llo \u2713"', "h\u00e9llo \u2713")
+v("string escapes decoded", "string", '"a\\u00e9\\n\\"\\/"', "a\u00e9\n\"/", '"a\u00e9\\n\\"/"')
+v("string control chars canonical", "string", '"\\u0001\\b\\f\\t\\r\\u001f\\u007f"', "\x01\b\f\t\r\x1f\x7f",
+  '"\\u0001\\b\\f\\t\\r\\u001f\x7f"')
+v("string surrogate pair escape", "string", '"\\ud83d\\ude00"', "\U0001F600", '"\U0001F600"')
+v("string 31 bytes fixstr", "string", '"' + "a" * 31 + '"', "a" * 31, raw_hex="bf" + "61" * 31)
+v("string 32 bytes str8", "string", '"' + "a" * 32 + '"', "a" * 32, raw_hex="d920" + "61" * 32)
+v("string 256 bytes str16", "string", '"' + "b" * 256 + '"', "b" * 256, raw_hex="da0100" + "62" * 256)
+v("string null", "string", "null", None, raw_hex="c0")
+v("bool true", "bool", "true", True, raw_hex="c3")
+v("bool false", "bool", "false", False, raw_hex="c2")
+v("bool null", "bool", "null", None)
+
+# numbers: int64 range -> most compact int; float64-exact -> 0xcb; else the decimal text
+v("number 0", "number", "0", 0, raw_hex="00")
+v("number 127 fixint", "number", "127", 127, raw_hex="7f")
+v("number 128 uint8", "number", "128", 128, raw_hex="cc80")
+v("number 255 uint8", "number", "255", 255, raw_hex="ccff")
+v("number 256 uint16", "number", "256", 256, raw_hex="cd0100")
+v("number 65535 uint16", "number", "65535", 65535, raw_hex="cdffff")
+v("number 65536 uint32", "number", "65536", 65536, raw_hex="ce00010000")
+v("number 2^32 uint64", "number", "4294967296", 4294967296, raw_hex="cf0000000100000000")
+v("number int64 max", "number", "9223372036854775807", 9223372036854775807, raw_hex="cf7fffffffffffffff")
+v("number -1 negfixint", "number", "-1", -1, raw_hex="ff")
+v("number -32 negfixint", "number", "-32", -32, raw_hex="e0")
+v("number -33 int8", "number", "-33", -33, raw_hex="d0df")
+v("number -128 int8", "number", "-128", -128, raw_hex="d080")
+v("number -129 int16", "number", "-129", -129, raw_hex="d1ff7f")
+v("number -32769 int32", "number", "-32769", -32769, raw_hex="d2ffff7fff")
+v("number -2^31-1 int64", "number", "-2147483649", -2147483649, raw_hex="d3ffffffff7fffffff")
+v("number int64 min", "number", "-9223372036854775808", -9223372036854775808, raw_hex="d38000000000000000")
+v("number 1e2 is int 100", "number", "1e2", 100, "100")
+v("number 1.0 is int 1", "number", "1.0", 1, "1")
+v("number 1E+3 is int", "number", "1E+3", 1000, "1000")
+v("number 0.1e1 is int", "number", "0.1e1", 1, "1")
+v("number -0 is 0", "number", "-0", 0, "0")
+v("number -0.0 is 0", "number", "-0.0", 0, "0")
+v("number 0.5 float64", "number", "0.5", 0.5, raw_hex="cb3fe0000000000000")
+v("number 1.50 float64", "number", "1.50", 1.5, "1.5")
+v("number -0.25 float64", "number", "-0.25", -0.25)
+v("number 2.5e-1 float64", "number", "2.5e-1", 0.25, "0.25")
+v("number 0.8 is a string", "number", "0.8", "0.8", raw_hex="a3302e38")
+v("number 0.1 is a string", "number", "0.1", "0.1")
+v("number 1e-7 string fixed notation", "number", "1e-7", "0.0000001", "0.0000001")
+v("number 30 digits string", "number", "123456789012345678901234567890", "123456789012345678901234567890")
+v("number negative big string", "number", "-123456789012345678901234567890", "-123456789012345678901234567890")
+v("number int64 max + 1 is float64 2^63", "number", "9223372036854775808", 9223372036854775808.0,
+  "9223372036854776000", fixed_point=False)  # go-cty: Float64() exact -> float64; decoded at 53-bit precision, as Terraform does
+v("number 1e20 float64", "number", "1e20", 1e20, "100000000000000000000")
+v("number 1e23 not exact: string", "number", "1e23", "100000000000000000000000", "100000000000000000000000")
+v("number 2^64+1 string", "number", "18446744073709551617", "18446744073709551617")
+v("number long fraction string", "number", "3.14159265358979323846264338327950288", "3.14159265358979323846264338327950288")
+v("number 2^53+0.5 string", "number", "9007199254740992.5", "9007199254740992.5")
+v("number exact subnormal float", "number",
+  "4.940656458412465441765687928682213723650598026143247644255856825006755072702087518652998363616359923797965646954457177309266567103559397963987747960107818781263007131903114045278458171678489821036887186360569987307230500063874091535649843873124733972731696151400317153853980741262385655911710266585566867681870395603106249319452715914924553293054565444011274801297099995419319894090804165633245247571478690147267801593552386115501348035264934720193790268107107491703332226844753335720832431936092382893458368060106011506169809753078342277318329247904982524730776375927247874656084778203734469699533647017972677717585125660551199131504891101451037862738167250955837389733598993664809941164205702637090279242767544565229087538682506419718265533447265625e-324",
+  5e-324, "0.000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000005", fixed_point=False)
+v("number null", "number", "null", None)
+
+# --- collections ----------------------------------------------------------------------------------
+v("list of strings", ["list", "string"], '["b","a"]', ["b", "a"])
+v("list empty", ["list", "string"], "[]", [])
+v("list null", ["list", "string"], "null", None)
+v("list with null element", ["list", "number"], "[1,null]", [1, None])
+v("list 16 elements array16", ["list", "bool"], "[" + ",".join(["true"] * 16) + "]", [True] * 16,
+  raw_hex="dc0010" + "c3" * 16)
+v("set of strings sorted by bytes", ["set", "string"], '["b","a","B","\u00e9","aa"]', ["B", "a", "aa", "b", "\u00e9"],
+  '["B","a","aa","b","\u00e9"]')
+v("set of strings deduplicated", ["set", "string"], '["x","x","y"]', ["x", "y"], '["x","y"]')
+v("set of numbers numeric order", ["set", "number"], "[10,2,-1,0.5,1e2,100]", [-1, 0.5, 2, 10, 100],
+  "[-1,0.5,2,10,100]")
+v("set of numbers big and string forms", ["set", "number"], "[0.8,123456789012345678901234567890,-5]",
+  [-5, "0.8", "123456789012345678901234567890"], "[-5,0.8,123456789012345678901234567890]")
+v("set of bools false first", ["set", "bool"], "[true,false]", [False, True], "[false,true]")
+v("set nulls last", ["set", "string"], '[null,"z","a"]', ["a", "z", None], '["a","z",null]')
+v("set of objects keeps given order", ["set", ["object", {"n": "number"}]], '[{"n":2},{"n":1}]',
+  [{"n": 2}, {"n": 1}])
+v("set of objects deduplicated", ["set", ["object", {"n": "number"}]], '[{"n":2},{"n":1},{"n":2.0}]',
+  [{"n": 2}, {"n": 1}], '[{"n":2},{"n":1}]')
+v("tuple", ["tuple", ["string", "number", "bool"]], '["a",1,true]', ["a", 1, True])
+v("tuple empty", ["tuple", []], "[]", [])
+v("map sorted keys", ["map", "number"], '{"b":2,"a":1,"B":3}', {"B": 3, "a": 1, "b": 2}, '{"B":3,"a":1,"b":2}')
+v("map keys sorted by utf8 bytes", ["map", "bool"], '{"\u00e9":true,"z":false}', {"z": False, "\u00e9": True},
+  '{"z":false,"\u00e9":true}')
+v("map empty", ["map", "string"], "{}", {})
+v("map null value", ["map", "string"], '{"k":null}', {"k": None})
+v("object all attributes sorted, absent as nil", ["object", {"b": "string", "a": "number", "c": "bool"}],
+  '{"b":"x"}', {"a": None, "b": "x", "c": None}, '{"a":null,"b":"x","c":null}')
+v("object empty type", ["object", {}], "{}", {})
+v("object null", ["object", {"a": "string"}], "null", None)
+v("object with optional attrs in type", ["object", {"a": "string", "b": "number"}, ["b"]], '{"a":"x"}',
+  {"a": "x", "b": None}, '{"a":"x","b":null}')
+v("null provider example (protocol.md 3.2)", ["object", {"id": "string", "triggers": ["map", "string"]}],
+  '{"id":"123","triggers":null}', None,
+  raw_hex="82a26964a3313233a87472696767657273c0")
+v("object 16 attributes map16", ["object", {f"a{i:02d}": "bool" for i in range(16)}],
+  "{" + ",".join(f'"a{i:02d}":true' for i in range(16)) + "}", {f"a{i:02d}": True for i in range(16)})
+v("nested object in list", ["list", ["object", {"cidr": "string", "port": "number"}]],
+  '[{"port":443,"cidr":"10.0.0.0/8"}]', [{"cidr": "10.0.0.0/8", "port": 443}],
+  '[{"cidr":"10.0.0.0/8","port":443}]')
+
+# --- dynamic --------------------------------------------------------------------------------------
+v("dynamic wrapper string", "dynamic", '{"value":"hi","type":"string"}', [bin_type("string"), "hi"],
+  '{"type":"string","value":"hi"}')
+v("dynamic wrapper typed null", "dynamic", '{"type":"string","value":null}', [bin_type("string"), None])
+v("dynamic untyped null", "dynamic", "null", None, raw_hex="c0")
+v("dynamic wrapper list", "dynamic", '{"type":["list","number"],"value":[1,0.5]}', [bin_type(["list", "number"]), [1, 0.5]])
+v("dynamic wrapper object type canonicalised", "dynamic", '{"type":["object",{"z":"bool","a":"string"}],"value":{"z":true}}',
+  [b'["object",{"a":"string","z":"bool"}]', {"a": None, "z": True}],
+  '{"type":["object",{"a":"string","z":"bool"}],"value":{"a":null,"z":true}}')
+v("dynamic plain string inferred", "dynamic", '"x"', [bin_type("string"), "x"], '{"type":"string","value":"x"}')
+v("dynamic plain number inferred", "dynamic", "0.8", [bin_type("number"), "0.8"], '{"type":"number","value":0.8}')
+v("dynamic plain bool inferred", "dynamic", "true", [bin_type("bool"), True], '{"type":"bool","value":true}')
+v("dynamic plain array is a tuple", "dynamic", '[1,"a",null]', [b'["tuple",["number","string","dynamic"]]', [1, "a", None]],
+  '{"type":["tuple",["number","string","dynamic"]],"value":[1,"a",null]}')
+v("dynamic plain object inferred recursively", "dynamic", '{"b":{"c":[true]},"a":1}',
+  [b'["object",{"a":"number","b":["object",{"c":["tuple",["bool"]]}]}]', {"a": 1, "b": {"c": [True]}}],
+  '{"type":["object",{"a":"number","b":["object",{"c":["tuple",["bool"]]}]}],"value":{"a":1,"b":{"c":[true]}}}')
+v("dynamic object with only a type key is plain", "dynamic", '{"type":"x"}',
+  [b'["object",{"type":"string"}]', {"type": "x"}], '{"type":["object",{"type":"string"}],"value":{"type":"x"}}')
+v("dynamic attribute inside object", ["object", {"d": "dynamic", "s": "string"}], '{"s":"a","d":{"type":"number","value":5}}',
+  {"d": [bin_type("number"), 5], "s": "a"}, '{"d":{"type":"number","value":5},"s":"a"}')
+v("dynamic nested in wrapper type", "dynamic", '{"type":["list","dynamic"],"value":[{"type":"bool","value":false},null]}',
+  [b'["list","dynamic"]', [[bin_type("bool"), False], None]])
+
+# --- decode-only: forms providers may send --------------------------------------------------------
+dec("decode uint8 small int", "number", "cc05", "5")
+dec("decode int64 form of small int", "number", "d30000000000000007", "7")
+dec("decode uint64 max", "number", "cfffffffffffffffff", "18446744073709551615")
+dec("decode float32", "number", "ca3f000000", "0.5")
+dec("decode float32 inexact shortest digits of the float64", "number", "ca3dcccccd", "0.10000000149011612")
+dec("decode float64 0.1 shortest digits", "number", "cb3fb999999999999a", "0.1")
+dec("decode float64 integral", "number", "cb4008000000000000", "3")
+dec("decode float64 1e21 fixed notation", "number", "cb444b1ae4d6e2ef50", "1000000000000000000000")
+dec("decode float64 -0", "number", "cb8000000000000000", "0")
+dec("decode number string exponent", "number", pack("1.5e3"), "1500")
+dec("decode number string long", "number", pack("0.10"), "0.1")
+dec("decode set unsorted from wire", ["set", "string"], pack(["b", "a", "b"]), '["a","b"]')
+dec("decode set numbers unsorted", ["set", "number"], pack([3, "0.8", 1.5, None, 1]), "[0.8,1,1.5,3,null]")
+dec("decode map keys unsorted", ["map", "number"], pack({"b": 1, "a": 2}), '{"a":2,"b":1}')
+dec("decode object keys unsorted", ["object", {"a": "number", "b": "number"}], pack({"b": 1, "a": 2}), '{"a":2,"b":1}')
+dec("decode object missing attribute is null", ["object", {"a": "number", "b": "string"}], pack({"a": 1}), '{"a":1,"b":null}')
+dec("decode object empty map", ["object", {"a": "number"}], "80", '{"a":null}')
+dec("decode str8 short string", "string", "d90161", '"a"')
+dec("decode dynamic type as str", "dynamic", pack(['"string"', "x"]), '{"type":"string","value":"x"}')
+dec("decode dynamic optional attrs kept sorted", "dynamic",
+  pack([b'["object",{"b":"string","a":"number"},["b","a"]]', {"a": 1, "b": "x"}]),
+  '{"type":["object",{"a":"number","b":"string"},["a","b"]],"value":{"a":1,"b":"x"}}')
+dec("decode array32 list", ["list", "bool"], "dd00000001c3", "[true]")
+dec("decode map32", ["map", "bool"], "df00000001a161c2", '{"a":false}')
+
+# --- encode errors (message: path, then what is wrong) --------------------------------------------
+enc_err("wrong kind nested", ["object", {"rules": ["list", ["object", {"cidr": "string"}]]}],
+        '{"rules":[{"cidr":"a"},{"cidr":"b"},{"cidr":"c"},{"cidr":5}]}', ".rules[3].cidr: expected string, got number")
+enc_err("unknown attribute", ["object", {"a": "string"}], '{"a":"x","zz":1}', '(root): unknown attribute "zz"')
+enc_err("duplicate key object", ["object", {"a": "string"}], '{"a":"x","a":"y"}', '(root): duplicate key "a"')
+enc_err("duplicate key map", ["map", "string"], '{"a":"x","a":"y"}', '(root): duplicate key "a"')
+enc_err("map value path", ["map", "number"], '{"k":"v"}', '["k"]: expected number, got string')
+enc_err("bool is not a number", "number", "true", "(root): expected number, got bool")
+enc_err("string is not a bool", "bool", '"true"', "(root): expected bool, got string")
+enc_err("number is not a string", "string", "1", "(root): expected string, got number")
+enc_err("object is not a list", ["list", "string"], "{}", "(root): expected list, got object")
+enc_err("array is not an object", ["object", {}], "[]", "(root): expected object, got array")
+enc_err("tuple length", ["tuple", ["string"]], '["a","b"]', "(root): expected tuple of 1 elements, got 2")
+enc_err("set element path", ["set", "number"], '[1,"x"]', "[1]: expected number, got string")
+enc_err("invalid json", "string", '"abc', "(root): invalid JSON")
+enc_err("trailing data", "string", '"a" "b"', "(root): invalid JSON")
+enc_err("empty input", "string", "", "(root): invalid JSON")
+enc_err("NaN literal", "number", "NaN", "(root): invalid JSON")
+enc_err("leading zero", "number", "01", "(root): invalid JSON")
+enc_err("number out of range", "number", "1e999999999", "(root): invalid JSON")
+enc_err("lone surrogate", "string", '"\\ud800"', "(root): invalid")
+enc_err("dynamic wrapper bad type", "dynamic", '{"type":"strin","value":"x"}', "(root): invalid type")
+enc_err("dynamic wrapper type dynamic", "dynamic", '{"type":"dynamic","value":null}', "(root): a dynamic value needs a concrete type")
+enc_err("dynamic wrapper value mismatch", ["object", {"d": "dynamic"}], '{"d":{"type":"number","value":"x"}}',
+        ".d: expected number, got string")
+enc_err("depth bomb in dynamic", "dynamic", "[" * 70 + "]" * 70, "(root): nested deeper than 64 levels")
+enc_err("depth bomb json", "dynamic", "[" * 5000 + "]" * 5000, "(root)")
+vectors.append({"name": "invalid utf8 json", "type": "string", "json_hex": "22ff22", "error": "(root): invalid JSON"})
+
+# --- decode errors --------------------------------------------------------------------------------
+dec_err("unknown value ext0", "string", "d40000", "(root): unknown value")
+# ext8, 3-byte payload, type 12: refinements map {1: false} ("definitely not null")
+dec_err("unknown refined ext12", ["object", {"a": "string"}], "81a161" + "c7030c8101c2", ".a: unknown value")
+dec_err("unknown dynamic", "dynamic", "d40000", "(root): unknown value")
+dec_err("truncated str", "string", "a3616263"[:6], "(root): truncated msgpack")
+dec_err("truncated array", ["list", "string"], "92a161", "[1]: truncated msgpack")
+dec_err("trailing bytes", "string", "a161c0", "(root): trailing bytes")
+dec_err("empty input", "string", "", "(root): truncated msgpack")
+dec_err("invalid utf8 str", "string", "a2c328", "(root): invalid UTF-8")
+dec_err("wrong kind", "string", "05", "(root): expected string, got msgpack int")
+dec_err("wrong kind nested", ["list", "bool"], "92c3a178", "[1]: expected bool, got msgpack str")
+dec_err("object unknown attribute", ["object", {"a": "bool"}], pack({"b": True}), '(root): unknown attribute "b"')
+dec_err("object duplicate key", ["object", {"a": "bool"}], "82a161c3a161c2", '(root): duplicate key "a"')
+dec_err("map non-string key", ["map", "bool"], "8101c3", "(root): expected string map key, got msgpack int")
+dec_err("tuple length", ["tuple", ["bool"]], "92c3c3", "(root): expected tuple of 1 elements, got 2")
+dec_err("number string invalid", "number", pack("12abc"), "(root): invalid number string")
+dec_err("float NaN", "number", "cb7ff8000000000000", "(root): number is not finite")
+dec_err("float inf", "number", "cb7ff0000000000000", "(root): number is not finite")
+dec_err("reserved byte c1", "bool", "c1", "(root): invalid msgpack byte 0xc1")
+dec_err("dynamic not a pair", "dynamic", "93c0c0c0", "(root): expected a [type, value] pair")
+dec_err("dynamic bad type json", "dynamic", pack([b'"nope"', 1]), "(root): invalid type")
+dec_err("huge array claim", ["list", "bool"], "ddffffffff", "[0]: truncated msgpack")
+# 70 nested dynamic values, each a list(dynamic) holding the next: deeper than the limit of 64.
+bomb = b""
+for _ in range(70):
+    bomb += b"\x92" + msgpack.packb(b'["list","dynamic"]', use_bin_type=True) + b"\x91"
+bomb += b"\xc0"
+dec_err("depth bomb nested dynamic lists", "dynamic", bomb.hex(), "nested deeper than 64 levels")
+
+# --- type specifications --------------------------------------------------------------------------
+type_err("unknown type name", '"strings"', "(root): invalid type")
+type_err("bad collection arity", '["list"]', "(root): invalid type")
+type_err("unknown kind", '["array","string"]', "(root): invalid type")
+type_err("object attrs not an object", '["object",["a"]]', "(root): invalid type")
+type_err("optional not an attribute", '["object",{"a":"string"},["b"]]', "(root): invalid type")
+type_err("type json invalid", '["list",', "(root): invalid JSON")
+type_err("type depth bomb", '["list",' * 70 + '"string"' + "]" * 70, "(root): invalid type: nested deeper than 64 levels")
+
+OUT.write_text(json.dumps(vectors, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+print(f"wrote {len(vectors)} vectors to {OUT}")
