@@ -1,7 +1,8 @@
 -- Drift as a view (ADR 0006, v1.7b), plus the deleted-by-refresh kind (DESIGN.md).
 --
 -- changed: the open lifecycle at (state, address) was opened by a refresh-sourced version that
---          closed a prior lifecycle at the same address, and no apply-sourced version came later.
+--          closed a prior lifecycle at the same address, with different attributes (a refresh that
+--          only added sensitivity marks is not drift), and no apply-sourced version came later.
 -- deleted: a lifecycle was closed by a refresh-sourced version, nothing was opened at that
 --          address by the same version (the object is gone), nothing is open there now, and no
 --          apply-sourced version came later.
@@ -36,6 +37,7 @@ JOIN resources prev
  AND prev.closed_by_version_id = cur.opened_by_version_id
 JOIN states s ON s.id = cur.state_id
 WHERE cur.delete_serial IS NULL
+  AND cur.attributes IS DISTINCT FROM prev.attributes
   AND NOT EXISTS (
       SELECT 1 FROM state_versions later
       WHERE later.state_id = cur.state_id AND later.source = 'apply' AND later.serial > v.serial

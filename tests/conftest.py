@@ -20,6 +20,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 
 _TEMPLATE = "kl_test_template"
 
+# Every process this test session starts (kl, and through it the providers) carries this mark in
+# its environment, so leak checks count our own processes only, not a neighbour's on the machine.
+SESSION_MARK = f"KL_TEST_SESSION={uuid.uuid4().hex}"
+os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]
+
 
 def _admin_url(server_url: str, dbname: str) -> str:
     import psycopg.conninfo
@@ -140,13 +145,14 @@ def run_kl():
     import subprocess
     import sys
 
-    def run(*args: str, input: bytes | None = None, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    def run(*args: str, input: bytes | None = None, env: dict | None = None, timeout: float = 120,
+            cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
         full_env = dict(os.environ)
         full_env.pop("KL_DEBUG", None)
         full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
         if env:
             full_env.update(env)
         return subprocess.run([sys.executable, "-m", "kilolock", *args], input=input, capture_output=True,
-                              env=full_env, timeout=timeout, cwd=str(REPO))
+                              env=full_env, timeout=timeout, cwd=str(cwd or REPO))
 
     return run

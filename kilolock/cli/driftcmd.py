@@ -16,6 +16,9 @@ def cmd_drift(args: argparse.Namespace) -> int:
         total = drift_store.count_drift(conn, args.state)
     items = []
     for r in rows:
+        if r["drift_kind"] == "deleted":  # every attribute "→ null" says nothing more than "deleted"
+            items.append((r, []))
+            continue
         ch = drift.changes(r["previous_attributes"], r["current_attributes"],
                            r["previous_sensitive_attributes"], r["current_sensitive_attributes"])
         items.append((r, ch))

@@ -56,3 +56,17 @@ def test_drift_links_the_refresh_run(conn, make_state):
         """INSERT INTO refresh_runs (state_id, from_version_id, to_version_id, status) VALUES (%s, %s, %s, 'succeeded') RETURNING id""",
         (res.state_id, v1, res.version.id)).fetchone()[0]
     assert conn.execute("SELECT refresh_run_id FROM current_resource_drift").fetchone()[0] == run
+
+
+def test_a_refresh_that_only_adds_sensitivity_marks_is_not_drift(conn):
+    import json
+
+    def state(serial, marks):
+        return json.dumps({"version": 4, "serial": serial, "lineage": "l", "resources": [
+            {"mode": "managed", "type": "random_password", "name": "p", "provider": 'provider["registry.terraform.io/hashicorp/random"]',
+             "instances": [{"schema_version": 3, "attributes": {"result": "x"}, "sensitive_attributes": marks}]}]}).encode()
+
+    write(conn, state(1, []), "apply")
+    write(conn, state(2, [[{"type": "get_attr", "value": "result"}]]), "refresh")
+    assert conn.execute("SELECT count(*) FROM resources").fetchone()[0] == 2  # a new lifecycle all the same
+    assert drift(conn) == []

@@ -1,0 +1,44 @@
+"""Fixtures for the end-to-end refresh tests: a Terraform-applied workspace per test, and no
+provider process may outlive a test."""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
+
+from tfworkspace import LOCAL_V, MAIN_TF, PLUGIN_CACHE, TERRAFORM, provider_pids, terraform  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def applied_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    for path, script in ((TERRAFORM, "scripts/test-terraform.sh"), (PLUGIN_CACHE / "registry.terraform.io/hashicorp/simple", "scripts/test-providers.sh"),
+                         (PLUGIN_CACHE / "registry.terraform.io/hashicorp/local" / LOCAL_V, "scripts/test-providers.sh")):
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run {script}", pytrace=False)
+    ws = tmp_path_factory.mktemp("tf-applied")
+    (ws / "main.tf").write_text(MAIN_TF)
+    terraform(ws, "init")
+    terraform(ws, "apply", "-auto-approve")
+    return ws
+
+
+@pytest.fixture
+def workspace(applied_workspace: Path, tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(applied_workspace, ws, symlinks=True)
+    return ws
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_providers():
+    before = provider_pids()
+    yield
+    deadline = time.monotonic() + 5
+    while (left := provider_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"provider processes outlived the test: {sorted(left)}"

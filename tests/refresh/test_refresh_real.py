@@ -1,0 +1,186 @@
+"""kl refresh end to end: real Terraform-made state, real provider binaries, real PostgreSQL."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import psycopg
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tfworkspace import PLUGIN_CACHE, terraform  # noqa: E402
+
+SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
+
+
+def kl_refresh(run_kl, ws: Path, *extra: str):
+    r = run_kl("refresh", "prod", *SEARCH, "--format", "json", *extra, cwd=ws)
+    try:
+        return r, json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"kl refresh printed no JSON (rc {r.returncode}):\n{r.stdout!r}\n{r.stderr.decode()}") from None
+
+
+def import_state(run_kl, ws: Path) -> int:
+    r = run_kl("state", "import", "prod", str(ws / "terraform.tfstate"), "--source", "apply")
+    assert r.returncode == 0, r.stderr
+    return json.loads((ws / "terraform.tfstate").read_text())["serial"]
+
+
+def pulled(run_kl, *args: str) -> dict:
+    r = run_kl("state", "pull", "prod", *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def without_sensitivity_marks(doc: dict) -> dict:
+    # Terraform 1.0.3 re-applies only prior marks; kl, like Terraform >= 1.8, adds the schema's
+    # sensitive paths too, so that one field is compared separately.
+    doc = json.loads(json.dumps(doc))
+    for r in doc["resources"]:
+        for i in r["instances"]:
+            i.pop("sensitive_attributes", None)
+    return doc
+
+
+def test_unchanged_state_refreshes_to_zero_changed_exactly_as_terraform_refresh_only(run_kl, db_url, workspace, tmp_path):
+    serial = import_state(run_kl, workspace)
+    r, out = kl_refresh(run_kl, workspace)
+    assert r.returncode == 0, r.stderr
+    assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 10, 0, 0)
+    assert (out["from_serial"], out["to_serial"]) == (serial, serial + 1)
+    ours = pulled(run_kl)
+
+    # Terraform's own refresh of the same state with the same binaries.
+    tf_ws = tmp_path / "tf"
+    shutil.copytree(workspace, tf_ws, symlinks=True)
+    terraform(tf_ws, "apply", "-refresh-only", "-auto-approve")
+    theirs = json.loads((tf_ws / "terraform.tfstate").read_text())
+    assert without_sensitivity_marks(ours) == without_sensitivity_marks(theirs)
+
+    marks = {(r["type"], tuple(s["value"] for s in p[:1])) for r in ours["resources"] for i in r["instances"] for p in i["sensitive_attributes"]}
+    assert ("random_password", ("result",)) in marks and ("random_password", ("bcrypt_hash",)) in marks
+
+    with psycopg.connect(db_url) as c:
+        run = c.execute("SELECT status, resources_checked, resources_changed, resources_failed, to_version_id IS NOT NULL, actor FROM refresh_runs").fetchone()
+        assert run[:5] == ("succeeded", 10, 0, 0, True) and run[5].endswith("@cli")
+        assert c.execute("SELECT source FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0] == "refresh"
+        assert c.execute("SELECT count(*) FROM current_resource_drift").fetchone()[0] == 0
+
+
+def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):
+    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.orchestrator import run
+    from kilolock.store import versions
+
+    import_state(run_kl, workspace)
+    monkeypatch.chdir(workspace)
+    counts = []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for _ in range(2):
+            factory = ProductionFactory(conn, versions.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+            res = run(conn, "prod", factory, RefreshOptions(actor="t"))
+            assert res.status == "succeeded", res.error
+            counts.append(factory.get_schema_calls)
+        cached = conn.execute("SELECT source, version, protocol_version FROM provider_schemas ORDER BY source").fetchall()
+    assert counts == [5, 0]
+    assert [(s.rsplit("/", 1)[1], p) for s, _, p in cached] == [("local", 5), ("null", 5), ("random", 5), ("simple", 6), ("time", 5)]
+
+
+def test_out_of_band_deletion_removes_the_instance_and_kl_drift_lists_it(run_kl, db_url, workspace):
+    import_state(run_kl, workspace)
+    (workspace / "out" / "two.txt").unlink()
+    r, out = kl_refresh(run_kl, workspace)
+    assert r.returncode == 0, r.stderr
+    assert out["changed_addresses"] == ['local_file.f["two"]'] and out["resources_changed"] == 1
+    keys = [i["index_key"] for res in pulled(run_kl)["resources"] if res["type"] == "local_file" for i in res["instances"]]
+    assert sorted(keys) == ["four", "one", "three"]
+    d = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
+    assert [(x["address"], x["kind"], x["detected_serial"]) for x in d["drift"]] == [('local_file.f["two"]', "deleted", out["to_serial"])]
+    text = run_kl("drift", "prod").stdout.decode()
+    assert 'local_file.f["two"]: deleted at v' in text
+    # Clause (2) of the drift predicate: the next apply clears it.
+    terraform(workspace, "apply", "-auto-approve")
+    assert run_kl("state", "import", "prod", str(workspace / "terraform.tfstate"), "--source", "apply", "--force").returncode == 0
+    assert json.loads(run_kl("drift", "prod", "--format", "json").stdout)["drift"] == []
+
+
+def test_wrong_working_directory_trips_the_mass_removal_guard(run_kl, db_url, workspace, tmp_path):
+    # local_file paths are relative: from elsewhere every file looks gone, which must not be committed.
+    import_state(run_kl, workspace)
+    r = run_kl("refresh", "prod", *SEARCH, "--format", "json", cwd=tmp_path)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["status"] == "failed" and out["to_serial"] is None
+    assert "4 of 4 instances of registry.terraform.io/hashicorp/local came back deleted" in out["error"]
+    assert r.stderr.decode().splitlines()[-1].startswith("kl: refresh failed: 4 of 4 instances")
+    r, out = kl_refresh(run_kl, workspace)
+    assert out["status"] == "succeeded" and out["resources_changed"] == 0
+
+
+def test_forced_upgrade_bumps_schema_version_with_no_diagnostics(run_kl, db_url, workspace):
+    import_state(run_kl, workspace)
+    r, first = kl_refresh(run_kl, workspace)
+    assert first["status"] == "succeeded"
+    with psycopg.connect(db_url, autocommit=True) as c:  # doctor the cached schema version, as the ADR's test does
+        c.execute("""UPDATE provider_schemas SET schema = jsonb_set(schema, '{resource_schemas,null_resource,version}', '1')
+                     WHERE source = 'registry.terraform.io/hashicorp/null'""")
+    r, second = kl_refresh(run_kl, workspace)
+    assert r.returncode == 0 and second["status"] == "succeeded" and second["failures"] == [], second
+    versions_by_type = {res["type"]: {i["schema_version"] for i in res["instances"]} for res in pulled(run_kl)["resources"]}
+    assert versions_by_type["null_resource"] == {1} and versions_by_type["random_password"] == {3}
+
+
+def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url, workspace):
+    # random_password at schema version 0 lacked bcrypt_hash and the numeric flags; the provider's
+    # own upgrader fills them in, which counts as changed.
+    doc = json.loads((workspace / "terraform.tfstate").read_text())
+    for res in doc["resources"]:
+        if res["type"] == "random_password":
+            inst = res["instances"][0]
+            inst["schema_version"] = 0
+            for k in ("bcrypt_hash", "numeric"):
+                inst["attributes"].pop(k, None)
+    (workspace / "terraform.tfstate").write_text(json.dumps(doc))
+    import_state(run_kl, workspace)
+    r, out = kl_refresh(run_kl, workspace)
+    assert r.returncode == 0 and out["status"] == "succeeded", out
+    assert "random_password.p" in out["changed_addresses"]
+    inst = [res for res in pulled(run_kl)["resources"] if res["type"] == "random_password"][0]["instances"][0]
+    assert inst["schema_version"] == 3 and inst["attributes"]["bcrypt_hash"].startswith("$2")
+
+
+def test_dry_run_and_table_output(run_kl, db_url, workspace):
+    serial = import_state(run_kl, workspace)
+    (workspace / "out" / "one.txt").write_text("edited out of band")
+    r = run_kl("refresh", "prod", *SEARCH, "--dry-run", cwd=workspace)
+    text = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith(" "))
+    assert lines["status"].strip() == "succeeded" and lines["changed"].strip() == "1"
+    assert lines["serial"].strip() == f"v{serial} → (dry run)"
+    assert 'drift addresses:\n  local_file.f["one"]\n' in text
+    assert pulled(run_kl)["serial"] == serial
+
+
+def test_unknown_state_and_bad_flags(run_kl, db_url, workspace):
+    r = run_kl("refresh", "nope", *SEARCH, cwd=workspace)
+    assert r.returncode == 1 and r.stderr.decode().startswith("kl: no state named 'nope'")
+    for args in (("--timeout", "soon"), ("--concurrency", "0"), ("--provider-parallelism", "x")):
+        r = run_kl("refresh", "prod", *args, cwd=workspace)
+        assert r.returncode == 2 and b"Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_provider_not_found_is_a_per_group_failure_naming_where_it_looked(run_kl, db_url, workspace, tmp_path):
+    import_state(run_kl, workspace)
+    empty = tmp_path / "empty"  # no ./.terraform/providers here, and HOME has no plugin cache
+    empty.mkdir()
+    r = run_kl("refresh", "prod", "--provider-search-path", str(empty), "--format", "json", cwd=empty,
+               env={"HOME": str(empty), "KL_PROVIDER_PATH": "", "TF_PLUGIN_CACHE_DIR": ""})
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["status"] == "failed" and out["resources_failed"] == 10
+    msg = {f["address"]: f["message"] for f in out["failures"]}["null_resource.n[0]"]
+    assert "no binary for provider registry.terraform.io/hashicorp/null" in msg and str(empty) in msg
+    assert ".terraform/providers" in msg  # the defaults were searched too
