@@ -6,7 +6,7 @@
 #
 # varied     varied.tfstate and varied-v2.tfstate       (tests/fixtures/tf/varied)
 # big2000    big2000-v1.tfstate, big2000-v2.tfstate and big2000-changes.json   (tests/fixtures/tf/big)
-# big10000   big10000.tfstate.gz                        (tests/fixtures/tf/big, big10000.tfvars)
+# big10000   big10000.tfstate.gz                        (tests/fixtures/tf/big-count, via a local http backend)
 # baselines  times `terraform apply -refresh-only` on copies of the big states (nothing is written)
 #
 # The structure of every state is fixed by its configuration; ids, lineages and the data source's
@@ -37,7 +37,8 @@ export TF_CLI_CONFIG_FILE="$cache/terraformrc" TF_IN_AUTOMATION=1 CHECKPOINT_DIS
 unset TF_CLI_ARGS TF_CLI_ARGS_apply TF_CLI_ARGS_init TF_DATA_DIR TF_WORKSPACE
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kl-fixtures.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+server_pid=""
+trap '[ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null; rm -rf "$work"' EXIT
 times="${KL_FIXTURE_TIMES:-$work/times.txt}"
 
 # Runs terraform in the current directory, logging its output, and records the wall-clock time.
@@ -51,7 +52,7 @@ tf() { # label args...
         exit 1
     fi
     end=$(date +%s.%N)
-    printf '%s\t%.1f s\tterraform %s\n' "$label" "$(echo "$end - $start" | bc)" "$*" >>"$times"
+    awk -v l="$label" -v s="$start" -v e="$end" -v c="$*" 'BEGIN { printf "%s\t%.1f s\tterraform %s\n", l, e - s, c }' >>"$times"
 }
 
 fresh_dir() { # name source-config-dir
@@ -67,10 +68,14 @@ make_varied() {
     tf varied-taint taint null_resource.tainted
     cp terraform.tfstate "$out/varied.tfstate"
     # Generation 2: null_resource.changing gets a new trigger (replaced), tainted.tf goes away
-    # (null_resource.tainted destroyed). Data sources are read again on every apply.
+    # (null_resource.tainted destroyed). -refresh=false keeps every other managed instance as it
+    # was (a refresh drops their "private" blob); data sources are read again regardless.
     rm tainted.tf
-    tf varied-v2-apply apply -input=false -auto-approve -var generation=2
+    tf varied-v2-apply apply -input=false -auto-approve -refresh=false -var generation=2
     cp terraform.tfstate "$out/varied-v2.tfstate"
+    # Changed: null_resource.changing and the two data sources (their `random` is re-read).
+    python3 "$repo/tests/fixtures/state_diff.py" "$out/varied.tfstate" "$out/varied-v2.tfstate" \
+        --expect-changed 3 --expect-removed 1 --expect-added 0 >/dev/null
 }
 
 make_big2000() {
@@ -97,10 +102,32 @@ with open(sys.argv[2], "w") as f:
 PY
 }
 
+# Starts tests/fixtures/http_state_server.py for the current directory and points the configuration
+# at it with an override file. With the local backend Terraform 1.0.3 rewrites the whole state file
+# after each instance (quadratic: hours for 10,000); the http backend sends the state once, at the end.
+use_http_backend() {
+    python3 "$repo/tests/fixtures/http_state_server.py" "$PWD/server.port" "$PWD/http.tfstate" &
+    server_pid=$!
+    for _ in $(seq 50); do [ -s server.port ] && break; sleep 0.1; done
+    [ -s server.port ] || { echo "make-fixture-states: the http state server did not start" >&2; exit 1; }
+    printf 'terraform {\n  backend "http" {\n    address = "http://127.0.0.1:%s/state"\n  }\n}\n' \
+        "$(cat server.port)" >backend_override.tf
+}
+
+stop_http_backend() {
+    kill "$server_pid" && wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+}
+
 make_big10000() {
-    fresh_dir big10000 "$tf_dir/big"
+    rm -rf "${work:?}/big10000"
+    cp -r "$tf_dir/big-count" "$work/big10000"
+    cd "$work/big10000"
+    use_http_backend
+    tf big10000-init init -input=false
     tf big10000-apply apply -input=false -auto-approve -parallelism="$parallelism" -var-file=big10000.tfvars
-    gzip -n -9 <terraform.tfstate >"$out/big10000.tfstate.gz"
+    stop_http_backend
+    gzip -n -9 <http.tfstate >"$out/big10000.tfstate.gz"
 }
 
 time_refresh_only() { # label state-file(.gz) tfvars
