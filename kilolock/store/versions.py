@@ -108,27 +108,32 @@ def raw_state_text(conn: psycopg.Connection, name: str, serial: int | None = Non
 
 _ENSURE_STATE = "INSERT INTO states (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
 
-_INCOMING_TABLE = """
-CREATE TEMP TABLE kl_incoming (
+_DESCRIPTORS_TABLE = """
+CREATE TEMP TABLE kl_descriptors (
     address text, deposed text, mode text, type text, name text, module text,
-    index_key jsonb, provider text, ri int, ii int, obj jsonb, content_hash text
+    index_key jsonb, provider text, ri int, ii int
 ) ON COMMIT DROP
 """
 
-# The object is taken from the version just inserted, so attributes are stored exactly as
-# PostgreSQL parsed them from the state (no re-serialisation in Python). The content hash covers
-# what makes an object "the same object in the same shape"; private, dependencies and
-# create_before_destroy are bookkeeping and do not open a new lifecycle.
-_FILL_OBJECTS = """
-UPDATE kl_incoming i
-SET obj = v.raw_state -> 'resources' -> i.ri -> 'instances' -> i.ii
-FROM state_versions v WHERE v.id = %s
-"""
-
-_FILL_HASHES = """
-UPDATE kl_incoming SET content_hash = encode(sha256(convert_to(jsonb_build_array(
-    provider, obj -> 'schema_version', obj -> 'status', obj -> 'attributes',
-    COALESCE(obj -> 'sensitive_attributes', '[]'::jsonb), obj -> 'identity')::text, 'UTF8')), 'hex')
+# The objects come from the version just inserted, so attributes are stored exactly as PostgreSQL
+# parsed them (no re-serialisation in Python). One pass over the document: a per-row
+# `raw_state -> 'resources' -> ri` would de-TOAST the whole state once per instance.
+# The content hash covers what makes an object "the same object in the same shape"; private,
+# dependencies and create_before_destroy are bookkeeping and do not open a new lifecycle.
+_INCOMING_TABLE = """
+CREATE TEMP TABLE kl_incoming ON COMMIT DROP AS
+SELECT d.address, d.deposed, d.mode, d.type, d.name, d.module, d.index_key, d.provider, o.obj,
+       encode(sha256(convert_to(jsonb_build_array(
+           d.provider, o.obj -> 'schema_version', o.obj -> 'status', o.obj -> 'attributes',
+           COALESCE(o.obj -> 'sensitive_attributes', '[]'::jsonb), o.obj -> 'identity')::text, 'UTF8')), 'hex') AS content_hash
+FROM kl_descriptors d
+JOIN (
+    SELECT (r.ord - 1)::int AS ri, (inst.ord - 1)::int AS ii, inst.obj
+    FROM state_versions v,
+         jsonb_array_elements(v.raw_state -> 'resources') WITH ORDINALITY AS r(res, ord),
+         jsonb_array_elements(r.res -> 'instances') WITH ORDINALITY AS inst(obj, ord)
+    WHERE v.id = %s
+) o ON o.ri = d.ri AND o.ii = d.ii
 """
 
 _CLOSE_GONE_OR_CHANGED = """
@@ -223,20 +228,21 @@ def write_version(
 
 
 def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State) -> tuple[int, int, int]:
-    conn.execute(_INCOMING_TABLE)
-    with conn.cursor().copy(
-        "COPY kl_incoming (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
+    cur = conn.cursor()
+    cur.execute(_DESCRIPTORS_TABLE)
+    with cur.copy(
+        "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:
         for inst in state.instances:
             key = None if inst.index_key is None else json.dumps(inst.index_key)
             copy.write_row((inst.address, inst.deposed, inst.mode, inst.type, inst.name, inst.module, key,
                             inst.provider, inst.resource_index, inst.instance_index))
-    cur = conn.cursor()
-    cur.execute(_FILL_OBJECTS, (version.id,))
-    cur.execute(_FILL_HASHES)
-    cur.execute("ANALYZE kl_incoming")  # a temp table has no statistics; the joins below need them
+    # Temp tables have no statistics until analysed; without them the joins below go quadratic.
+    cur.execute("ANALYZE kl_descriptors")
+    cur.execute(_INCOMING_TABLE, (version.id,))
+    cur.execute("ANALYZE kl_incoming")
     params = {"sid": sid, "vid": version.id, "serial": version.serial}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    conn.execute("DROP TABLE kl_incoming")
+    cur.execute("DROP TABLE kl_descriptors, kl_incoming")
     return opened, closed, len(state.instances) - opened

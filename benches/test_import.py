@@ -1,0 +1,100 @@
+"""State import throughput: kl's whole write path (parse, version row, lifecycle index by COPY)
+against storing the same document as a bare jsonb row, in the same run on the same server.
+The ratio is the cost of the lifecycle index; instances per second are reported."""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kilolock import tfstate
+from kilolock.store import versions
+from kilolock.store.embedded import EmbeddedCluster
+from kilolock.store.migrate import apply_migrations
+
+QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
+STATES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "states"
+ROUNDS = 2 if QUICK else 5
+# The lifecycle index (one COPY, two set-based statements) may cost at most this much more than
+# writing the document alone.
+GATE = 6.0
+
+
+def _fixture(name: str) -> bytes:
+    path = STATES / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing (tests/fixtures/states, made by scripts/make-fixture-states.sh)")
+    data = path.read_bytes()
+    return gzip.decompress(data) if name.endswith(".gz") else data
+
+
+@pytest.fixture(scope="module")
+def server():
+    url = os.environ.get("KL_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    base = Path(tempfile.mkdtemp(prefix="kl-bench-pg-"))
+    os.chmod(base, 0o755)
+    cluster = EmbeddedCluster(base / "pg")
+    cluster.ensure_running()
+    yield cluster.url("postgres")
+    cluster.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_db(server):
+    name = f"kl_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = psycopg.conninfo.make_conninfo(server, dbname=name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        apply_migrations(conn)
+        yield conn
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _kl_import(conn: psycopg.Connection, raw: bytes, n: int) -> None:
+    versions.write_version(conn, f"s{n}", tfstate.parse_state(raw), raw, source="import", actor="bench")
+
+
+def _bare_insert(conn: psycopg.Connection, raw: bytes, n: int) -> None:
+    with conn.transaction():
+        sid = conn.execute("INSERT INTO states (name) VALUES (%s) RETURNING id", (f"bare{n}",)).fetchone()[0]
+        conn.execute(
+            "INSERT INTO state_versions (state_id, serial, lineage, source, raw_state, content_hash) VALUES (%s, 1, 'l', 'import', %s::jsonb, 'h')",
+            (sid, raw.decode()),
+        )
+
+
+@pytest.mark.parametrize("fixture", ["big2000-v1.tfstate", "big10000.tfstate.gz"])
+def test_import_throughput(benchmark, fresh_db, fixture):
+    raw = _fixture(fixture)
+    instances = len(tfstate.parse_state(raw).instances)
+    kl_times, bare_times = [], []
+    for n in range(ROUNDS):  # interleaved, so drift in machine load hits both sides alike
+        t0 = time.perf_counter()
+        _bare_insert(fresh_db, raw, n)
+        bare_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _kl_import(fresh_db, raw, n)
+        kl_times.append(time.perf_counter() - t0)
+    kl, bare = statistics.median(kl_times), statistics.median(bare_times)
+    counter = iter(range(ROUNDS, 10_000))
+    benchmark.pedantic(lambda: _kl_import(fresh_db, raw, next(counter)), rounds=1, iterations=1)
+    ratio = kl / bare
+    benchmark.extra_info.update(instances=instances, kl_s=round(kl, 4), bare_s=round(bare, 4), ratio=round(ratio, 2),
+                                instances_per_s=round(instances / kl))
+    print(f"\n{fixture}: {instances} instances, kl import {kl * 1000:.0f} ms ({instances / kl:,.0f} instances/s), "
+          f"bare jsonb insert {bare * 1000:.0f} ms, ratio {ratio:.2f} (gate {GATE})")
+    assert ratio <= GATE, f"import costs {ratio:.2f}x a bare insert (gate {GATE}x)"
