@@ -29,7 +29,7 @@ from typing import Callable, TypeVar
 
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
-from kilolock.provider.logbridge import StderrLogBridge, provider_logger
+from kilolock.provider.logbridge import StderrLogBridge, provider_logger, quiet_plugin_log_env
 
 MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
@@ -145,6 +145,7 @@ class PluginProcess:
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
+        env.update(quiet_plugin_log_env(os.environ))
         env.update(
             {
                 MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE,

@@ -204,8 +204,9 @@ def test_killed_mid_call_gives_clear_error_and_no_zombie() -> None:
     assert survivors([proc.pid]) == []
 
 
-def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture) -> None:
+def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     provider = BY_TYPE["time"]
+    monkeypatch.setenv("TF_LOG", "trace")  # otherwise kl asks the provider for warnings only
     caplog.set_level(1, logger="kilolock.provider.time")
     with launch_provider(require(provider), tls=False) as client:
         client.get_schema()
