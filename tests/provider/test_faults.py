@@ -168,6 +168,7 @@ def test_stdio_stream_and_stderr_are_drained_into_logging(fake_binary, caplog: p
 
 def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS", raising=False)
+    monkeypatch.delenv("TF_DISABLE_PLUGIN_TLS", raising=False)
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is True  # type: ignore[attr-defined]
         assert any("client cert present" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
@@ -175,6 +176,10 @@ def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: 
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]
         assert any("client cert absent" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+    monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS")
+    monkeypatch.setenv("TF_DISABLE_PLUGIN_TLS", "1")  # Terraform's switch is honoured too
+    with launch_provider(fake_binary()) as client:
+        assert client.connection.tls is False  # type: ignore[attr-defined]
 
 
 def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pytest.LogCaptureFixture) -> None:
