@@ -10,7 +10,7 @@ import time
 import msgpack
 import pytest
 
-from kltest_providers import survivors
+from kltest_providers import stderr_shows, survivors
 from kilolock.errors import KlError
 from kilolock.provider import (
     PluginStartError,
@@ -171,11 +171,11 @@ def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: 
     monkeypatch.delenv("TF_DISABLE_PLUGIN_TLS", raising=False)
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is True  # type: ignore[attr-defined]
-        assert any("client cert present" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert present")
     monkeypatch.setenv("KL_DISABLE_PLUGIN_TLS", "1")
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]
-        assert any("client cert absent" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert absent")
     monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS")
     monkeypatch.setenv("TF_DISABLE_PLUGIN_TLS", "1")  # Terraform's switch is honoured too
     with launch_provider(fake_binary()) as client:
@@ -187,7 +187,7 @@ def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pyt
     binary = fake_binary(FAKE_BAD_CERT="1")
     with launch_provider(binary, tls=True) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]
-        assert "client cert absent" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert absent")
         assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_state == msgpack.packb({"id": "1"})
     assert f"grpcio could not complete AutoMTLS with {binary}" in caplog.text
     assert "private 0700 unix socket directory" in caplog.text

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from kltest_providers import stderr_shows
 from kilolock.provider.logbridge import TRACE, StderrLogBridge, provider_log_level
 
 
@@ -40,11 +41,11 @@ def test_plugins_log_at_warn_unless_logs_are_asked_for(fake_binary, monkeypatch:
     for var in ("TF_LOG", "TF_LOG_PROVIDER", "KL_LOG", "TF_LOG_SDK_PROTO"):
         monkeypatch.delenv(var, raising=False)
     with launch_provider(fake_binary(), tls=False) as client:
-        assert "TF_LOG_SDK_PROTO=WARN" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=WARN")
     monkeypatch.setenv("KL_LOG", "debug")
     with launch_provider(fake_binary(), tls=False) as client:
-        assert "TF_LOG_SDK_PROTO=(unset)" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=(unset)")
     monkeypatch.delenv("KL_LOG")
     monkeypatch.setenv("TF_LOG_SDK_PROTO", "info")  # an operator's own setting is kept
     with launch_provider(fake_binary(), tls=False) as client:
-        assert "TF_LOG_SDK_PROTO=info" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=info")
