@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -314,3 +315,16 @@ class PluginProcess:
                 except OSError:
                     pass
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self._remove_stray_socket()
+
+    def _remove_stray_socket(self) -> None:
+        # go-plugin < 1.5 ignores PLUGIN_UNIX_SOCKET_DIR and listens in $TMPDIR; it removes the
+        # socket on a clean exit but not when killed. The process is gone, so the path is ours to drop.
+        hs = self.handshake
+        if hs is None or hs.network != "unix" or hs.address.startswith(self.socket_dir + os.sep):
+            return
+        try:
+            if stat.S_ISSOCK(os.lstat(hs.address).st_mode):
+                os.unlink(hs.address)
+        except OSError:
+            pass

@@ -214,3 +214,14 @@ def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture, mo
     assert records, "no provider log line was bridged"
     # terraform-plugin-go logs every RPC at TRACE/DEBUG as hclog JSON; its message text comes through.
     assert any("GetProviderSchema" in r.getMessage() or "tf_rpc" in r.getMessage() for r in records)
+
+
+def test_killed_old_go_plugin_leaves_no_socket_behind() -> None:
+    # null 2.1.2's go-plugin predates PLUGIN_UNIX_SOCKET_DIR and listens in $TMPDIR.
+    client = launch_provider(require(BY_TYPE["null"]), tls=False)
+    proc = client.connection.process  # type: ignore[attr-defined]
+    address = proc.handshake.address
+    assert not address.startswith(proc.socket_dir) and os.path.exists(address)
+    os.kill(proc.pid, 9)
+    client.close()
+    assert not os.path.exists(address)
