@@ -202,3 +202,20 @@ def test_socket_lives_in_a_private_directory_removed_at_close(fake_binary) -> No
     finally:
         client.close()
     assert not os.path.exists(proc.socket_dir)
+
+
+@pytest.mark.parametrize("proto", [5, 6])
+def test_identity_schemas_and_identity_round_trip(fake_binary, proto: int) -> None:
+    from kilolock.schema import Attribute
+
+    with launch_provider(fake_binary(proto=proto), tls=False) as client:
+        schemas = client.get_identity_schemas()
+        assert list(schemas) == ["fake_echo"] and schemas["fake_echo"].version == 1
+        assert schemas["fake_echo"].block.attributes == (
+            Attribute(name="id", type=b'"string"', description="the id", required=True),
+            Attribute(name="region", type=b'"string"', optional=True),
+        )
+        ident = msgpack.packb({"id": "1", "region": None})
+        result = client.read_resource("fake_echo", msgpack.packb({"id": "1"}), current_identity=ident)
+        assert result.new_identity == ident  # the fake echoes it back
+        assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_identity is None
