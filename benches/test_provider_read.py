@@ -23,8 +23,8 @@ from kilolock.provider._pb import tfplugin5_pb2 as pb  # noqa: E402
 from kilolock.provider.connection import MAX_MESSAGE_BYTES  # noqa: E402
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
-CALLS = 150 if QUICK else 1500
-ROUNDS = 3 if QUICK else 7
+CALLS = 300 if QUICK else 1500
+ROUNDS = 5 if QUICK else 7
 IN_FLIGHT = 32
 GATE = 1.5
 

@@ -1,4 +1,23 @@
-"""Talking to Terraform provider plugins: launch, handshake, AutoMTLS, protocol 5/6 clients, discovery."""
+"""Talking to Terraform provider plugins: launch, handshake, AutoMTLS, protocol 5/6 clients, discovery.
+
+Typical use (the refresh factory)::
+
+    found = discovery.find_provider("registry.terraform.io/hashicorp/null", pinned, cli_search_paths)
+    with launch_provider(found.binary, found.address.type) as client:   # ProviderClient
+        schema = client.get_schema()                                   # kilolock.schema.ProviderSchema
+        client.configure(config_msgpack)
+        state = client.upgrade_resource_state("null_resource", version, raw_json)
+        result = client.read_resource("null_resource", state, private)  # ReadResult
+
+Module map: handshake (parse the stdout line) → process (spawn, drain, reap) → certs (AutoMTLS client
+certificate) → connection (channel, TLS fallback, StreamStdio, Shutdown) → client (the RPCs, one
+implementation for both protocol versions) with convert (wire messages → kilolock types) and wire
+(DynamicValue bytes, unknown field 6). discovery finds binaries; logbridge maps plugin stderr to
+logging (``kilolock.provider.<type>``).
+
+Environment: KL_DISABLE_PLUGIN_TLS / TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER
+or KL_LOG make providers log verbosely (otherwise kl asks them for warnings only).
+"""
 from __future__ import annotations
 
 import os

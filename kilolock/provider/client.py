@@ -19,7 +19,7 @@ from kilolock.provider.connection import PluginConnection
 from kilolock.provider.diagnostics import Diagnostic, errors_of
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
 from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, unknown_field_records
-from kilolock.schema import ProviderSchema
+from kilolock.schema import ProviderSchema, Schema
 
 # Sent as Configure.terraform_version. Providers rarely look at it; we report the Terraform whose
 # refresh semantics kl follows (sensitive paths as of 1.8).
@@ -47,6 +47,10 @@ class ProviderClient(abc.ABC):
 
     @abc.abstractmethod
     def get_schema(self) -> ProviderSchema: ...
+
+    @abc.abstractmethod
+    def get_identity_schemas(self) -> dict[str, Schema]:
+        """Resource identity schemas by resource type; {} when the provider has none."""
 
     @abc.abstractmethod
     def validate_config(self, config_msgpack: bytes) -> tuple[Diagnostic, ...]: ...
@@ -115,6 +119,7 @@ class GrpcProviderClient(ProviderClient):
         self._d = _DIALECTS[connection.protocol_version]
         pb = self._d.pb
         self._rpc_get_schema = self._unary(self._d.get_schema, pb.GetProviderSchema.Response.FromString)
+        self._rpc_identity = self._unary("GetResourceIdentitySchemas", pb.GetResourceIdentitySchemas.Response.FromString)
         self._rpc_validate = self._unary(self._d.validate, getattr(pb, self._d.validate).Response.FromString)
         self._rpc_configure = self._unary(self._d.configure, getattr(pb, self._d.configure).Response.FromString)
         self._rpc_upgrade = self._unary("UpgradeResourceState", pb.UpgradeResourceState.Response.FromString)
@@ -171,6 +176,16 @@ class GrpcProviderClient(ProviderClient):
         if not resp.HasField("provider"):
             raise ProviderCallError(f"provider {self.name}: {self._d.get_schema} returned no provider schema")
         return convert.provider_schema(resp, self.protocol_version)
+
+    def get_identity_schemas(self) -> dict[str, Schema]:
+        try:
+            resp = self._rpc_identity(self._d.pb.GetResourceIdentitySchemas.Request())
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                return {}  # providers older than protocol 5.9/6.9, as Terraform treats them
+            raise self._call_error("GetResourceIdentitySchemas", exc) from None
+        self._check("GetResourceIdentitySchemas", "", convert.diagnostics(resp.diagnostics))
+        return convert.identity_schemas(resp)
 
     def validate_config(self, config_msgpack: bytes) -> tuple[Diagnostic, ...]:
         req = self._d.validate_request(config=self._d.pb.DynamicValue(msgpack=config_msgpack))

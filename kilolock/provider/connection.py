@@ -1,10 +1,15 @@
 """A launched plugin plus its gRPC channel: AutoMTLS, readiness probe, StreamStdio, ordered close.
 
-AutoMTLS is on unless ``KL_DISABLE_PLUGIN_TLS`` is set, as Terraform does with TF_DISABLE_PLUGIN_TLS.
-If grpcio cannot complete the TLS handshake with a provider that did offer a certificate, kl starts
-the provider again without ``PLUGIN_CLIENT_CERT``: plaintext gRPC over a unix socket in a private
-0700 directory (PLUGIN_UNIX_SOCKET_DIR), reachable only by kl's own user, and logs a warning saying so.
-Every plugin gets such a private socket directory, TLS or not.
+AutoMTLS is on unless ``KL_DISABLE_PLUGIN_TLS`` (or Terraform's own ``TF_DISABLE_PLUGIN_TLS``) is
+set. go-plugin servers always present a P-521 certificate. Under TLS 1.2 (providers built with old
+Go, e.g. null 2.1.2) grpcio completes the handshake. Under TLS 1.3, which every current Go
+negotiates, the server must sign with ecdsa_secp521r1_sha512, and grpcio's BoringSSL does not offer
+that signature algorithm, nor can it be configured (grpc/grpc#41089): the server answers
+handshake_failure. kl then starts the provider again without ``PLUGIN_CLIENT_CERT``: plaintext gRPC
+over a unix socket in a private 0700 directory (PLUGIN_UNIX_SOCKET_DIR) that only kl's user can
+reach, logs a warning saying so, and skips the attempt for that binary for the rest of the process.
+Every plugin gets such a private socket directory, TLS or not (go-plugin < 1.5 ignores it and uses
+$TMPDIR, where the socket is still closed to other users by its mode).
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ _SHUTDOWN_GRACE = 2.0  # go-plugin's Kill waits 2 s before SIGKILL
 
 
 def tls_disabled_by_env() -> bool:
-    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS"))
+    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS") or os.environ.get("TF_DISABLE_PLUGIN_TLS"))
 
 
 class PluginConnection:

@@ -117,3 +117,27 @@ def provider_schema(resp: Any, protocol_version: int) -> ProviderSchema:
         data_source_schemas={name: schema(s) for name, s in resp.data_source_schemas.items()},
         provider_meta=_provider_meta(resp),
     )
+
+
+def identity_schemas(resp: Any) -> dict[str, Schema]:
+    """Resource identity schemas as plain schemas: one block of attributes, so the codec compiles
+    them like any other object type. required/optional_for_import map to required/optional."""
+    out: dict[str, Schema] = {}
+    for name, ident in resp.identity_schemas.items():
+        attrs = tuple(
+            sorted(
+                (
+                    Attribute(
+                        name=a.name,
+                        type=bytes(a.type),
+                        description=a.description,
+                        required=a.required_for_import,
+                        optional=a.optional_for_import,
+                    )
+                    for a in ident.identity_attributes
+                ),
+                key=lambda a: a.name,
+            )
+        )
+        out[name] = Schema(version=ident.version, block=Block(attributes=attrs, version=ident.version))
+    return out

@@ -23,10 +23,10 @@ class Diagnostic:
     attribute: AttributePath = ()
 
     def describe(self) -> str:
-        """One line: where (if known), summary and detail."""
+        """One line: where (if known), summary and detail (providers' multi-line details folded)."""
         where = f"at {path_display(self.attribute)}: " if self.attribute else ""
         detail = f": {self.detail}" if self.detail and self.detail != self.summary else ""
-        return f"{where}{self.summary}{detail}"
+        return " ".join(f"{where}{self.summary}{detail}".split())
 
 
 def errors_of(diagnostics: tuple[Diagnostic, ...]) -> tuple[Diagnostic, ...]:

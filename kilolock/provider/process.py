@@ -20,6 +20,7 @@ import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from typing import Callable, TypeVar
 
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
-from kilolock.provider.logbridge import StderrLogBridge, provider_logger
+from kilolock.provider.logbridge import StderrLogBridge, provider_logger, quiet_plugin_log_env
 
 MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
@@ -145,6 +146,7 @@ class PluginProcess:
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
+        env.update(quiet_plugin_log_env(os.environ))
         env.update(
             {
                 MAGIC_COOKIE_KEY: MAGIC_COOKIE_VALUE,
@@ -313,3 +315,16 @@ class PluginProcess:
                 except OSError:
                     pass
         shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self._remove_stray_socket()
+
+    def _remove_stray_socket(self) -> None:
+        # go-plugin < 1.5 ignores PLUGIN_UNIX_SOCKET_DIR and listens in $TMPDIR; it removes the
+        # socket on a clean exit but not when killed. The process is gone, so the path is ours to drop.
+        hs = self.handshake
+        if hs is None or hs.network != "unix" or hs.address.startswith(self.socket_dir + os.sep):
+            return
+        try:
+            if stat.S_ISSOCK(os.lstat(hs.address).st_mode):
+                os.unlink(hs.address)
+        except OSError:
+            pass

@@ -94,6 +94,14 @@ def serve() -> None:
             resp.resource_schemas[t].CopyFrom(pb.Schema(version=2, block=block))
         return resp
 
+    def identity(req, ctx):
+        resp = pb.GetResourceIdentitySchemas.Response()
+        ident = resp.identity_schemas["fake_echo"]
+        ident.version = 1
+        ident.identity_attributes.add(name="id", type=b'"string"', required_for_import=True, description="the id")
+        ident.identity_attributes.add(name="region", type=b'"string"', optional_for_import=True)
+        return resp
+
     def validate(req, ctx):
         return getattr(pb, names["validate"]).Response()
 
@@ -110,6 +118,8 @@ def serve() -> None:
     def read(req, ctx) -> bytes:
         t = req.type_name
         resp = pb.ReadResource.Response(new_state=req.current_state, private=req.private + b"+read")
+        if req.HasField("current_identity"):
+            resp.new_identity.CopyFrom(req.current_identity)
         if t == "fake_crash":
             sys.stderr.write("panic: fake provider crashed on purpose\n")
             sys.stderr.flush()
@@ -162,6 +172,7 @@ def serve() -> None:
             service,
             {
                 names["schema"]: h(get_schema, pb.GetProviderSchema.Request),
+                "GetResourceIdentitySchemas": h(identity, pb.GetResourceIdentitySchemas.Request),
                 names["validate"]: h(validate, getattr(pb, names["validate"]).Request),
                 names["configure"]: h(configure, getattr(pb, names["configure"]).Request),
                 "UpgradeResourceState": h(upgrade, pb.UpgradeResourceState.Request),
@@ -197,6 +208,7 @@ def serve() -> None:
     sys.stderr.write('{"@level":"info","@message":"fake provider serving","@module":"fake","proto":%d}\n' % proto)
     sys.stderr.flush()
     sys.stderr.write('{"@level":"debug","@message":"client cert %s"}\n' % ("present" if client_pem else "absent"))
+    sys.stderr.write('{"@level":"debug","@message":"TF_LOG_SDK_PROTO=%s"}\n' % os.environ.get("TF_LOG_SDK_PROTO", "(unset)"))
     sys.stderr.flush()
     say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")
     done.wait()

@@ -69,3 +69,16 @@ _launched: list[tuple[int, str]] = []
 
 def launched_pids() -> list[int]:
     return [pid for pid, _ in _launched]
+
+
+def stderr_shows(client: object, text: str, timeout: float = 5.0) -> bool:
+    """Waits until ``text`` appears in the plugin's drained stderr (drained by a background thread)."""
+    import time
+
+    proc = client.connection.process  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in line for line in proc.stderr_tail()):
+            return True
+        time.sleep(0.02)
+    return False

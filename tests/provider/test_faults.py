@@ -10,7 +10,7 @@ import time
 import msgpack
 import pytest
 
-from kltest_providers import survivors
+from kltest_providers import stderr_shows, survivors
 from kilolock.errors import KlError
 from kilolock.provider import (
     PluginStartError,
@@ -168,13 +168,18 @@ def test_stdio_stream_and_stderr_are_drained_into_logging(fake_binary, caplog: p
 
 def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS", raising=False)
+    monkeypatch.delenv("TF_DISABLE_PLUGIN_TLS", raising=False)
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is True  # type: ignore[attr-defined]
-        assert any("client cert present" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert present")
     monkeypatch.setenv("KL_DISABLE_PLUGIN_TLS", "1")
     with launch_provider(fake_binary()) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]
-        assert any("client cert absent" in line for line in client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert absent")
+    monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS")
+    monkeypatch.setenv("TF_DISABLE_PLUGIN_TLS", "1")  # Terraform's switch is honoured too
+    with launch_provider(fake_binary()) as client:
+        assert client.connection.tls is False  # type: ignore[attr-defined]
 
 
 def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pytest.LogCaptureFixture) -> None:
@@ -182,7 +187,7 @@ def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pyt
     binary = fake_binary(FAKE_BAD_CERT="1")
     with launch_provider(binary, tls=True) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]
-        assert "client cert absent" in " ".join(client.connection.process.stderr_tail())  # type: ignore[attr-defined]
+        assert stderr_shows(client, "client cert absent")
         assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_state == msgpack.packb({"id": "1"})
     assert f"grpcio could not complete AutoMTLS with {binary}" in caplog.text
     assert "private 0700 unix socket directory" in caplog.text
@@ -197,3 +202,20 @@ def test_socket_lives_in_a_private_directory_removed_at_close(fake_binary) -> No
     finally:
         client.close()
     assert not os.path.exists(proc.socket_dir)
+
+
+@pytest.mark.parametrize("proto", [5, 6])
+def test_identity_schemas_and_identity_round_trip(fake_binary, proto: int) -> None:
+    from kilolock.schema import Attribute
+
+    with launch_provider(fake_binary(proto=proto), tls=False) as client:
+        schemas = client.get_identity_schemas()
+        assert list(schemas) == ["fake_echo"] and schemas["fake_echo"].version == 1
+        assert schemas["fake_echo"].block.attributes == (
+            Attribute(name="id", type=b'"string"', description="the id", required=True),
+            Attribute(name="region", type=b'"string"', optional=True),
+        )
+        ident = msgpack.packb({"id": "1", "region": None})
+        result = client.read_resource("fake_echo", msgpack.packb({"id": "1"}), current_identity=ident)
+        assert result.new_identity == ident  # the fake echoes it back
+        assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_identity is None

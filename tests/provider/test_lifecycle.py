@@ -25,6 +25,7 @@ CHILD = textwrap.dedent(
     holder[0].get_schema()
     print(holder[0].connection.process.pid, flush=True)
     if {mode!r} == "exit":
+        sys.stdin.readline()
         sys.exit(0)  # no close(): the atexit hook must reap it
     time.sleep(60)
     """
@@ -33,7 +34,7 @@ CHILD = textwrap.dedent(
 
 def _provider_pid_after(mode: str, sig: int | None) -> int:
     script = CHILD.format(root=str(ROOT), binary=require(BY_TYPE["null"]), mode=mode)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline()  # type: ignore[union-attr]
         assert line.strip().isdigit(), f"child failed: {line!r} {child.stderr.read() if child.poll() is not None else ''}"  # type: ignore[union-attr]
@@ -41,6 +42,9 @@ def _provider_pid_after(mode: str, sig: int | None) -> int:
         assert running(pid)
         if sig is not None:
             child.send_signal(sig)
+        else:
+            child.stdin.write("\n")  # type: ignore[union-attr]
+            child.stdin.flush()  # type: ignore[union-attr]
         child.wait(timeout=15)
     finally:
         if child.poll() is None:

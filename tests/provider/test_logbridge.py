@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from kltest_providers import stderr_shows
 from kilolock.provider.logbridge import TRACE, StderrLogBridge, provider_log_level
 
 
@@ -32,3 +33,19 @@ def test_level_from_environment() -> None:
     assert provider_log_level({"KL_LOG": "debug"}) == logging.DEBUG
     assert provider_log_level({"TF_LOG": "1", "KL_LOG": "error"}) == TRACE
     assert provider_log_level({"TF_LOG_PROVIDER": "warn", "TF_LOG": "trace"}) == logging.WARNING
+
+
+def test_plugins_log_at_warn_unless_logs_are_asked_for(fake_binary, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kilolock.provider import launch_provider
+
+    for var in ("TF_LOG", "TF_LOG_PROVIDER", "KL_LOG", "TF_LOG_SDK_PROTO"):
+        monkeypatch.delenv(var, raising=False)
+    with launch_provider(fake_binary(), tls=False) as client:
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=WARN")
+    monkeypatch.setenv("KL_LOG", "debug")
+    with launch_provider(fake_binary(), tls=False) as client:
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=(unset)")
+    monkeypatch.delenv("KL_LOG")
+    monkeypatch.setenv("TF_LOG_SDK_PROTO", "info")  # an operator's own setting is kept
+    with launch_provider(fake_binary(), tls=False) as client:
+        assert stderr_shows(client, "TF_LOG_SDK_PROTO=info")

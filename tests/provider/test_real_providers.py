@@ -105,6 +105,7 @@ def test_configure_upgrade_read_stop_close(real_provider: RealProvider, tmp_path
         assert result.new_state is not None
         assert msgpack.unpackb(result.new_state) == state
         assert result.diagnostics == () and result.unknown_field_6 == b""
+        assert client.get_identity_schemas() == {}  # none of these providers has identities
         client.stop()
     finally:
         client.close()
@@ -204,8 +205,9 @@ def test_killed_mid_call_gives_clear_error_and_no_zombie() -> None:
     assert survivors([proc.pid]) == []
 
 
-def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture) -> None:
+def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     provider = BY_TYPE["time"]
+    monkeypatch.setenv("TF_LOG", "trace")  # otherwise kl asks the provider for warnings only
     caplog.set_level(1, logger="kilolock.provider.time")
     with launch_provider(require(provider), tls=False) as client:
         client.get_schema()
@@ -213,3 +215,14 @@ def test_provider_logs_reach_python_logging(caplog: pytest.LogCaptureFixture) ->
     assert records, "no provider log line was bridged"
     # terraform-plugin-go logs every RPC at TRACE/DEBUG as hclog JSON; its message text comes through.
     assert any("GetProviderSchema" in r.getMessage() or "tf_rpc" in r.getMessage() for r in records)
+
+
+def test_killed_old_go_plugin_leaves_no_socket_behind() -> None:
+    # null 2.1.2's go-plugin predates PLUGIN_UNIX_SOCKET_DIR and listens in $TMPDIR.
+    client = launch_provider(require(BY_TYPE["null"]), tls=False)
+    proc = client.connection.process  # type: ignore[attr-defined]
+    address = proc.handshake.address
+    assert not address.startswith(proc.socket_dir) and os.path.exists(address)
+    os.kill(proc.pid, 9)
+    client.close()
+    assert not os.path.exists(address)
