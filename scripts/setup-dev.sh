@@ -36,6 +36,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q -e ".[test,bench]"
     echo "$want" > "$stamp"
 fi
+# Byte-compile our sources: many CI environments set PYTHONDONTWRITEBYTECODE, which would make
+# every kl start-up (and every start-up benchmark) recompile the package.
+.venv/bin/python -m compileall -q kilolock >/dev/null
 
 bash scripts/test-providers.sh >/dev/null
 bash scripts/test-terraform.sh >/dev/null

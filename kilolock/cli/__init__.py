@@ -112,10 +112,21 @@ def _positive(text: str) -> int:
     return n
 
 
+_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+           "warning": logging.WARNING, "error": logging.ERROR}
+
+
 def _configure_logging() -> None:
-    level_name = (os.environ.get("KL_LOG") or os.environ.get("TF_LOG") or "warn").upper()
-    level = {"TRACE": logging.DEBUG, "WARN": logging.WARNING}.get(level_name, getattr(logging, level_name, logging.WARNING))
+    """KL_LOG / TF_LOG set kl's level (as in Terraform, a value that is not a level means TRACE).
+    Provider log lines stay off the terminal unless TF_LOG_PROVIDER, TF_LOG or KL_LOG asks."""
+    asked = (os.environ.get("KL_LOG") or os.environ.get("TF_LOG") or "").strip().lower()
+    level = _LEVELS.get(asked, logging.DEBUG) if asked and asked != "off" else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    provider_asked = (os.environ.get("TF_LOG_PROVIDER") or "").strip().lower()
+    if provider_asked and provider_asked != "off":
+        logging.getLogger("kilolock.provider").setLevel(_LEVELS.get(provider_asked, logging.DEBUG))
+    elif not asked or asked == "off":
+        logging.getLogger("kilolock.provider").setLevel(logging.ERROR)
 
 
 def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:

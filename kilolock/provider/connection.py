@@ -169,7 +169,9 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
     process.kill()
     if use_tls and alive:
         _tls_failed.add(binary)
-        _log.warning(
+        # Expected with every current Go provider (P-521 certificate under TLS 1.3, which grpcio
+        # cannot verify: README "Provider transport"), so INFO, not a warning on every run.
+        _log.info(
             "grpcio could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
             "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt)",
             binary,

@@ -183,7 +183,7 @@ def test_automtls_is_the_default_and_env_turns_it_off(fake_binary, monkeypatch: 
 
 
 def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="kilolock.provider.connection")
+    caplog.set_level(logging.INFO, logger="kilolock.provider.connection")
     binary = fake_binary(FAKE_BAD_CERT="1")
     with launch_provider(binary, tls=True) as client:
         assert client.connection.tls is False  # type: ignore[attr-defined]

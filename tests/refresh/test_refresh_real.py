@@ -115,7 +115,7 @@ def test_wrong_working_directory_trips_the_mass_removal_guard(run_kl, db_url, wo
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["status"] == "failed" and out["to_serial"] is None
     assert "4 of 4 instances of registry.terraform.io/hashicorp/local came back deleted" in out["error"]
-    assert r.stderr.decode().splitlines()[-1].startswith("kl: refresh failed: 4 of 4 instances")
+    assert r.stderr.decode().startswith("kl: refresh failed: 4 of 4 instances") and r.stderr.count(b"\n") == 1, r.stderr
     r, out = kl_refresh(run_kl, workspace)
     assert out["status"] == "succeeded" and out["resources_changed"] == 0
 
