@@ -166,7 +166,7 @@ def _contender(name: str, corpus: str) -> Callable[[], bytes]:
     return _roundtrip(_codec_rs.compile_type(block_type_json(block)), data)
 
 
-_medians: dict[tuple[str, str], float] = {}
+_best: dict[tuple[str, str], float] = {}
 
 
 @pytest.mark.parametrize("corpus", list(CORPORA))
@@ -176,23 +176,24 @@ def test_roundtrip_speed(benchmark: Any, contender: str, corpus: str) -> None:
     fn()  # warm up (and prove it works)
     small = corpus == "null_resource"
     iterations = (200 if small else 20) if QUICK else (2000 if small else 100)
-    rounds = 5 if QUICK else 15
+    rounds = 12 if QUICK else 30
     if contender == "python":
         iterations = max(1, iterations // 10)
     benchmark.group = corpus
     benchmark.pedantic(fn, rounds=rounds, iterations=iterations, warmup_rounds=1)
-    _medians[(contender, corpus)] = benchmark.stats.stats.median
+    # The fastest round: on a shared machine noise only ever adds time.
+    _best[(contender, corpus)] = benchmark.stats.stats.min
 
 
-def _median(contender: str, corpus: str) -> float:
-    if (contender, corpus) not in _medians:
+def _best_time(contender: str, corpus: str) -> float:
+    if (contender, corpus) not in _best:
         pytest.fail(f"no timing for {contender}/{corpus}: run the whole file (and not with --benchmark-disable)")
-    return _medians[(contender, corpus)]
+    return _best[(contender, corpus)]
 
 
 @pytest.mark.parametrize("corpus", list(CORPORA))
 def test_gates(corpus: str, bench_summary: list[str]) -> None:
-    rust, python, floor = (_median(c, corpus) for c in ("rust", "python", "c_floor"))
+    rust, python, floor = (_best_time(c, corpus) for c in ("rust", "python", "c_floor"))
     size = len(CORPORA[corpus][1])
     bench_summary.append(
         f"{corpus:15s} {size:6d} B JSON | rust {rust * 1e6:8.1f} µs ({size / rust / 1e6:6.1f} MB/s) | "
