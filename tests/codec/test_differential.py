@@ -270,3 +270,21 @@ def test_backends_agree_on_mangled_input(both: tuple[types.ModuleType, types.Mod
     py_out = _outcome(py_t.decode, bytes(wire))
     rs_out = _outcome(rs_t.decode, bytes(wire))
     assert py_out == rs_out
+
+
+@st.composite
+def _ill_typed_case(draw: st.DrawFn) -> tuple[Any, str]:
+    """Random JSON against a random type: mostly ill-typed, sometimes by accident valid."""
+    ty = draw(_types())
+    return ty, draw(_render(draw(_json_value())))
+
+
+@SETTINGS
+@given(_ill_typed_case())
+def test_backends_agree_on_ill_typed_json(both: tuple[types.ModuleType, types.ModuleType],
+                                          case: tuple[Any, str]) -> None:
+    """Same bytes, or the same CodecError message (path and words), for any well-formed JSON."""
+    ty, text = case
+    type_bytes = json.dumps(ty, ensure_ascii=False).encode()
+    py_t, rs_t = (impl.compile_type(type_bytes) for impl in both)
+    assert _outcome(py_t.encode, text.encode()) == _outcome(rs_t.encode, text.encode()), text
