@@ -3,7 +3,7 @@
 Both must give the same bytes (or both raise CodecError with the same message), and
 decode(encode(x)) must equal an independent reference canonicalisation of x written here from
 the rules (exact decimals; float64 values as their shortest digits; sets sorted/deduplicated;
-keys sorted by UTF-8 bytes; dynamic values wrapped with their type).
+keys sorted by UTF-8 bytes; sets of non-primitives sorted by element text; dynamic values wrapped with their type).
 """
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def canonical(ty: Any, v: Any) -> str:
             for x in v:
                 by_key.setdefault(_set_key(ty[1], x), canonical(ty[1], x))
             return "[" + ",".join(by_key[k] for k in sorted(by_key)) + "]"
-        return "[" + ",".join(dict.fromkeys(canonical(ty[1], x) for x in v)) + "]"
+        return "[" + ",".join(sorted(set(canonical(ty[1], x) for x in v))) + "]"
     if kind == "map":
         return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(ty[1], v[k])
                               for k in sorted(v, key=lambda s: s.encode())) + "}"
