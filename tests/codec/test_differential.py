@@ -288,3 +288,20 @@ def test_backends_agree_on_ill_typed_json(both: tuple[types.ModuleType, types.Mo
     type_bytes = json.dumps(ty, ensure_ascii=False).encode()
     py_t, rs_t = (impl.compile_type(type_bytes) for impl in both)
     assert _outcome(py_t.encode, text.encode()) == _outcome(rs_t.encode, text.encode()), text
+
+
+FUZZ_TYPES = [b'"dynamic"', b'["object",{"a":["list","number"],"b":["set","string"],"c":["map","bool"]}]',
+              b'["tuple",["string",["set",["object",{"x":"dynamic"}]]]]']
+
+
+@SETTINGS
+@given(st.sampled_from(FUZZ_TYPES), st.binary(max_size=64) | st.text(max_size=40).map(str.encode))
+def test_arbitrary_bytes_give_codec_errors_only(both: tuple[types.ModuleType, types.ModuleType],
+                                                type_bytes: bytes, blob: bytes) -> None:
+    """Garbage in either direction: a result or a CodecError, the same from both backends."""
+    py_t, rs_t = (impl.compile_type(type_bytes) for impl in both)
+    assert _outcome(py_t.decode, blob) == _outcome(rs_t.decode, blob)
+    py_enc, rs_enc = _outcome(py_t.encode, blob), _outcome(rs_t.encode, blob)
+    assert py_enc[0] == rs_enc[0]
+    if py_enc[0] == "ok":
+        assert py_enc == rs_enc
