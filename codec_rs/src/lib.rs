@@ -37,10 +37,17 @@ mod python {
         }
     }
 
-    fn with_bytes<R>(py: Python<'_>, data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R + Send) -> PyResult<R>
-    where
-        R: Send,
-    {
+    /// Runs the codec on the bytes of a `bytes`/`bytearray` argument. A panic (a bug) becomes a
+    /// CodecError too, so nothing but CodecError ever reaches Python from here.
+    fn with_bytes<T: Send>(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        f: impl FnOnce(&[u8]) -> Result<T, CodecErr> + Send,
+    ) -> PyResult<Result<T, CodecErr>> {
+        let f = |b: &[u8]| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)))
+                .unwrap_or_else(|_| Err(CodecErr::new("internal codec error (a bug: please report it)")))
+        };
         if let Ok(b) = data.downcast::<PyBytes>() {
             let slice = b.as_bytes();
             if slice.len() > RELEASE_GIL_ABOVE {

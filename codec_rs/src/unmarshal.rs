@@ -178,17 +178,21 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth
             out.extend_from_slice(b"null");
         }
     } else {
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
+        // A set is the same value in any order: its JSON lists the elements sorted by their
+        // canonical text, so a provider's order never shows up as drift.
+        let mut texts: Vec<Vec<u8>> = Vec::new();
         for i in 0..n {
             let mut text = Vec::new();
             unmarshal(r, elem, &mut text, depth + 1).at(|| format!("[{}]", i))?;
-            if !seen.contains(&text) {
-                if !seen.is_empty() {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&text);
-                seen.insert(text);
+            texts.push(text);
+        }
+        texts.sort_unstable();
+        texts.dedup();
+        for (i, text) in texts.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
             }
+            out.extend_from_slice(text);
         }
     }
     out.push(b']');

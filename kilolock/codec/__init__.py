@@ -6,6 +6,15 @@ that cannot load is an error that says why); unset, Rust is used when it imports
 
     t = codec.compile_type(b'["object",{"id":"string"}]')
     t.encode(json_bytes) -> msgpack bytes;  t.decode(msgpack_bytes) -> canonical JSON bytes
+
+Canonical JSON is the same bytes for the same value: keys sorted by UTF-8 bytes, compact, numbers
+in go-cty's fixed notation (a float64 from the wire as its shortest round-trip digits, as Terraform
+writes state), sets sorted (primitives in cty's order, other elements by their canonical text) and
+deduplicated. ``t.decode(t.encode(x))`` is the canonical form of a JSON value ``x``.
+
+Rust dev build (the .so is gitignored):
+    cargo build --release --manifest-path codec_rs/Cargo.toml
+    cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so
 """
 from __future__ import annotations
 

@@ -650,7 +650,9 @@ def unmarshal_set(r: Reader, t: CtyType, out: list[str], depth: int) -> None:
         if has_null:
             texts.append("null")
     else:
-        seen: dict[str, None] = {}
+        # A set is the same value in any order: its JSON lists the elements sorted by their
+        # canonical text, so a provider's order never shows up as drift.
+        seen: set[str] = set()
         for i in range(n):
             part: list[str] = []
             try:
@@ -658,8 +660,8 @@ def unmarshal_set(r: Reader, t: CtyType, out: list[str], depth: int) -> None:
             except PathError as exc:
                 exc.segments.append(f"[{i}]")
                 raise
-            seen.setdefault("".join(part), None)
-        texts = list(seen)
+            seen.add("".join(part))
+        texts = sorted(seen)
     out.append("[" + ",".join(texts) + "]")
 
 

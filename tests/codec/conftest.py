@@ -35,3 +35,9 @@ def impl(request: pytest.FixtureRequest) -> types.ModuleType:
 @pytest.fixture
 def both() -> tuple[types.ModuleType, types.ModuleType]:
     return load_backend("python"), load_backend("rust")
+
+
+@pytest.fixture
+def load() -> object:
+    """``load("rust")`` / ``load("python")``: a backend module, failing with the build hint."""
+    return load_backend
