@@ -5,7 +5,8 @@ Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per R
   modes: serve (default), hang, garbage, not-plugin, exit-early, wrong-cookie, netrpc, proto4
   types: fake_echo, fake_sensitive (adds field 6), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
          fake_error, fake_gone
-FAKE_PROTO selects protocol 5 or 6. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
+FAKE_PROTO selects protocol 5 or 6. FAKE_EVENT_LOG, if set, is a file the fake appends "read",
+"stop" and "shutdown" to when those RPCs arrive, so tests can see what kl sent. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
 the server certificate goes out base64 (raw std, no padding) in handshake field 6.
 """
 from __future__ import annotations
@@ -70,6 +71,11 @@ def serve() -> None:
     done = threading.Event()
     slow = float(os.environ.get("FAKE_SLOW_SECONDS", "5"))
 
+    def event(name: str) -> None:
+        if os.environ.get("FAKE_EVENT_LOG"):
+            with open(os.environ["FAKE_EVENT_LOG"], "a") as fh:
+                fh.write(name + "\n")
+
     def attr(name: str, typ: bytes, **flags: bool) -> object:
         return pb.Schema.Attribute(name=name, type=typ, **flags)
 
@@ -116,6 +122,7 @@ def serve() -> None:
         return pb.UpgradeResourceState.Response(upgraded_state=pb.DynamicValue(msgpack=b"\xc4" + bytes([len(req.raw_state.json)]) + req.raw_state.json))
 
     def read(req, ctx) -> bytes:
+        event("read")
         t = req.type_name
         resp = pb.ReadResource.Response(new_state=req.current_state, private=req.private + b"+read")
         if req.HasField("current_identity"):
@@ -148,10 +155,12 @@ def serve() -> None:
         return raw
 
     def stop(req, ctx):
+        event("stop")
         stop_event.set()
         return getattr(pb, names["stop"]).Response()
 
     def shutdown(req, ctx):
+        event("shutdown")
         done.set()
         return grpc_controller_pb2.Empty()
 

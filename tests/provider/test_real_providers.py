@@ -63,7 +63,7 @@ def terraform_schemas() -> dict[str, Any]:
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "automtls"])
 def test_handshake_schema_matches_terraform(real_provider: RealProvider, tls: bool, terraform_schemas: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="kilolock.provider.connection")
+    caplog.set_level(logging.INFO, logger="kilolock.provider.connection")
     with launch_provider(str(real_provider.path), tls=tls) as client:
         assert isinstance(client, GrpcProviderClient)
         assert client.protocol_version == real_provider.protocol
