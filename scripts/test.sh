@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-dev.sh
 export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
+# The Rust codec's own tests read the same vector file as the Python suite. Debug builds use far
+# bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a
+# bigger test-thread stack here.
+RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-default-features
 .venv/bin/python -m pytest tests "$@"
 if [ -d benches ] && ls benches/test_*.py >/dev/null 2>&1; then
     KL_BENCH_QUICK=1 .venv/bin/python -m pytest benches -q --benchmark-disable-gc --benchmark-columns=min,mean,ops -p no:cacheprovider

@@ -308,9 +308,11 @@ def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], 
     except locks.StateLocked as exc:
         raise KlError(f"{exc}; refresh not committed") from None
     try:
-        raw = tfstate.dumps_terraform(doc).encode()
+        # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
+        # any stored version out as Terraform does.
+        raw = tfstate.dumps_compact(doc).encode()
         written = versions.write_version(
-            conn, name, tfstate.parse_state(raw), raw, source="refresh", actor=actor,
+            conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
             expect_serial=start.serial, expect_lineage=start.lineage,
         )
     finally:

@@ -1,0 +1,112 @@
+"""Whole-process `kl refresh` against Terraform's `apply -refresh-only -auto-approve` on the same
+state, with the same provider binary (null 2.1.2), in the same run: wall time and peak RSS of
+each tool's own process. Gates are ratios: kl at least 4x faster at 2,000 instances (20x at
+10,000, full mode only) and a smaller peak RSS. KL_BENCH_QUICK=1 runs the 2,000 case once."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kilolock.store.embedded import EmbeddedCluster
+from kilolock.store.migrate import apply_migrations
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
+CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
+TERRAFORM = CACHE / "bin" / "terraform-1.0.3"
+PLUGINS = CACHE / "plugin-cache"
+ROUNDS = 1 if QUICK else 3
+
+CASES = [
+    # (state fixture, Terraform config dir, tfvars, speed-up gate)
+    ("big2000-v1.tfstate", "big", "v1.tfvars", 4.0),
+]
+if not QUICK:
+    CASES.append(("big10000.tfstate.gz", "big", "big10000.tfvars", 20.0))
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
+    """Wall seconds and the peak RSS (KiB) of the command's own process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return elapsed, usage.ru_maxrss, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="module")
+def database():
+    url = os.environ.get("KL_TEST_DATABASE_URL")
+    base = None
+    if not url:
+        base = Path(tempfile.mkdtemp(prefix="kl-bench-pg-"))
+        os.chmod(base, 0o755)
+        cluster = EmbeddedCluster(base / "pg")
+        cluster.ensure_running()
+        url = cluster.url("postgres")
+    name = f"kl_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    db = psycopg.conninfo.make_conninfo(url, dbname=name)
+    with psycopg.connect(db) as conn:
+        apply_migrations(conn)
+    yield db
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    if base:
+        EmbeddedCluster(base / "pg").stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("fixture", "config", "tfvars", "gate"), CASES, ids=[c[0].split(".")[0] for c in CASES])
+def test_refresh_speed_and_memory_vs_terraform(benchmark, database, tmp_path, fixture, config, tfvars, gate):
+    for path, script in ((TERRAFORM, "scripts/test-terraform.sh"), (PLUGINS, "scripts/test-providers.sh")):
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run {script}")
+    data = (REPO / "tests" / "fixtures" / "states" / fixture).read_bytes()
+    state = gzip.decompress(data) if fixture.endswith(".gz") else data
+    instances = sum(len(r["instances"]) for r in json.loads(state)["resources"] if r["mode"] == "managed")
+
+    ws = tmp_path / "ws"
+    shutil.copytree(REPO / "tests" / "fixtures" / "tf" / config, ws)
+    tf_env = {**os.environ, "TF_CLI_CONFIG_FILE": str(CACHE / "terraformrc"), "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
+    subprocess.run([str(TERRAFORM), "init", "-input=false"], cwd=ws, env=tf_env, check=True, capture_output=True)
+    kl_env = {**os.environ, "KL_DATABASE_URL": database, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-m", "kilolock", "state", "import", fixture, "-"], input=state, env=kl_env,
+                   check=True, capture_output=True)
+
+    kl_cmd = [sys.executable, "-m", "kilolock", "refresh", fixture, "--provider-search-path", str(PLUGINS)]
+    tf_cmd = [str(TERRAFORM), "apply", "-refresh-only", "-auto-approve", "-input=false", f"-var-file={tfvars}"]
+    kl_runs, tf_runs = [], []
+    for _ in range(ROUNDS):  # interleaved, so machine load affects both alike
+        (ws / "terraform.tfstate").write_bytes(state)
+        t, rss, r = _run(tf_cmd, ws, tf_env)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        tf_runs.append((t, rss))
+        t, rss, r = _run(kl_cmd, ws, kl_env)
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        kl_runs.append((t, rss))
+    kl_t, tf_t = statistics.median(t for t, _ in kl_runs), statistics.median(t for t, _ in tf_runs)
+    kl_rss, tf_rss = max(m for _, m in kl_runs), max(m for _, m in tf_runs)
+    benchmark.pedantic(lambda: _run(kl_cmd, ws, kl_env), rounds=1, iterations=1)
+    speedup = tf_t / kl_t
+    benchmark.extra_info.update(instances=instances, kl_s=round(kl_t, 3), terraform_s=round(tf_t, 3), speedup=round(speedup, 2),
+                                kl_rss_kib=kl_rss, terraform_rss_kib=tf_rss, kl_instances_per_s=round(instances / kl_t))
+    print(f"\n{fixture}: {instances} instances: kl {kl_t:.2f} s ({instances / kl_t:,.0f}/s, {kl_rss / 1024:.0f} MiB), "
+          f"terraform {tf_t:.2f} s ({instances / tf_t:,.0f}/s, {tf_rss / 1024:.0f} MiB): {speedup:.1f}x (gate {gate}x)")
+    assert kl_rss < tf_rss, f"kl peak RSS {kl_rss} KiB is not below Terraform's {tf_rss} KiB"
+    assert speedup >= gate, f"kl refresh is {speedup:.2f}x Terraform's speed; the gate is {gate}x"
