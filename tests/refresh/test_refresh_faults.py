@@ -62,18 +62,19 @@ def serials(db_url: str) -> list[int]:
 
 def test_timeout_cancels_stops_the_provider_and_commits_nothing(run_kl, db_url, fake_cache):
     make, events = fake_cache
-    cache = make(FAKE_SLOW_SECONDS="30")
+    cache = make(FAKE_SLOW_SECONDS="60")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_slow"] * 3 + ["fake_echo"])).returncode == 0
     t0 = time.monotonic()
-    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--timeout", "1s", "--format", "json")
+    # Long enough for the reads to be in flight even on a loaded machine, far below the 60 s read.
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--timeout", "8s", "--format", "json")
     elapsed = time.monotonic() - t0
     out = json.loads(r.stdout)
-    assert r.returncode == 1 and out["status"] == "cancelled" and out["error"] == "timed out after 1s", out
-    assert elapsed < 20, elapsed
+    assert r.returncode == 1 and out["status"] == "cancelled" and out["error"] == "timed out after 8s", out
+    assert elapsed < 40, elapsed
     lines = events.read_text().splitlines()
-    assert "read" in lines and lines[-2:] == ["stop", "shutdown"]  # StopProvider first, then Shutdown
+    assert "read" in lines and "stop" in lines and lines.index("stop") < lines.index("shutdown"), lines
     status, summary, to_version = audit(db_url)
-    assert (status, to_version) == ("cancelled", None) and "timed out after 1s" in summary
+    assert (status, to_version) == ("cancelled", None) and "timed out after 8s" in summary
     assert serials(db_url) == [1]
 
 
@@ -93,7 +94,8 @@ def test_sigint_cancels_cleanly_with_exit_130(db_url, fake_cache, tmp_path):
     result = json.loads(out)
     assert result["status"] == "cancelled" and result["error"] == "interrupted (SIGINT)"
     assert err.decode().strip() == "kl: refresh cancelled: interrupted (SIGINT)"
-    assert events.read_text().splitlines()[-2:] == ["stop", "shutdown"]  # StopProvider first, then Shutdown
+    lines = events.read_text().splitlines()
+    assert "stop" in lines and lines.index("stop") < lines.index("shutdown"), lines  # StopProvider, then Shutdown
     assert audit(db_url)[0] == "cancelled" and serials(db_url) == [1]
 
 

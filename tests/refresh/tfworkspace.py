@@ -63,13 +63,14 @@ def provider_pids() -> set[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    argv0 = fh.read().split(b"\0", 1)[0]
+                    cmdline = fh.read()
                 with open(f"/proc/{entry}/stat") as fh:
                     if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
                         continue
             except OSError:
                 continue
-            if b"terraform-provider-" not in argv0:
+            # Real providers by name; the fake provider runs as `python …/fake_provider.py`.
+            if b"terraform-provider-" not in cmdline.split(b"\0", 1)[0] and b"fake_provider.py" not in cmdline:
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as fh:
