@@ -34,7 +34,7 @@ CASES = [
     ("big2000-v1.tfstate", "big", "v1.tfvars", 4.0),
 ]
 if not QUICK:
-    CASES.append(("big10000.tfstate.gz", "big", "big10000.tfvars", 20.0))
+    CASES.append(("big10000.tfstate.gz", "big-count", "big10000.tfvars", 20.0))
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, subprocess.CompletedProcess]:
