@@ -23,9 +23,11 @@ from kilolock.store.migrate import apply_migrations
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 STATES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "states"
 ROUNDS = 2 if QUICK else 5
-# The lifecycle index (one COPY, two set-based statements) may cost at most this much more than
-# writing the document alone.
-GATE = 6.0
+# The lifecycle index (one COPY, a one-pass extraction, two set-based statements) costs about 6-8x
+# writing the document alone (2,000-10,000 instances, measured on this machine size). The gate
+# leaves room for noise and fails on the regressions that matter: per-row round trips or a
+# per-instance de-TOAST of the document measured 28-90x.
+GATE = 12.0
 
 
 def _fixture(name: str) -> bytes:
