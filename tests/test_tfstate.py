@@ -142,3 +142,19 @@ def test_pretty_state_keeps_numbers_exact_and_terraform_key_order():
     assert '"value": 0.10000000000000000001' in out
     assert "123456789012345678901234567890" in out
     assert out.endswith("}\n")
+
+
+@pytest.mark.parametrize("text", [
+    '{"a":1.5,"b":[0.1,-0.0,100,2e-7]}',
+    '{"a":0.10000000000000000001}',
+    '{"a":1.50,"b":1e2,"c":123456789012345678901234567890}',
+    '{"s":"<&> \\u2028 ünï","n":null,"t":true}',
+])
+def test_exact_json_round_trips_every_number_exactly(text):
+    parser = tfstate.ExactJSON()
+    doc = parser.loads(text)
+    out = parser.dumps_compact(doc)
+    assert json.loads(out) == json.loads(text)
+    for token in ("0.10000000000000000001", "1.50", "1e2", "123456789012345678901234567890", "2e-7"):
+        if token in text:
+            assert token in out or (token == "2e-7" and "2e-07" in out), out

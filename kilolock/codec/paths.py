@@ -144,9 +144,9 @@ def _elements(value: Any) -> list[tuple[int | str, Any]]:
     return []
 
 
-def _block_contains_sensitive(block: Block) -> bool:
+def block_contains_sensitive(block: Block) -> bool:
     return any(a.sensitive or (a.nested_type is not None and _object_contains_sensitive(a.nested_type))
-               for a in block.attributes) or any(_block_contains_sensitive(nb.block) for nb in block.block_types)
+               for a in block.attributes) or any(block_contains_sensitive(nb.block) for nb in block.block_types)
 
 
 def _object_contains_sensitive(obj: NestedObject) -> bool:
@@ -164,7 +164,7 @@ def _block_paths(block: Block, value: Any, base: AttributePath, out: list[Attrib
         elif attr.nested_type is not None and _object_contains_sensitive(attr.nested_type):
             _nested_paths(attr.nested_type, value.get(attr.name), path, out)
     for nested in block.block_types:
-        if not _block_contains_sensitive(nested.block):
+        if not block_contains_sensitive(nested.block):
             continue
         path = base + (GetAttr(nested.type_name),)
         child = _unwrap_dynamic(value.get(nested.type_name))

@@ -23,6 +23,7 @@ class EncodingClient:
         self.info = info
         self._rpc_timeout = rpc_timeout
         self._types: dict[str, Any] = {}
+        self._has_sensitive: dict[str, bool] = {}
         self._lock = threading.Lock()
 
     def resource_schema(self, type_name: str) -> Schema:
@@ -90,7 +91,11 @@ class EncodingClient:
             raise ResourceError(f"provider produced an invalid object in {rpc}: {exc}") from None
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
-        return codec.sensitive_paths(self.resource_schema(type_name).block, value)
+        # Most resource types have no sensitive attribute at all; skip parsing the value for them.
+        has = self._has_sensitive.get(type_name)
+        if has is None:
+            has = self._has_sensitive.setdefault(type_name, codec.block_contains_sensitive(self.resource_schema(type_name).block))
+        return codec.sensitive_paths(self.resource_schema(type_name).block, value) if has else []
 
     def stop(self) -> None:
         self._raw.stop()

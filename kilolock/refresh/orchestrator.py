@@ -80,6 +80,7 @@ class Cancellation:
 @dataclass
 class _Entry:
     inst: tfstate.Instance
+    prior_json: bytes | None = None  # the stored attributes as JSON, when the store has them
     update: InstanceUpdate | None = None
     error: str | None = None
 
@@ -117,7 +118,7 @@ def _mass_removal(groups: dict[GroupKey, list[_Entry]], options: RefreshOptions)
     return None
 
 
-def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions) -> InstanceUpdate:
+def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, prior_json: bytes | None = None) -> InstanceUpdate:
     schema = client.resource_schema(inst.type)
     recorded, live = inst.schema_version, schema.version
     if recorded > live:
@@ -125,7 +126,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"resource instance managed by a newer provider version (state has schema version {recorded}, "
             f"{client.info.source} {client.info.version} has {live})"
         )
-    raw_prior = tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
+    raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
     canonical_prior = client.canonicalize(inst.type, raw_prior)
     # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
     # schema version moved or the stored JSON does not fit the live schema (or when asked to).
@@ -180,26 +181,41 @@ class _Run:
         with self.lock:
             self.clients.append(client)
             opened.append(f"{client.info.source} {client.info.version} (protocol {client.info.protocol_version}, {client.info.binary})")
-        done = 0
         total = len(entries)
+        pending = iter(entries)
+        counter = {"done": 0}
+        lock = threading.Lock()
 
-        def one(entry: _Entry) -> None:
-            if self.cancel.cancelled:
-                return
-            try:
-                entry.update = _refresh_one(client, entry.inst, self.options)
-            except KlError as exc:
-                if not self.cancel.cancelled:
-                    self.record_failure(entry, str(exc))
+        def worker() -> None:
+            # Workers pull the next instance until none is left: cheaper per instance than a
+            # Future each, and the provider never sees more than provider_parallelism calls.
+            while not self.cancel.cancelled:
+                with lock:
+                    entry = next(pending, None)
+                if entry is None:
+                    return
+                try:
+                    entry.update = _refresh_one(client, entry.inst, self.options, entry.prior_json)
+                except KlError as exc:
+                    if not self.cancel.cancelled:
+                        self.record_failure(entry, str(exc))
+                except Exception as exc:  # a bug must still fail this instance, never drop it
+                    log.exception("refreshing %s", entry.inst.address)
+                    self.record_failure(entry, f"internal error: {type(exc).__name__}: {exc}")
+                with lock:
+                    counter["done"] += 1
+                    done = counter["done"]
+                if self.progress:
+                    self.progress(label, done, total)
 
+        prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
+        threads = [threading.Thread(target=worker, name=f"{prefix}-{n}", daemon=True)
+                   for n in range(min(self.options.provider_parallelism, total))]
         try:
-            with cf.ThreadPoolExecutor(self.options.provider_parallelism, thread_name_prefix=f"kl-read-{key[0].rsplit('/', 1)[-1]}") as pool:
-                futures = [pool.submit(one, e) for e in entries]
-                for fut in cf.as_completed(futures):
-                    fut.result()
-                    done += 1
-                    if self.progress:
-                        self.progress(label, done, total)
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         finally:
             with self.lock:
                 self.clients.remove(client)
@@ -238,7 +254,8 @@ def run(
 
     to_version_id: str | None = None
     try:
-        doc = tfstate.loads_exact(raw_text)
+        parser = tfstate.ExactJSON()
+        doc = parser.loads(raw_text)
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
@@ -246,7 +263,8 @@ def run(
         if holder is not None:
             raise locks.StateLocked(name, holder)
 
-        groups = {k: [_Entry(i) for i in insts] for k, insts in group_instances(state).items()}
+        stored = versions.open_attributes(conn, sid)
+        groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
         shared = _Run(factory, options, progress, cancel)
         timer = None
         if options.timeout:
@@ -283,8 +301,11 @@ def run(
             result.status = "succeeded"
         if commit:
             updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
-            new_doc = build_refreshed_state(doc, updates, serial=current.serial + 1)
-            to_version_id, result.to_serial = _commit(conn, name, sid, new_doc, current, options.actor, result.run_id)
+            new_doc, moved = build_refreshed_state(doc, updates, serial=current.serial + 1, parser=parser)
+            by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
+            touched = {by_position[p] for p in moved}
+            to_version_id, result.to_serial = _commit(conn, name, sid, new_doc, parser, current, options.actor,
+                                                      result.run_id, touched)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
@@ -299,8 +320,8 @@ def run(
     return result
 
 
-def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], start: versions.VersionRow,
-            actor: str, run_id: str | None) -> tuple[str, int]:
+def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
+            start: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]]) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=f"kl refresh run {run_id}")
     try:
@@ -310,10 +331,10 @@ def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], 
     try:
         # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
         # any stored version out as Terraform does.
-        raw = tfstate.dumps_compact(doc).encode()
+        raw = parser.dumps_compact(doc).encode()
         written = versions.write_version(
             conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
-            expect_serial=start.serial, expect_lineage=start.lineage,
+            expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
         )
     finally:
         locks.release(conn, sid, info["ID"], actor)

@@ -52,14 +52,23 @@ def merged_sensitive_paths(prior: list[Any], new: list[sch.AttributePath], value
     return [sch.path_to_state_json(paths[k]) for k in sorted(paths) if _path_exists(value, paths[k])]
 
 
-def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], InstanceUpdate], serial: int) -> dict[str, Any]:
+# What the lifecycle index hashes (kilolock.store.versions): an object that differs in none of
+# these keeps its lifecycle.
+_INDEXED_FIELDS = ("schema_version", "status", "attributes", "sensitive_attributes", "identity")
+
+
+def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], InstanceUpdate], serial: int,
+                          parser: tfstate.ExactJSON | None = None) -> tuple[dict[str, Any], set[tuple[int, int]]]:
     """A new state document: refreshed objects spliced in, gone objects removed (and resources
-    left without instances dropped, as Terraform does), serial set, lineage kept."""
+    left without instances dropped, as Terraform does), serial set, lineage kept. Also returns
+    the (resource, instance) positions, in ``doc``, of objects that were removed or now differ in
+    an indexed field."""
     # Copies only the containers on the way to a changed object: everything else is shared with
     # the prior document, which is never modified (a deep copy of a 10k-instance state is slow).
     out = dict(doc)
     out["serial"] = serial
     kept_resources = []
+    touched: set[tuple[int, int]] = set()
     for ri, res in enumerate(doc.get("resources", [])):
         res = dict(res)
         kept = []
@@ -69,10 +78,13 @@ def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], In
                 kept.append(obj)
                 continue
             if upd.removed:
+                touched.add((ri, ii))
                 continue
-            obj = dict(obj)
-            value = tfstate.loads_exact(upd.attributes)
-            obj["attributes"] = value
+            old, obj = obj, dict(obj)
+            if upd.changed:
+                obj["attributes"] = parser.loads(upd.attributes) if parser else tfstate.loads_exact(upd.attributes)
+            # else: equal in canonical form, so the stored value (cty JSON as Terraform wrote it) stays
+            value = obj["attributes"]
             obj["schema_version"] = upd.schema_version
             obj["sensitive_attributes"] = merged_sensitive_paths(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
             if upd.private:
@@ -80,10 +92,12 @@ def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], In
             else:
                 obj.pop("private", None)
             if upd.identity is not None:
-                obj["identity"] = tfstate.loads_exact(upd.identity)
+                obj["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)
+            if any(obj.get(k) != old.get(k) for k in _INDEXED_FIELDS):
+                touched.add((ri, ii))
             kept.append(obj)
         if kept or res.get("mode") != "managed":
             res["instances"] = kept
             kept_resources.append(res)
     out["resources"] = kept_resources
-    return out
+    return out, touched

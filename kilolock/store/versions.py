@@ -104,6 +104,19 @@ def raw_state_text(conn: psycopg.Connection, name: str, serial: int | None = Non
     return str(row[0])
 
 
+def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str], bytes]:
+    """Attributes JSON of each managed object in the current version, by (address, deposed key).
+
+    The open lifecycle rows hold exactly the current version's objects (written in the same
+    transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
+    """
+    rows = conn.execute(
+        "SELECT address, deposed, attributes::text FROM resources WHERE state_id = %s AND delete_serial IS NULL AND mode = 'managed'",
+        (sid,),
+    ).fetchall()
+    return {(a, d): t.encode() for a, d, t in rows if t is not None}
+
+
 # --- the write path ----------------------------------------------------------------------------
 
 _ENSURE_STATE = "INSERT INTO states (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
@@ -136,10 +149,13 @@ JOIN (
 ) o ON o.ri = d.ri AND o.ii = d.ii
 """
 
+_SCOPE_TABLE = "CREATE TEMP TABLE kl_scope (address text, deposed text) ON COMMIT DROP"
+
 _CLOSE_GONE_OR_CHANGED = """
 UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL
+  AND (NOT %(scoped)s OR EXISTS (SELECT 1 FROM kl_scope s WHERE s.address = r.address AND s.deposed = r.deposed))
   AND NOT EXISTS (
       SELECT 1 FROM kl_incoming i
       WHERE i.address = r.address AND i.deposed = r.deposed AND i.content_hash = r.content_hash
@@ -190,12 +206,19 @@ def write_version(
     force: bool = False,
     expect_serial: int | None = None,
     expect_lineage: str | None = None,
+    touched: set[tuple[str, str]] | None = None,
 ) -> WriteResult:
     """Store ``raw`` (already parsed into ``state``) as the next version of state ``name``.
 
     ``expect_serial``/``expect_lineage`` make it a compare-and-swap: the write happens only if the
     current version is still the one the caller started from (the refresh commit uses it).
+    ``touched`` (only with ``expect_serial``) lists the (address, deposed) objects that may differ
+    from that version, removed ones included; the caller guarantees every other object is
+    unchanged, so the lifecycle index looks at the touched ones only and a refresh commit costs
+    what drifted, not what exists.
     """
+    if touched is not None and expect_serial is None:
+        raise ValueError("touched needs expect_serial: it describes a change against a known version")
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
     new_hash = content_hash(raw)
@@ -223,17 +246,25 @@ def write_version(
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"state: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
         version = _version(row)
-        opened, closed, unchanged = _index_lifecycles(conn, sid, version, state)
+        opened, closed, unchanged = _index_lifecycles(conn, sid, version, state, touched)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed, unchanged=unchanged)
 
 
-def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State) -> tuple[int, int, int]:
+def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
+                      touched: set[tuple[str, str]] | None) -> tuple[int, int, int]:
     cur = conn.cursor()
     cur.execute(_DESCRIPTORS_TABLE)
+    cur.execute(_SCOPE_TABLE)
+    if touched is not None:
+        with cur.copy("COPY kl_scope (address, deposed) FROM STDIN") as copy:
+            for key in touched:
+                copy.write_row(key)
     with cur.copy(
         "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:
         for inst in state.instances:
+            if touched is not None and (inst.address, inst.deposed) not in touched:
+                continue
             key = None if inst.index_key is None else json.dumps(inst.index_key)
             copy.write_row((inst.address, inst.deposed, inst.mode, inst.type, inst.name, inst.module, key,
                             inst.provider, inst.resource_index, inst.instance_index))
@@ -241,8 +272,8 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     cur.execute("ANALYZE kl_descriptors")
     cur.execute(_INCOMING_TABLE, (version.id,))
     cur.execute("ANALYZE kl_incoming")
-    params = {"sid": sid, "vid": version.id, "serial": version.serial}
+    params = {"sid": sid, "vid": version.id, "serial": version.serial, "scoped": touched is not None}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    cur.execute("DROP TABLE kl_descriptors, kl_incoming")
+    cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")
     return opened, closed, len(state.instances) - opened

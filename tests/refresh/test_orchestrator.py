@@ -341,3 +341,26 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_rejects(text):
     with pytest.raises(KlError):
         parse_duration(text)
+
+
+def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
+    raw = make_state(1, {"same": {"id": "s", "triggers": None}, "drifts": {"id": "d", "triggers": None},
+                         "gone": {"id": "g", "triggers": None}, "marked": {"id": "m", "secret": "x", "triggers": None},
+                         "old": {"id": "o", "legacy_field": 1, "triggers": None}})
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    f = FakeFactory(world={"d": {"id": "d", "triggers": {"k": "v"}}, "g": None})
+    res = run(conn, f)
+    assert res.status == "succeeded" and res.changed_addresses == ["null_resource.drifts", "null_resource.gone", "null_resource.old"]
+    latest = conn.execute("SELECT raw_state::text FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0].encode()
+    versions.write_version(conn, "reindexed", tfstate.parse_state(latest), latest, source="import", actor="t")
+
+    def open_rows(name):
+        return sorted(conn.execute(
+            """SELECT r.address, r.deposed, r.content_hash FROM resources r JOIN states s ON s.id = r.state_id
+               WHERE s.name = %s AND r.delete_serial IS NULL""", (name,)).fetchall())
+
+    assert open_rows("prod") == open_rows("reindexed")
+    # only what drifted (and the newly marked object) got a new lifecycle; the rest kept theirs
+    reopened = {a for (a,) in conn.execute(
+        "SELECT address FROM resources r JOIN state_versions v ON v.id = r.opened_by_version_id WHERE v.source = 'refresh'")}
+    assert reopened == {"null_resource.drifts", "null_resource.marked", "null_resource.old"}
