@@ -5,7 +5,8 @@ Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per R
   modes: serve (default), hang, garbage, not-plugin, exit-early, wrong-cookie, netrpc, proto4
   types: fake_echo, fake_sensitive (adds field 6), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
          fake_error, fake_gone
-FAKE_PROTO selects protocol 5 or 6. FAKE_EVENT_LOG, if set, is a file the fake appends "read",
+FAKE_PROTO selects protocol 5 or 6. FAKE_UPGRADE=object makes UpgradeResourceState
+answer with a real msgpack object (so Terraform itself can use the fake). FAKE_EVENT_LOG, if set, is a file the fake appends "read",
 "stop" and "shutdown" to when those RPCs arrive, so tests can see what kl sent. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
 the server certificate goes out base64 (raw std, no padding) in handshake field 6.
 """
@@ -118,8 +119,19 @@ def serve() -> None:
         if req.version > 2:
             d = pb.Diagnostic(severity=pb.Diagnostic.ERROR, summary="newer state", detail=f"version {req.version}")
             return pb.UpgradeResourceState.Response(diagnostics=[d])
+        if os.environ.get("FAKE_UPGRADE") == "object":  # a real upgrade, for Terraform to read
+            import json
+
+            import msgpack
+
+            value = json.loads(req.raw_state.json)
+            obj = {k: value.get(k) for k in ("id", "rule", "secret", "value")}
+            return pb.UpgradeResourceState.Response(upgraded_state=pb.DynamicValue(msgpack=msgpack.packb(obj)))
         # Echo the JSON as an opaque marker; the fake never needs to decode it.
         return pb.UpgradeResourceState.Response(upgraded_state=pb.DynamicValue(msgpack=b"\xc4" + bytes([len(req.raw_state.json)]) + req.raw_state.json))
+
+    def validate_resource(req, ctx) -> bytes:
+        return b""  # an empty Response: no diagnostics (kl's protos do not declare this RPC's messages)
 
     def read(req, ctx) -> bytes:
         event("read")
@@ -185,6 +197,9 @@ def serve() -> None:
                 names["validate"]: h(validate, getattr(pb, names["validate"]).Request),
                 names["configure"]: h(configure, getattr(pb, names["configure"]).Request),
                 "UpgradeResourceState": h(upgrade, pb.UpgradeResourceState.Request),
+                ("ValidateResourceTypeConfig" if proto == 5 else "ValidateResourceConfig"): grpc.unary_unary_rpc_method_handler(
+                    validate_resource, request_deserializer=lambda b: b, response_serializer=lambda b: b
+                ),
                 "ReadResource": h(read, pb.ReadResource.Request, raw=True),
                 names["stop"]: h(stop, getattr(pb, names["stop"]).Request),
             },
