@@ -64,6 +64,7 @@ def result_json(result: Any) -> dict[str, Any]:
         "resources_failed": result.failed,
         "changed_addresses": result.changed_addresses,
         "failures": [{"address": f.address, "message": f.message} for f in result.failures],
+        "providers": result.providers,
         "error": result.error,
         "duration_s": result.duration_s,
     }
@@ -83,6 +84,8 @@ def render_table(result: Any) -> None:
             ("duration", f"{result.duration_s:.2f}s"),
         ]
     )
+    for p in result.providers:
+        print(f"provider: {p}")
     if result.error:
         print(f"error:    {result.error}")
     if result.changed_addresses:

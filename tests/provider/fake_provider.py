@@ -96,7 +96,8 @@ def serve() -> None:
                 )
             ],
         )
-        resp = pb.GetProviderSchema.Response(provider=pb.Schema(block=pb.Schema.Block()))
+        provider_block = pb.Schema.Block(attributes=[attr("token", b'"string"', optional=True, sensitive=True)])
+        resp = pb.GetProviderSchema.Response(provider=pb.Schema(block=provider_block))
         for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone"):
             resp.resource_schemas[t].CopyFrom(pb.Schema(version=2, block=block))
         return resp
@@ -113,6 +114,13 @@ def serve() -> None:
         return getattr(pb, names["validate"]).Response()
 
     def configure(req, ctx):
+        # The config arrives as msgpack; the fake only needs to show tests what token it got.
+        raw = req.config.msgpack
+        marker = b"\xa5token"
+        if marker in raw:
+            rest = raw[raw.index(marker) + len(marker):]
+            token = rest[1:1 + (rest[0] & 0x1F)].decode() if rest[:1] and 0xA0 <= rest[0] <= 0xBF else "(null)"
+            event(f"configure token={token}")
         return getattr(pb, names["configure"]).Response()
 
     def upgrade(req, ctx):

@@ -124,3 +124,47 @@ def test_sensitive_paths_from_field_6_are_persisted_and_never_printed(run_kl, db
     # tags["k"] was sent too, but the value has no such attribute: Terraform keeps only marks that apply.
     assert all(p[0]["value"] != "tags" for p in marks)
     assert state["resources"][0]["instances"][0]["private"]  # the fake appends "+read" to private
+
+
+def test_provider_config_env_reference_is_resolved_at_run_time_and_never_stored(run_kl, db_url, fake_cache):
+    make, events = fake_cache
+    cache = make()
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo"])).returncode == 0
+    r = run_kl("provider", "configure", "hashicorp/fake", "--config", "-", input=b'{"token": {"env": "FAKE_TOKEN"}}')
+    assert r.returncode == 0 and b"token=(env FAKE_TOKEN)" in r.stdout, r.stderr
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json", env={"FAKE_TOKEN": "s3cr3t-value"})
+    assert r.returncode == 0, r.stderr
+    assert "configure token=s3cr3t-value" in events.read_text().splitlines()
+    assert b"s3cr3t-value" not in r.stdout + r.stderr
+    with psycopg.connect(db_url) as c:
+        stored = c.execute("SELECT config FROM provider_configs").fetchone()[0]
+        dumped = c.execute("SELECT string_agg(t::text, ' ') FROM (SELECT to_jsonb(x) AS t FROM provider_configs x UNION ALL SELECT raw_state FROM state_versions) s").fetchone()[0]
+    assert stored == {"token": {"env": "FAKE_TOKEN"}} and "s3cr3t-value" not in dumped
+    listing = run_kl("provider", "list").stdout.decode()
+    assert "token=(env FAKE_TOKEN)" in listing and "s3cr3t" not in listing
+
+    env_without = {k: v for k, v in os.environ.items() if k != "FAKE_TOKEN"}
+    r = subprocess.run(kl_cmd("refresh", "prod", "--provider-search-path", str(cache), "--format", "json"),
+                       env={**env_without, "PYTHONPATH": str(REPO)}, capture_output=True)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and "environment variable FAKE_TOKEN is not set" in out["failures"][0]["message"]
+
+
+def test_pinned_version_wins_over_the_highest(run_kl, db_url, fake_cache, tmp_path):
+    make, _ = fake_cache
+    cache = make()
+    newer = cache / SOURCE / "2.0.0" / "linux_amd64"
+    newer.mkdir(parents=True)
+    src = cache / SOURCE / "1.0.0" / "linux_amd64" / "terraform-provider-fake_v1.0.0_x5"
+    (newer / "terraform-provider-fake_v2.0.0_x5").write_text(src.read_text())
+    (newer / "terraform-provider-fake_v2.0.0_x5").chmod(0o755)
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo"])).returncode == 0
+    out = json.loads(run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json").stdout)
+    assert out["status"] == "succeeded" and " 2.0.0 " in out["providers"][0]
+    assert run_kl("provider", "pin", "hashicorp/fake", "1.0.0").returncode == 0
+    out = json.loads(run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json").stdout)
+    assert out["status"] == "succeeded" and " 1.0.0 " in out["providers"][0] and "v1.0.0_x5" in out["providers"][0]
+    assert run_kl("provider", "pin", "hashicorp/fake", "9.9.9").returncode == 0
+    out = json.loads(run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json").stdout)
+    assert out["status"] == "failed" and "version 9.9.9" in out["failures"][0]["message"]
+    assert "other versions found: 1.0.0, 2.0.0" in out["failures"][0]["message"]
