@@ -1,0 +1,225 @@
+"""Sockets and HTTP framing: the standard library's ThreadingHTTPServer, one thread per connection,
+one pooled database connection per request. Bounded bodies, socket timeouts, optional TLS.
+
+Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /healthz.
+"""
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+from urllib.parse import parse_qs, urlsplit
+
+import psycopg
+
+from kilolock.errors import KlError
+from kilolock.server import api, backend
+from kilolock.server.auth import Authenticator, Principal
+from kilolock.server.backend import Response, text
+from kilolock.server.names import parse_state_name
+from kilolock.server.options import DEFAULT_MAX_BODY
+from kilolock.server.pool import ConnectionPool, PoolExhausted
+
+log = logging.getLogger("kilolock.server")
+
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_body: int = DEFAULT_MAX_BODY
+    timeout: float = 60.0  # per socket operation: a stalled client frees its thread after this
+    pool_size: int = 16
+    pool_wait: float = 30.0
+    policy: backend.BackendPolicy = backend.BackendPolicy()
+
+
+class KilolockHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], config: ServerConfig, auth: Authenticator,
+                 connect: Callable[[], psycopg.Connection], tls: ssl.SSLContext | None = None) -> None:
+        self.config = config
+        self.auth = auth
+        self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
+        self.tls = tls
+        super().__init__(address, _Handler)
+
+    def get_request(self):  # type: ignore[no-untyped-def]
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            # The handshake happens in the connection's own thread (see _Handler.setup), so a slow
+            # or silent client cannot stall accept() for everyone else.
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.close()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
+
+
+class _BodyError(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: KilolockHTTPServer
+    protocol_version = "HTTP/1.1"  # keep-alive: Terraform reuses its connection
+    server_version = "kilolock"
+    sys_version = ""
+
+    def setup(self) -> None:
+        self.timeout = self.server.config.timeout
+        super().setup()
+        if isinstance(self.request, ssl.SSLSocket):
+            try:
+                self.request.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                log.info("TLS handshake with %s failed: %s", self.client_address[0], exc)
+                self.close_connection = True
+                raise ConnectionAbortedError() from None
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError, ssl.SSLError):
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        log.info("%s %s", self.client_address[0], format % args)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_LOCK = do_UNLOCK = lambda self: self._dispatch()  # noqa: E731
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _send(self, resp: Response) -> None:
+        self.send_response(resp.status)
+        self.send_header("Content-Type", resp.content_type)
+        self.send_header("Content-Length", str(len(resp.body)))
+        if resp.status == 503:
+            self.send_header("Retry-After", "1")
+        for k, v in resp.headers.items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD" and resp.status not in (204, 304):
+            self.wfile.write(resp.body)
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise _BodyError(text(411, "chunked request bodies are not supported; send Content-Length"))
+        raw_len = self.headers.get("Content-Length")
+        if raw_len is None:
+            return b""
+        try:
+            length = int(raw_len)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            raise _BodyError(text(400, f"Content-Length {raw_len!r} is not a non-negative number")) from None
+        limit = self.server.config.max_body
+        if length > limit:
+            self.close_connection = True  # the body is not read, so the connection cannot be reused
+            raise _BodyError(text(413, f"request body is {length} bytes; this server accepts at most {limit} (kl serve --max-body)"))
+        parts, left = [], length
+        while left:
+            chunk = self.rfile.read(min(left, _CHUNK))
+            if not chunk:
+                self.close_connection = True
+                raise _BodyError(text(400, f"request body ended after {length - left} of {length} bytes"))
+            parts.append(chunk)
+            left -= len(chunk)
+        return b"".join(parts)
+
+    def _dispatch(self) -> None:
+        try:
+            resp = self._route()
+        except _BodyError as exc:
+            resp = exc.response
+        except PoolExhausted:
+            resp = text(503, "server busy: no database connection free; retry")
+        except psycopg.OperationalError as exc:
+            log.warning("database error: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+            resp = text(503, "database unavailable; retry")
+        except KlError as exc:
+            resp = text(400, str(exc))
+        except Exception:
+            log.exception("internal error on %s %s", self.command, self.path)
+            resp = text(500, "internal error (logged by the server)")
+        try:
+            self._send(resp)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+
+    def _route(self) -> Response:
+        url = urlsplit(self.path)
+        method = self.command
+        path = url.path
+        if path == "/healthz" and method == "GET":
+            with self.server.pool.connection() as conn:
+                return api.health(conn)
+        principal = self.server.auth.authenticate(self.headers.get("Authorization"))
+        if principal is None:
+            self.close_connection = self._has_unread_body()
+            return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
+        if path.startswith("/states/"):
+            return self._backend(method, parse_state_name(path[len("/states/"):]), url.query, principal)
+        if path.startswith("/api/v1/"):
+            if method != "GET":
+                return text(405, f"{method} is not allowed on {path}: the API is read-only", Allow="GET")
+            return self._api(path[len("/api/v1/"):])
+        return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/")
+
+    def _has_unread_body(self) -> bool:
+        return bool(self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"))
+
+    def _backend(self, method: str, name: str, query: str, principal: Principal) -> Response:
+        body = self._read_body() if method in ("POST", "PUT", "LOCK", "UNLOCK") else b""
+        if method not in ("POST", "PUT", "LOCK", "UNLOCK"):
+            self.close_connection = self.close_connection or self._has_unread_body()
+        params = parse_qs(query, keep_blank_values=True)
+        lock_id = (params.get("ID") or [None])[0] or None
+        with self.server.pool.connection() as conn:
+            if method == "GET":
+                return backend.get_state(conn, name)
+            if method in ("POST", "PUT"):
+                return backend.put_state(conn, name, body, lock_id, principal, self.headers.get("Content-MD5"))
+            if method == "DELETE":
+                return backend.delete_state(conn, name, lock_id)
+            if method == "LOCK":
+                return backend.lock_state(conn, name, body, principal)
+            return backend.unlock_state(conn, name, body, principal, self.server.config.policy)
+
+    def _api(self, rest: str) -> Response:
+        if rest == "states":
+            with self.server.pool.connection() as conn:
+                return api.states(conn)
+        if rest.startswith("states/"):
+            inner = rest[len("states/"):]
+            for suffix, view in (("/versions", api.versions), ("/drift", api.drift_report)):
+                if inner.endswith(suffix):
+                    name = parse_state_name(inner[: -len(suffix)])
+                    with self.server.pool.connection() as conn:
+                        return view(conn, name)
+        return text(404, f"no such API endpoint /api/v1/{rest}: try states, states/<name>/versions, states/<name>/drift")
+
+
+def serve_in_thread(server: KilolockHTTPServer) -> threading.Thread:
+    """Run the server in a background thread (tests; embedding)."""
+    t = threading.Thread(target=server.serve_forever, name="kl-serve", daemon=True)
+    t.start()
+    return t
