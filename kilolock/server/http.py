@@ -118,9 +118,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(resp.body)
 
     def _read_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise _BodyError(text(411, "chunked request bodies are not supported; send Content-Length"))
+        te = self.headers.get("Transfer-Encoding")
+        if te:
+            if te.strip().lower() != "chunked":
+                self.close_connection = True
+                raise _BodyError(text(501, f"Transfer-Encoding {te!r} is not supported (only chunked)"))
+            # Terraform's force-unlock sends its empty body chunked (a reader of unknown length).
+            return self._read_chunked()
         raw_len = self.headers.get("Content-Length")
         if raw_len is None:
             return b""
@@ -143,6 +147,36 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _BodyError(text(400, f"request body ended after {length - left} of {length} bytes"))
             parts.append(chunk)
             left -= len(chunk)
+        return b"".join(parts)
+
+    def _read_chunked(self) -> bytes:
+        limit = self.server.config.max_body
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1026)
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+                if size < 0 or not line.endswith(b"\n"):
+                    raise ValueError
+            except ValueError:
+                self.close_connection = True
+                raise _BodyError(text(400, "malformed chunked request body")) from None
+            if size == 0:
+                break
+            total += size
+            if total > limit:
+                self.close_connection = True
+                raise _BodyError(text(413, f"request body exceeds {limit} bytes, the most this server accepts (kl serve --max-body)"))
+            chunk = self.rfile.read(size)
+            if len(chunk) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                self.close_connection = True
+                raise _BodyError(text(400, "chunked request body ended early or is malformed"))
+            parts.append(chunk)
+        for _ in range(100):  # trailer fields, up to the empty line
+            if self.rfile.readline(8192) in (b"\r\n", b"\n", b""):
+                break
         return b"".join(parts)
 
     def _dispatch(self) -> None:

@@ -220,3 +220,27 @@ def test_json_api(client, db_url, make_state):
     assert "hunter" not in json.dumps(drift)
     assert client.request("GET", "/api/v1/states/nope/versions").status == 404
     assert client.request("GET", "/healthz").json() == {"status": "ok"}
+
+
+def test_chunked_bodies(start_server, make_state):
+    """Terraform's force-unlock sends its (empty) body chunked; states may come chunked too."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    srv = start_server(allow_force_unlock=True, max_body=2048)
+    u = urlsplit(srv.url)
+
+    def send(method: str, chunks: list[bytes]) -> tuple[int, bytes]:
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        c.request(method, "/states/ch", body=iter(chunks), encode_chunked=True, headers={"Transfer-Encoding": "chunked"})
+        r = c.getresponse()
+        out = r.status, r.read()
+        c.close()
+        return out
+
+    body = make_state(1, {"a": {"id": "1"}})
+    assert send("POST", [body[:10], body[10:]])[0] == 200
+    assert srv.request("LOCK", "/states/ch", _lock_info("c")).status == 200
+    assert send("UNLOCK", [])[0] == 200
+    status, text = send("POST", [b"x" * 1500, b"y" * 1500])
+    assert status == 413 and b"2048" in text
