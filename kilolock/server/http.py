@@ -96,8 +96,20 @@ class _Handler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         try:
             super().handle()
-        except (ConnectionError, TimeoutError, ssl.SSLError):
+        except OSError:  # the peer went away, timed out, or broke TLS: nothing to answer
             self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # The standard library's own errors (malformed request line, unknown method, oversized
+        # headers) as one plain line like every other answer, not an HTML page.
+        if code == 501 and getattr(self, "command", None):
+            message = f"method {self.command} is not supported: use GET, POST, PUT, DELETE, LOCK or UNLOCK"
+        self.close_connection = True
+        self.log_error("code %d, message %s", code, message)
+        try:
+            self._send(text(code, message or self.responses.get(code, ("error",))[0]))
+        except (ConnectionError, TimeoutError):
+            pass
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         log.info("%s %s", self.client_address[0], format % args)
@@ -107,21 +119,22 @@ class _Handler(BaseHTTPRequestHandler):
     # --- plumbing ------------------------------------------------------------------------------
 
     def _send(self, resp: Response) -> None:
-        self.send_response(resp.status)
-        self.send_header("Content-Type", resp.content_type)
-        self.send_header("Content-Length", str(len(resp.body)))
+        self.log_request(resp.status)
+        reason = self.responses.get(resp.status, ("",))[0]
+        headers = {"Server": self.version_string(), "Date": self.date_time_string(),
+                   "Content-Type": resp.content_type, "Content-Length": str(len(resp.body))}
         if resp.status == 503:
-            self.send_header("Retry-After", "1")
-        for k, v in resp.headers.items():
-            self.send_header(k, v)
+            headers["Retry-After"] = "1"
+        headers.update(resp.headers)
         if self.close_connection:
-            self.send_header("Connection", "close")
-        # One write for headers and body (end_headers would flush the headers on their own).
-        self._headers_buffer.append(b"\r\n")
+            headers["Connection"] = "close"
+        head = f"{self.protocol_version} {resp.status} {reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        out = head.encode("latin-1") + b"\r\n"
         if self.command != "HEAD" and resp.status not in (204, 304):
-            self._headers_buffer.append(resp.body)
-        self.wfile.write(b"".join(self._headers_buffer))
-        self._headers_buffer = []
+            out += resp.body
+        # One write: headers and body as separate small segments would let Nagle hold the second
+        # until the client's delayed ACK (~40 ms per response).
+        self.wfile.write(out)
 
     def _read_body(self) -> bytes:
         te = self.headers.get("Transfer-Encoding")
@@ -190,6 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
             resp = self._route()
         except _BodyError as exc:
             resp = exc.response
+        except TimeoutError:
+            self.close_connection = True
+            resp = text(408, f"request not received within {self.server.config.timeout:g}s; closing the connection")
         except PoolExhausted:
             resp = text(503, "server busy: no database connection free; retry")
         except psycopg.OperationalError as exc:
