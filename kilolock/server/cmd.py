@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import signal
 import ssl
 import sys
 
@@ -65,6 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.hash_password:
         return _hash_password()
     server = build_server(args)
+    # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>", file=sys.stderr, flush=True)
     try:
         server.serve_forever()

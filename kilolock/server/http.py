@@ -137,6 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
     def _read_body(self) -> bytes:
+        self._body_read = True  # from here on, a failure closes the connection itself when needed
         te = self.headers.get("Transfer-Encoding")
         if te:
             if te.strip().lower() != "chunked":
@@ -199,6 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         return b"".join(parts)
 
     def _dispatch(self) -> None:
+        self._body_read = False
         try:
             resp = self._route()
         except _BodyError as exc:
@@ -216,6 +218,10 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             log.exception("internal error on %s %s", self.command, self.path)
             resp = text(500, "internal error (logged by the server)")
+        if not self._body_read and self._has_unread_body():
+            # Answered before the body was read (auth, bad name): the rest of the stream is not a
+            # request, so this connection cannot carry another one.
+            self.close_connection = True
         try:
             self._send(resp)
         except (ConnectionError, TimeoutError):
@@ -230,7 +236,6 @@ class _Handler(BaseHTTPRequestHandler):
                 return api.health(conn)
         principal = self.server.auth.authenticate(self.headers.get("Authorization"))
         if principal is None:
-            self.close_connection = self._has_unread_body()
             return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
         if path.startswith("/states/"):
             return self._backend(method, parse_state_name(path[len("/states/"):]), url.query, principal)
@@ -245,8 +250,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _backend(self, method: str, name: str, query: str, principal: Principal) -> Response:
         body = self._read_body() if method in ("POST", "PUT", "LOCK", "UNLOCK") else b""
-        if method not in ("POST", "PUT", "LOCK", "UNLOCK"):
-            self.close_connection = self.close_connection or self._has_unread_body()
         params = parse_qs(query, keep_blank_values=True)
         lock_id = (params.get("ID") or [None])[0] or None
         with self.server.pool.connection() as conn:

@@ -244,3 +244,25 @@ def test_chunked_bodies(start_server, make_state):
     assert send("UNLOCK", [])[0] == 200
     status, text = send("POST", [b"x" * 1500, b"y" * 1500])
     assert status == 413 and b"2048" in text
+
+
+def test_keep_alive_and_unread_bodies(client, make_state):
+    """Terraform reuses its connection; an answer sent before the body was read must close it, or
+    the body would be parsed as the next request."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(client.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    conn.request("POST", "/states/k", body=make_state(1, {}))
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("Connection") is None
+    r.read()
+    conn.request("GET", "/states/k")  # same connection
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["serial"] == 1
+    conn.request("POST", "/states/..", body=b'GET /states/k HTTP/1.1\r\n\r\n')
+    r = conn.getresponse()
+    assert r.status == 400 and r.getheader("Connection") == "close"
+    r.read()
+    conn.close()

@@ -84,9 +84,12 @@ def test_tls_with_a_token(db_url, tmp_path, make_state):
             except OSError:
                 pass
         assert client.request("GET", "/healthz").status == 200
-    finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0  # SIGTERM is a clean stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_stalled_client_does_not_block_others_and_is_dropped(start_server, make_state):
