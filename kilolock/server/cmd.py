@@ -50,11 +50,12 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     authenticator = auth_mod.Authenticator.from_config(args.users_file)
     tls = tls_context(args.tls_cert, args.tls_key)
     check_exposure(listen, authenticator.enabled, tls is not None, args.insecure)
-    if args.pool_size < 1 or args.timeout <= 0:
-        raise UsageError("--pool-size must be at least 1 and --timeout positive")
+    if args.pool_size < 1 or args.max_connections < 1 or args.timeout <= 0:
+        raise UsageError("--pool-size and --max-connections must be at least 1, --timeout positive")
     db.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
     url = db.resolve_target().url
     config = ServerConfig(max_body=parse_size(args.max_body), timeout=args.timeout, pool_size=args.pool_size,
+                          max_connections=args.max_connections,
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
         return KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)

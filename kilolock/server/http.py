@@ -34,7 +34,13 @@ class ServerConfig:
     timeout: float = 60.0  # per socket operation: a stalled client frees its thread after this
     pool_size: int = 16
     pool_wait: float = 30.0
+    max_connections: int = 256  # one thread each; beyond this, new connections get 503 at once
     policy: backend.BackendPolicy = backend.BackendPolicy()
+
+
+_BUSY_TEXT = b"server busy: too many open connections; retry\n"
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\n"
+         b"Connection: close\r\nContent-Length: " + str(len(_BUSY_TEXT)).encode() + b"\r\n\r\n" + _BUSY_TEXT)
 
 
 class KilolockHTTPServer(ThreadingHTTPServer):
@@ -47,7 +53,25 @@ class KilolockHTTPServer(ThreadingHTTPServer):
         self.auth = auth
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
         self.tls = tls
+        self._connection_slots = threading.BoundedSemaphore(config.max_connections)
         super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
+        if not self._connection_slots.acquire(blocking=False):
+            if self.tls is None:  # before a TLS handshake there is no way to say anything
+                try:
+                    request.sendall(_BUSY)
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):  # type: ignore[no-untyped-def]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connection_slots.release()
 
     def get_request(self):  # type: ignore[no-untyped-def]
         sock, addr = super().get_request()

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body", default="512M", metavar="SIZE",
                    help="largest request body, e.g. 512M (default 512M)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="socket timeout per read/write (default 60)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="open client connections at once, a thread each (default 256); more get 503")
     p.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
     p.add_argument("--hash-password", action="store_true",
                    help="read a password (prompt, or standard input) and print its hash for --users-file")

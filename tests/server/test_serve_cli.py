@@ -127,3 +127,20 @@ def test_refresh_refuses_a_state_locked_through_the_backend(client, run_kl, make
     r = run_kl("refresh", "r")
     err = r.stderr.decode()
     assert r.returncode == 1 and "locked by dana@laptop" in err and "held-by-tf" in err, err
+
+
+def test_connections_beyond_the_cap_get_503_not_a_hang(start_server):
+    srv = start_server(max_connections=2, timeout=5.0)
+    host, port = srv.url.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(2)]  # each holds a thread
+    try:
+        time.sleep(0.2)
+        r = srv.request("GET", "/healthz")
+        assert r.status == 503 and "too many open connections" in r.text
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while srv.request("GET", "/healthz").status != 200:  # slots come back when those close
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
