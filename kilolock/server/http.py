@@ -22,6 +22,7 @@ from kilolock.server.backend import Response, text
 from kilolock.server.names import parse_state_name
 from kilolock.server.options import DEFAULT_MAX_BODY
 from kilolock.server.pool import ConnectionPool, PoolExhausted
+from kilolock.store.db import DatabaseError
 
 log = logging.getLogger("kilolock.server")
 
@@ -234,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             resp = text(408, f"request not received within {self.server.config.timeout:g}s; closing the connection")
         except PoolExhausted:
             resp = text(503, "server busy: no database connection free; retry")
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, DatabaseError) as exc:
             log.warning("database error: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
             resp = text(503, "database unavailable; retry")
         except KlError as exc:

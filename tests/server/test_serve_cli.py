@@ -144,3 +144,21 @@ def test_connections_beyond_the_cap_get_503_not_a_hang(start_server):
     while srv.request("GET", "/healthz").status != 200:  # slots come back when those close
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_database_down_is_503_with_retry_after(db_url):
+    from kilolock.server.auth import Authenticator
+    from kilolock.server.http import KilolockHTTPServer, ServerConfig, serve_in_thread
+    from kilolock.store import db
+
+    dead = f"postgresql://127.0.0.1:{_free_port()}/nothing?connect_timeout=2"
+    server = KilolockHTTPServer(("127.0.0.1", 0), ServerConfig(), Authenticator(), lambda: db.connect(dead))
+    serve_in_thread(server)
+    try:
+        client = Client(server.url)
+        for method, path in (("GET", "/healthz"), ("GET", "/states/x"), ("LOCK", "/states/x")):
+            r = client.request(method, path, b'{"ID": "a"}' if method == "LOCK" else None)
+            assert r.status == 503 and r.headers["retry-after"] == "1" and "database unavailable" in r.text
+    finally:
+        server.shutdown()
+        server.server_close()
