@@ -283,6 +283,9 @@ class _Handler(BaseHTTPRequestHandler):
             if method in ("POST", "PUT"):
                 return backend.put_state(conn, name, body, lock_id, principal, self.headers.get("Content-MD5"))
             if method == "DELETE":
+                # It drops the whole history, which Terraform itself never asks for over this backend.
+                if self.server.auth.enabled and not principal.admin:
+                    return text(403, f"DELETE of state {name!r} (and all its versions) needs an admin credential")
                 return backend.delete_state(conn, name, lock_id)
             if method == "LOCK":
                 return backend.lock_state(conn, name, body, principal)

@@ -98,6 +98,7 @@ def test_force_unlock_needs_permission_and_is_audited(start_server, db_url):
     denied = user.request("UNLOCK", "/states/f", b"")
     assert denied.status == 403 and "admin" in denied.text
     assert user.request("LOCK", "/states/f", _lock_info("other")).status == 423
+    assert user.request("DELETE", "/states/f").status == 403  # history is dropped only by an admin
     forced = admin.request("UNLOCK", "/states/f", b"")
     assert forced.status == 200 and "held" in forced.text
     # OpenTofu's force-unlock: a LockInfo with only the ID, checked against the holder.
