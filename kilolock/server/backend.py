@@ -17,7 +17,6 @@ from typing import Any
 import psycopg
 
 from kilolock import tfstate
-from kilolock.errors import KlError
 from kilolock.server import store_ops
 from kilolock.server.auth import Principal
 from kilolock.store.versions import VersionConflict
@@ -159,7 +158,3 @@ def unlock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Pr
     except store_ops.LockConflict as exc:
         return _holder(exc)
     return text(200, f"{name}: unlocked")
-
-
-def client_error(exc: KlError) -> Response:
-    return text(400, str(exc))
