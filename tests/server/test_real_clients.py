@@ -195,3 +195,33 @@ def test_force_unlock(tool, users_server, db_url, tmp_path):
     ws.run("apply", "-auto-approve", "-input=false", "-no-color")
     events = _events(db_url, name)
     assert events[:2] == [("lock", "alice", "ghost@crashed-runner"), ("force_unlock", "root", "ghost@crashed-runner")]
+
+
+LONG = """
+resource "null_resource" "a" { triggers = { v = "a" } }
+resource "null_resource" "b" {
+  triggers   = { v = "b" }
+  depends_on = [null_resource.a]
+  provisioner "local-exec" { command = "sleep 22" }
+}
+resource "null_resource" "c" {
+  triggers   = { v = "c" }
+  depends_on = [null_resource.b]
+}
+"""
+
+
+def test_intermediate_snapshots_of_a_long_apply(users_server, db_url, tmp_path):
+    """Terraform >= 1.5 persists state about every 20 s during an apply: each snapshot that changed
+    something is a version, with lifecycles opened once, never duplicated by the final write."""
+    name = "long-apply"
+    ws = _workspace("terraform-1.8.5", users_server, tmp_path, name)
+    ws.write(LONG)
+    ws.run("init", "-input=false", "-no-color")
+    ws.run("apply", "-auto-approve", "-input=false", "-no-color")
+    serials = [s for s, _, _ in _versions(db_url, name)]
+    assert len(serials) >= 2, f"expected an intermediate snapshot and the final state, got serials {serials}"
+    life = _lifecycles(db_url, name)
+    assert [(a, d) for a, _, d, _ in life] == [("null_resource.a", None), ("null_resource.b", None), ("null_resource.c", None)]
+    created = {a: c for a, c, _, _ in life}
+    assert created["null_resource.a"] < created["null_resource.c"] == serials[-1]
