@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive, default=50)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
+    p = _add(sub, "serve", "kilolock.server.cmd:cmd_serve", 'serve Terraform\'s backend "http" (state and locking) from the store')
+    importlib.import_module("kilolock.server.options").add_arguments(p)
+
     prov = _add(sub, "provider", "", "provider configuration and version pins").add_subparsers(
         dest="provider_command", metavar="ACTION", parser_class=_Parser
     )

@@ -1,0 +1,178 @@
+"""Who is asking: HTTP Basic against a users file of scrypt hashes, or a token (Basic password or
+Bearer) from the environment. Every comparison of secrets is constant-time."""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from kilolock.errors import KlError
+from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV
+
+# scrypt cost: about 16 MiB and tens of milliseconds per check, the usual interactive setting.
+_N, _R, _P = 2**14, 8, 1
+_SCHEME = "scrypt"
+
+
+class AuthConfigError(KlError):
+    pass
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    admin: bool = False
+
+
+ANONYMOUS = Principal("anonymous")
+
+
+def hash_password(password: str, *, n: int = _N, r: int = _R, p: int = _P) -> str:
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=2**26, dklen=32)
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    return f"{_SCHEME}${n}${r}${p}${b64(salt)}${b64(digest)}"
+
+
+@dataclass(frozen=True)
+class _Hash:
+    n: int
+    r: int
+    p: int
+    salt: bytes
+    digest: bytes
+
+    def matches(self, password: str) -> bool:
+        got = hashlib.scrypt(password.encode(), salt=self.salt, n=self.n, r=self.r, p=self.p, maxmem=2**27,
+                             dklen=len(self.digest))
+        return hmac.compare_digest(got, self.digest)
+
+
+def _parse_hash(text: str, where: str) -> _Hash:
+    parts = text.split("$")
+    if len(parts) != 6 or parts[0] != _SCHEME:
+        raise AuthConfigError(f"{where}: password hash must be scrypt$N$r$p$SALT$HASH (make one with `kl serve --hash-password`)")
+    try:
+        n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+        salt, digest = base64.b64decode(parts[4], validate=True), base64.b64decode(parts[5], validate=True)
+    except (ValueError, binascii.Error):
+        raise AuthConfigError(f"{where}: malformed scrypt parameters or base64") from None
+    if n < 2 or n & (n - 1) or not (1 <= r <= 64) or not (1 <= p <= 16) or len(digest) < 16:
+        raise AuthConfigError(f"{where}: scrypt parameters out of range")
+    return _Hash(n, r, p, salt, digest)
+
+
+@dataclass(frozen=True)
+class _User:
+    hash: _Hash
+    admin: bool
+
+
+def load_users(path: Path) -> dict[str, _User]:
+    """``name:scrypt$…[:admin]`` per line; blank lines and ``#`` comments ignored."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise AuthConfigError(f"{path}: cannot read the users file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise AuthConfigError(f"{path}: not UTF-8 text") from None
+    users: dict[str, _User] = {}
+    for no, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{no}"
+        fields = line.split(":")
+        if len(fields) not in (2, 3) or not fields[0]:
+            raise AuthConfigError(f"{where}: expected NAME:HASH or NAME:HASH:admin")
+        if len(fields) == 3 and fields[2] != "admin":
+            raise AuthConfigError(f"{where}: the third field may only be 'admin', got {fields[2]!r}")
+        if fields[0] in users:
+            raise AuthConfigError(f"{where}: user {fields[0]!r} is listed twice")
+        users[fields[0]] = _User(_parse_hash(fields[1], where), admin=len(fields) == 3)
+    if not users:
+        raise AuthConfigError(f"{path}: no users in the users file")
+    return users
+
+
+class Authenticator:
+    """Decides who an Authorization header belongs to. Without any credential configured every
+    request is anonymous (the listener refuses non-loopback addresses in that case)."""
+
+    def __init__(self, users: dict[str, _User] | None = None, token: str | None = None,
+                 admin_token: str | None = None) -> None:
+        self._users = users or {}
+        self._token = token.encode() if token else None
+        self._admin_token = admin_token.encode() if admin_token else None
+        # scrypt per request would cap the server at a few dozen requests/s per core: a verified
+        # (user, password) pair is remembered as a keyed hash, never as the password itself.
+        self._cache_key = secrets.token_bytes(32)
+        self._verified: dict[bytes, Principal] = {}
+        self._cache_lock = threading.Lock()
+        self._dummy = _parse_hash(hash_password(secrets.token_hex(8)), "dummy")
+
+    @classmethod
+    def from_config(cls, users_file: str | None, env: dict[str, str] | None = None) -> "Authenticator":
+        env = os.environ if env is None else env
+        users = load_users(Path(users_file)) if users_file else None
+        return cls(users, env.get(TOKEN_ENV) or None, env.get(ADMIN_TOKEN_ENV) or None)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users or self._token or self._admin_token)
+
+    def authenticate(self, header: str | None) -> Principal | None:
+        """The principal, or None when the credentials are missing or wrong."""
+        if not self.enabled:
+            return ANONYMOUS
+        if not header:
+            return None
+        scheme, _, value = header.strip().partition(" ")
+        value = value.strip()
+        if scheme.lower() == "bearer":
+            return self._by_token(value.encode(), "token")
+        if scheme.lower() == "basic":
+            try:
+                user, sep, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            if not sep:
+                return None
+            return self._by_token(password.encode(), user or "token") or self._by_password(user, password)
+        return None
+
+    def _by_token(self, presented: bytes, name: str) -> Principal | None:
+        # Both comparisons always run, so timing does not tell which token (if any) matched.
+        admin = self._admin_token is not None and hmac.compare_digest(presented, self._admin_token)
+        plain = self._token is not None and hmac.compare_digest(presented, self._token)
+        if admin:
+            return Principal(name, admin=True)
+        if plain:
+            return Principal(name)
+        return None
+
+    def _by_password(self, user: str, password: str) -> Principal | None:
+        if not self._users:
+            return None
+        key = hmac.new(self._cache_key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
+        with self._cache_lock:
+            hit = self._verified.get(key)
+        if hit is not None:
+            return hit
+        entry = self._users.get(user)
+        # An unknown user costs the same scrypt as a known one: no user enumeration by timing.
+        ok = (entry.hash if entry else self._dummy).matches(password) and entry is not None
+        if not ok:
+            return None
+        principal = Principal(user, admin=entry.admin)
+        with self._cache_lock:
+            if len(self._verified) > 10_000:
+                self._verified.clear()
+            self._verified[key] = principal
+        return principal

@@ -1,0 +1,38 @@
+"""State names as they appear in URLs: validated before anything touches the database."""
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+from kilolock.errors import KlError
+
+MAX_NAME = 255
+
+# Segments separated by "/" (team/prod works); a segment starts with a letter or digit, so "." and
+# ".." can never be one, and there is nothing to traverse.
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._@+=-]*"
+_NAME = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
+
+
+class BadName(KlError):
+    pass
+
+
+def parse_state_name(encoded: str) -> str:
+    """The state name from the part of the URL path after ``/states/`` (still percent-encoded)."""
+    try:
+        name = unquote(encoded, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise BadName("state name is not valid UTF-8 after percent-decoding") from None
+    if not name:
+        raise BadName("state name is empty: use /states/<name>")
+    if len(name) > MAX_NAME:
+        raise BadName(f"state name is {len(name)} characters long; at most {MAX_NAME} are allowed")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise BadName("state name contains a control character")
+    if not _NAME.fullmatch(name):
+        raise BadName(
+            f"state name {name!r} is not allowed: use letters, digits and . _ @ + = - in '/'-separated "
+            "segments that each start with a letter or digit"
+        )
+    return name

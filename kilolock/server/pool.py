@@ -1,0 +1,53 @@
+"""A small pool of database connections: each request thread borrows one for the length of the
+request, so no psycopg connection is ever used by two threads at once."""
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import psycopg
+
+
+class PoolExhausted(Exception):
+    """Every connection stayed busy for the whole wait: the server is overloaded."""
+
+
+class ConnectionPool:
+    def __init__(self, connect: Callable[[], psycopg.Connection], size: int, wait: float) -> None:
+        self._connect = connect
+        self._idle: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(size)
+        self._wait = wait
+        self._closed = False
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        if not self._slots.acquire(timeout=self._wait):
+            raise PoolExhausted()
+        conn = None
+        try:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                conn = self._connect()
+            if conn.closed or conn.broken:
+                conn = self._connect()
+            yield conn
+        finally:
+            if conn is not None:
+                # A connection left inside a transaction (or broken) by an error is not reused.
+                if self._closed or conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.close()
+                else:
+                    self._idle.put(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return

@@ -1,0 +1,164 @@
+"""`kl serve` as a user runs it: refusal to expose state unsafely, TLS, password hashes, timeouts,
+and the refresh sharing the backend's lock."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from httpclient import Client
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("args, env, fragment", [
+    (["--listen", "0.0.0.0:0"], {}, "without authentication"),
+    (["--listen", "0.0.0.0:0"], {"KL_SERVE_TOKEN": "t"}, "without TLS"),
+    (["--listen", "nonsense"], {}, "expected HOST:PORT"),
+    (["--listen", "127.0.0.1:0", "--tls-cert", "x.pem"], {}, "go together"),
+    (["--listen", "127.0.0.1:0", "--max-body", "lots"], {}, "--max-body"),
+    (["--listen", "127.0.0.1:0", "--users-file", "/nonexistent/users"], {}, "cannot read the users file"),
+])
+def test_refuses_bad_or_unsafe_setups(run_kl, db_url, args, env, fragment):
+    r = run_kl("serve", *args, env={"KL_SERVE_TOKEN": "", **env}, timeout=30)
+    err = r.stderr.decode()
+    assert r.returncode in (1, 2) and fragment in err and err.count("\n") == 1, err
+
+
+def test_hash_password_output_is_accepted_by_the_users_file(run_kl, tmp_path):
+    from kilolock.server.auth import Authenticator
+    import base64
+
+    r = run_kl("serve", "--hash-password", input=b"correct horse\n")
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.decode().strip()
+    assert line.startswith("scrypt$") and "correct horse" not in line
+    users = tmp_path / "users"
+    users.write_text(f"carol:{line}\n")
+    auth = Authenticator.from_config(str(users), env={})
+    good = "Basic " + base64.b64encode(b"carol:correct horse").decode()
+    bad = "Basic " + base64.b64encode(b"carol:correct horsE").decode()
+    assert auth.authenticate(good).name == "carol" and auth.authenticate(bad) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_kl_serve(db_url: str, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    full_env = dict(os.environ, KL_DATABASE_URL=db_url, PYTHONPATH=str(REPO), **(env or {}))
+    proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", *args],
+                            env=full_env, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
+    return proc, port
+
+
+def test_tls_with_a_token(db_url, tmp_path, make_state):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    proc, port = _start_kl_serve(db_url, "--tls-cert", str(cert), "--tls-key", str(key), env={"KL_SERVE_TOKEN": "tls-token"})
+    try:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        client = Client(f"https://127.0.0.1:{port}", ssl_context=ctx).with_auth("Bearer tls-token")
+        assert client.request("POST", "/states/t", make_state(1, {"a": {}})).status == 200
+        assert client.request("GET", "/states/t").json()["serial"] == 1
+        assert client.with_auth(None).request("GET", "/states/t").status == 401
+        # A plain-HTTP client gets nowhere, and the server keeps serving TLS clients afterwards.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                s.recv(100)
+            except OSError:
+                pass
+        assert client.request("GET", "/healthz").status == 200
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0  # SIGTERM is a clean stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stalled_client_does_not_block_others_and_is_dropped(start_server, make_state):
+    srv = start_server(timeout=1.0)
+    host, port = srv.url.removeprefix("http://").split(":")
+    stalled = socket.create_connection((host, int(port)))
+    stalled.sendall(b"POST /states/s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")  # and then nothing
+    try:
+        assert srv.request("POST", "/states/s", make_state(1, {})).status == 200
+        stalled.settimeout(10)
+        start = time.monotonic()
+        answer = stalled.recv(1000)
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in answer
+        assert stalled.recv(100) == b""  # and closed
+        assert time.monotonic() - start < 9
+    finally:
+        stalled.close()
+
+
+def test_unknown_method_and_bad_request_line_are_one_line(client):
+    r = client.request("PATCH", "/states/x")
+    assert r.status == 501 and r.text.count("\n") == 1 and "PATCH" in r.text
+    host, port = client.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"garbage\r\n\r\n")
+        data = s.recv(1000)
+    assert data.startswith(b"HTTP/1.") and b" 400 " in data.split(b"\r\n")[0] and b"<html" not in data.lower()
+
+
+def test_refresh_refuses_a_state_locked_through_the_backend(client, run_kl, make_state):
+    client.request("POST", "/states/r", make_state(1, {"a": {"id": "1"}}))
+    info = {"ID": "held-by-tf", "Operation": "OperationTypeApply", "Info": "", "Who": "dana@laptop", "Version": "1.8.5",
+            "Created": "2026-11-29T12:00:00Z", "Path": ""}
+    assert client.request("LOCK", "/states/r", json.dumps(info)).status == 200
+    r = run_kl("refresh", "r")
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "locked by dana@laptop" in err and "held-by-tf" in err, err
+
+
+def test_connections_beyond_the_cap_get_503_not_a_hang(start_server):
+    srv = start_server(max_connections=2, timeout=5.0)
+    host, port = srv.url.removeprefix("http://").split(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(2)]  # each holds a thread
+    try:
+        time.sleep(0.2)
+        r = srv.request("GET", "/healthz")
+        assert r.status == 503 and "too many open connections" in r.text
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while srv.request("GET", "/healthz").status != 200:  # slots come back when those close
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_database_down_is_503_with_retry_after(db_url):
+    from kilolock.server.auth import Authenticator
+    from kilolock.server.http import KilolockHTTPServer, ServerConfig, serve_in_thread
+    from kilolock.store import db
+
+    dead = f"postgresql://127.0.0.1:{_free_port()}/nothing?connect_timeout=2"
+    server = KilolockHTTPServer(("127.0.0.1", 0), ServerConfig(), Authenticator(), lambda: db.connect(dead))
+    serve_in_thread(server)
+    try:
+        client = Client(server.url)
+        for method, path in (("GET", "/healthz"), ("GET", "/states/x"), ("LOCK", "/states/x")):
+            r = client.request(method, path, b'{"ID": "a"}' if method == "LOCK" else None)
+            assert r.status == 503 and r.headers["retry-after"] == "1" and "database unavailable" in r.text
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,80 @@
+"""Real Terraform / OpenTofu CLIs pointed at a kl serve backend (helpers for test_real_clients)."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
+PLUGIN_CACHE = CACHE / "plugin-cache"
+NULL_PROVIDER = PLUGIN_CACHE / "registry.terraform.io/hashicorp/null/2.1.2"
+TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "tofu-1.6.3")
+
+
+def tool_binary(tool: str) -> Path:
+    """The CLI binary; Terraform 1.0.3 is fetched on demand (seconds), the compiled ones are not."""
+    if not NULL_PROVIDER.exists():
+        pytest.fail(f"{NULL_PROVIDER} is missing: run scripts/test-providers.sh", pytrace=False)
+    path = CACHE / "bin" / tool
+    if not path.exists() and tool == "terraform-1.0.3":
+        subprocess.run(["bash", str(REPO / "scripts" / "test-terraform.sh"), tool], capture_output=True, timeout=600)
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run scripts/test-terraform.sh {tool} (a go install; takes minutes)", pytrace=False)
+    if not (CACHE / "terraformrc").exists():
+        pytest.fail(f"{CACHE / 'terraformrc'} is missing: run scripts/test-terraform.sh", pytrace=False)
+    return path
+
+
+def main_tf(url: str, resources: str) -> str:
+    # The full source address: OpenTofu's default registry differs, the filesystem mirror does not.
+    return f"""
+terraform {{
+  required_providers {{
+    null = {{ source = "registry.terraform.io/hashicorp/null", version = "2.1.2" }}
+  }}
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+  }}
+}}
+{resources}
+"""
+
+
+@dataclass
+class Workspace:
+    tool: str
+    binary: Path
+    dir: Path
+    url: str
+    username: str | None = None
+    password: str | None = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(TF_CLI_CONFIG_FILE=str(CACHE / "terraformrc"), TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1",
+                   TF_HTTP_RETRY_MAX="0")
+        env.pop("TF_LOG", None)
+        if self.username is not None:
+            env.update(TF_HTTP_USERNAME=self.username, TF_HTTP_PASSWORD=self.password or "")
+        env.update(extra)
+        return env
+
+    def write(self, resources: str) -> None:
+        (self.dir / "main.tf").write_text(main_tf(self.url, resources))
+
+    def run(self, *args: str, check: bool = True, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        r = subprocess.run([str(self.binary), *args], cwd=self.dir, env=env or self.env(), capture_output=True,
+                           text=True, timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"{self.tool} {' '.join(args)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+        return r
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        return subprocess.Popen([str(self.binary), *args], cwd=self.dir, env=env or self.env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
