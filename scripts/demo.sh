@@ -9,7 +9,7 @@
 # set, is used instead of the embedded database.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-bash "$repo/scripts/setup-dev.sh"
+KL_SETUP_TERRAFORMS=terraform-1.0.3 bash "$repo/scripts/setup-dev.sh"
 cache="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 demo="${KL_DEMO_DIR:-$HOME/.cache/kilolock-demo}"
 kl() { "$repo/.venv/bin/python" -m kilolock "$@"; }
