@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import statistics
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -17,8 +14,6 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.store import versions
-from kilolock.store.embedded import EmbeddedCluster
-from kilolock.store.migrate import apply_migrations
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 STATES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "states"
@@ -38,32 +33,10 @@ def _fixture(name: str) -> bytes:
     return gzip.decompress(data) if name.endswith(".gz") else data
 
 
-@pytest.fixture(scope="module")
-def server():
-    url = os.environ.get("KL_TEST_DATABASE_URL")
-    if url:
-        yield url
-        return
-    base = Path(tempfile.mkdtemp(prefix="kl-bench-pg-"))
-    os.chmod(base, 0o755)
-    cluster = EmbeddedCluster(base / "pg")
-    cluster.ensure_running()
-    yield cluster.url("postgres")
-    cluster.stop()
-    shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.fixture
-def fresh_db(server):
-    name = f"kl_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = psycopg.conninfo.make_conninfo(server, dbname=name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        apply_migrations(conn)
+def fresh_db(bench_db):
+    with psycopg.connect(bench_db, autocommit=True) as conn:
         yield conn
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def _kl_import(conn: psycopg.Connection, raw: bytes, n: int) -> None:
@@ -80,7 +53,7 @@ def _bare_insert(conn: psycopg.Connection, raw: bytes, n: int) -> None:
 
 
 @pytest.mark.parametrize("fixture", ["big2000-v1.tfstate", "big10000.tfstate.gz"])
-def test_import_throughput(benchmark, fresh_db, fixture):
+def test_import_throughput(benchmark, fresh_db, fixture, bench_summary):
     raw = _fixture(fixture)
     instances = len(tfstate.parse_state(raw).instances)
     kl_times, bare_times = [], []
@@ -97,6 +70,8 @@ def test_import_throughput(benchmark, fresh_db, fixture):
     ratio = kl / bare
     benchmark.extra_info.update(instances=instances, kl_s=round(kl, 4), bare_s=round(bare, 4), ratio=round(ratio, 2),
                                 instances_per_s=round(instances / kl))
-    print(f"\n{fixture}: {instances} instances, kl import {kl * 1000:.0f} ms ({instances / kl:,.0f} instances/s), "
-          f"bare jsonb insert {bare * 1000:.0f} ms, ratio {ratio:.2f} (gate {GATE})")
+    line = (f"import {fixture}: {instances} instances, kl {kl * 1000:.0f} ms ({instances / kl:,.0f} instances/s), "
+            f"bare jsonb insert {bare * 1000:.0f} ms, ratio {ratio:.2f} (gate {GATE})")
+    bench_summary.append(line)
+    print("\n" + line)
     assert ratio <= GATE, f"import costs {ratio:.2f}x a bare insert (gate {GATE}x)"

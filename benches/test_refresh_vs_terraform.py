@@ -11,16 +11,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 
-from kilolock.store.embedded import EmbeddedCluster
-from kilolock.store.migrate import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
@@ -48,32 +43,8 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, su
     return elapsed, usage.ru_maxrss, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-@pytest.fixture(scope="module")
-def database():
-    url = os.environ.get("KL_TEST_DATABASE_URL")
-    base = None
-    if not url:
-        base = Path(tempfile.mkdtemp(prefix="kl-bench-pg-"))
-        os.chmod(base, 0o755)
-        cluster = EmbeddedCluster(base / "pg")
-        cluster.ensure_running()
-        url = cluster.url("postgres")
-    name = f"kl_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    db = psycopg.conninfo.make_conninfo(url, dbname=name)
-    with psycopg.connect(db) as conn:
-        apply_migrations(conn)
-    yield db
-    with psycopg.connect(url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-    if base:
-        EmbeddedCluster(base / "pg").stop()
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.mark.parametrize(("fixture", "config", "tfvars", "gate"), CASES, ids=[c[0].split(".")[0] for c in CASES])
-def test_refresh_speed_and_memory_vs_terraform(benchmark, database, tmp_path, fixture, config, tfvars, gate):
+def test_refresh_speed_and_memory_vs_terraform(benchmark, bench_db, bench_summary, tmp_path, fixture, config, tfvars, gate):
     for path, script in ((TERRAFORM, "scripts/test-terraform.sh"), (PLUGINS, "scripts/test-providers.sh")):
         if not path.exists():
             pytest.fail(f"{path} is missing: run {script}")
@@ -85,7 +56,7 @@ def test_refresh_speed_and_memory_vs_terraform(benchmark, database, tmp_path, fi
     shutil.copytree(REPO / "tests" / "fixtures" / "tf" / config, ws)
     tf_env = {**os.environ, "TF_CLI_CONFIG_FILE": str(CACHE / "terraformrc"), "TF_IN_AUTOMATION": "1", "CHECKPOINT_DISABLE": "1"}
     subprocess.run([str(TERRAFORM), "init", "-input=false"], cwd=ws, env=tf_env, check=True, capture_output=True)
-    kl_env = {**os.environ, "KL_DATABASE_URL": database, "PYTHONPATH": str(REPO)}
+    kl_env = {**os.environ, "KL_DATABASE_URL": bench_db, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-m", "kilolock", "state", "import", fixture, "-"], input=state, env=kl_env,
                    check=True, capture_output=True)
 
@@ -106,7 +77,9 @@ def test_refresh_speed_and_memory_vs_terraform(benchmark, database, tmp_path, fi
     speedup = tf_t / kl_t
     benchmark.extra_info.update(instances=instances, kl_s=round(kl_t, 3), terraform_s=round(tf_t, 3), speedup=round(speedup, 2),
                                 kl_rss_kib=kl_rss, terraform_rss_kib=tf_rss, kl_instances_per_s=round(instances / kl_t))
-    print(f"\n{fixture}: {instances} instances: kl {kl_t:.2f} s ({instances / kl_t:,.0f}/s, {kl_rss / 1024:.0f} MiB), "
-          f"terraform {tf_t:.2f} s ({instances / tf_t:,.0f}/s, {tf_rss / 1024:.0f} MiB): {speedup:.1f}x (gate {gate}x)")
+    line = (f"refresh {fixture}: {instances} instances: kl {kl_t:.2f} s ({instances / kl_t:,.0f}/s, {kl_rss / 1024:.0f} MiB), "
+            f"terraform {tf_t:.2f} s ({instances / tf_t:,.0f}/s, {tf_rss / 1024:.0f} MiB): {speedup:.1f}x (gate {gate}x)")
+    bench_summary.append(line)
+    print("\n" + line)
     assert kl_rss < tf_rss, f"kl peak RSS {kl_rss} KiB is not below Terraform's {tf_rss} KiB"
     assert speedup >= gate, f"kl refresh is {speedup:.2f}x Terraform's speed; the gate is {gate}x"
