@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "runs", "kilolock.cli.driftcmd:cmd_runs", "refresh runs of a state (the audit trail)")
     p.add_argument("state")
+    p.add_argument("--stale", action="store_true",
+                   help="first mark as failed the runs left 'running' by a process that died")
     p.add_argument("--limit", type=_positive, default=50)
     p.add_argument("--format", choices=("table", "json"), default="table")
 

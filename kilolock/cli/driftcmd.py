@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kilolock import drift
 from kilolock.cli import render
@@ -52,8 +53,14 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from kilolock.cli.statecmd import default_actor
+
     with db.open_store() as conn:
         sid = versions.state_id(conn, args.state)
+        if args.stale:
+            marked = refresh_runs.finish_stale(conn, sid, default_actor())
+            print(f"{args.state}: {len(marked)} stale run(s) marked failed" + (": " + ", ".join(marked) if marked else ""),
+                  file=sys.stderr)
         rows = refresh_runs.list_runs(conn, sid, args.limit)
     if args.format == "json":
         render.emit_json({"version": 1, "state": args.state, "runs": [

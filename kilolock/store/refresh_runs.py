@@ -26,13 +26,40 @@ class RunRow:
     actor: str | None
 
 
+# A running refresh holds a session-level advisory lock keyed on its run id for as long as its
+# connection lives. A `running` row whose lock can be taken therefore belongs to a process (or a
+# connection) that is gone: that is what `kl runs --stale` finishes as failed.
+_RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
+
+
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id",
             (state_id, from_version_id, actor),
         ).fetchone()
+        conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (str(row[0]),))
     return str(row[0])
+
+
+def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> list[str]:
+    """Mark as failed every `running` run of the state whose refresh is no longer alive."""
+    done = []
+    running = conn.execute("SELECT id FROM refresh_runs WHERE state_id = %s AND status = 'running'", (state_id,)).fetchall()
+    for (run_id,) in running:
+        run_id = str(run_id)
+        with conn.transaction():
+            if not conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()[0]:
+                continue  # its process still holds the lock: it is running
+            updated = conn.execute(
+                """UPDATE refresh_runs SET status = 'failed', finished_at = now(),
+                       error_summary = 'stale: the run never finished (its process or database connection died); marked failed by ' || %s
+                   WHERE id = %s AND status = 'running'""",
+                (actor or "kl", run_id),
+            ).rowcount
+        if updated:
+            done.append(run_id)
+    return done
 
 
 def finish(
@@ -55,6 +82,8 @@ def finish(
                WHERE id = %s""",
             (status, checked, changed, failed, error_summary, to_version_id, run_id),
         )
+    # Released explicitly; harmless when this is a fresh connection that never held it.
+    conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 
 
 _SELECT = """

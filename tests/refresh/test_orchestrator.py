@@ -364,3 +364,26 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
     reopened = {a for (a,) in conn.execute(
         "SELECT address FROM resources r JOIN state_versions v ON v.id = r.opened_by_version_id WHERE v.source = 'refresh'")}
     assert reopened == {"null_resource.drifts", "null_resource.marked", "null_resource.old"}
+
+
+def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_state, run_kl):
+    import psycopg
+
+    from kilolock.store import refresh_runs
+
+    seed(conn, make_state, attrs(1))
+    sid = versions.state_id(conn, "prod")
+    vid = conn.execute("SELECT id FROM state_versions").fetchone()[0]
+    alive = psycopg.connect(db_url, autocommit=True)
+    dead = psycopg.connect(db_url, autocommit=True)
+    live_run = refresh_runs.begin(alive, sid, str(vid), "live")
+    dead_run = refresh_runs.begin(dead, sid, str(vid), "dead")
+    dead.close()  # the process died: its session (and advisory lock) is gone
+    r = run_kl("runs", "prod", "--stale", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    runs = {x["id"]: x for x in json.loads(r.stdout)["runs"]}
+    assert runs[dead_run]["status"] == "failed" and "stale" in runs[dead_run]["error_summary"]
+    assert runs[live_run]["status"] == "running"
+    assert b"1 stale run(s) marked failed" in r.stderr
+    refresh_runs.finish(alive, live_run, status="succeeded", checked=0, changed=0, failed=0, error_summary=None, to_version_id=None)
+    alive.close()
