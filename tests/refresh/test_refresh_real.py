@@ -150,6 +150,12 @@ def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url
     assert "random_password.p" in out["changed_addresses"]
     inst = [res for res in pulled(run_kl)["resources"] if res["type"] == "random_password"][0]["instances"][0]
     assert inst["schema_version"] == 3 and inst["attributes"]["bcrypt_hash"].startswith("$2")
+    # The new bcrypt_hash and the password are secrets: kl drift shows the change, never the values.
+    secrets = [inst["attributes"]["bcrypt_hash"], inst["attributes"]["result"]]
+    text, as_json = run_kl("drift", "prod"), run_kl("drift", "prod", "--format", "json")
+    assert "random_password.p: changed" in text.stdout.decode() and ".bcrypt_hash: null → (sensitive)" in text.stdout.decode()
+    for out in (text.stdout, text.stderr, as_json.stdout, as_json.stderr, r.stdout, r.stderr):
+        assert not any(secret.encode() in out for secret in secrets)
 
 
 def test_dry_run_and_table_output(run_kl, db_url, workspace):
