@@ -246,7 +246,10 @@ def write_zip(contents: Contents, pythons: list[str], platform: str, output: Pat
     with open(tmp, "wb") as fh:
         fh.write(b"#!/usr/bin/env python3\n")
         with zipfile.ZipFile(fh, "w") as zf:
-            for name in sorted(set(files) | _directories(list(files))):
+            # Natives' own directories too (without native/): a package holding only a native module
+            # (google/_upb) must exist in the zip as a namespace package for its import to reach our hook.
+            dirs = _directories(list(files)) | _directories(list(contents.natives))
+            for name in sorted(set(files) | dirs):
                 info = zipfile.ZipInfo(name, FIXED_TIME)
                 info.create_system = 3  # unix, so the permission bits below are honoured
                 if name.endswith("/"):

@@ -1,0 +1,35 @@
+"""Helpers shared by the kl.pyz tests (fixtures live in conftest.py)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """What a CI runner would have: PATH and HOME, no PYTHONPATH, plus the test database if any."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
+    for key in ("KL_DATABASE_URL", "KL_TEST_SESSION"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    env.update(extra)
+    return env
+
+
+def version_fields(stdout: str) -> dict[str, str]:
+    fields = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("  ")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def unit_dir(cache_root: Path) -> Path:
+    """The one extraction dir under a cache root (fails if there is not exactly one)."""
+    units = [p for p in cache_root.iterdir() if not p.name.startswith(".")]
+    assert len(units) == 1, f"expected one extraction in {cache_root}: {sorted(p.name for p in cache_root.iterdir())}"
+    return units[0]
+
+
+def extracted_files(unit: Path) -> dict[str, list[int]]:
+    return json.loads((unit / ".kl-extracted.json").read_text())["files"]
