@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         pythons = _pythons(args.python)
+        _arch(args.platform)
         args.wheel_cache.mkdir(parents=True, exist_ok=True)
         build_id, sha = build(pythons, args.platform, args.wheel_cache.resolve(), args.output, args.codec_wheel,
                               args.no_codec, args.offline)

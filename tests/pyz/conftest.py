@@ -17,27 +17,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
 
-from pyzkit import clean_env  # noqa: E402
+from pyzkit import WHEEL_CACHE, build, clean_env  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-WHEEL_CACHE = CACHE / "pyz-wheels"
 HOST_PYTHON = Path("/usr/bin/python3")
 OUR_DEPS = ("grpc", "psycopg", "psycopg_binary", "google.protobuf", "kilolock")
 
 Run = Callable[..., subprocess.CompletedProcess]
-
-
-def build(out: Path, *extra: str) -> Path:
-    """Run build_zipapp.py; a build that cannot run fails the session with its own message."""
-    cmd = [sys.executable, str(REPO / "build_zipapp.py"), "-o", str(out), "--wheel-cache", str(WHEEL_CACHE), *extra]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
-    if r.returncode != 0:
-        pytest.fail(f"cannot build kl.pyz ({' '.join(cmd[1:])}):\n{r.stderr.strip()}\n"
-                    "it needs network access to PyPI on the first run (wheels are cached in "
-                    f"{WHEEL_CACHE}), maturin and a Rust toolchain (scripts/setup-dev.sh)", pytrace=False)
-    assert out.is_file() and "sha256" in r.stdout, r.stdout
-    return out
 
 
 @pytest.fixture(scope="session")
