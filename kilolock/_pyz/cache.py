@@ -13,7 +13,6 @@ import importlib.machinery
 import json
 import os
 import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from kilolock._pyz.manifest import NATIVE_PREFIX, Manifest, NativeFile
@@ -37,27 +36,27 @@ def unit_name(manifest: Manifest) -> str:
     return f"{manifest.build_id[:16]}-{abi_tag()}"
 
 
-def candidate_roots() -> Iterator[tuple[Path, str]]:
+def candidate_roots() -> Iterator[tuple[str, str]]:
     """Where the cache may live, in order, each with how it was chosen (for messages)."""
     explicit = os.environ.get("KL_CACHE_DIR")
     if explicit:
-        yield Path(explicit), "$KL_CACHE_DIR"
+        yield explicit, "$KL_CACHE_DIR"
         return
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):
-        yield Path(xdg) / "kilolock" / "pyz", "$XDG_CACHE_HOME"
+        yield os.path.join(xdg, "kilolock", "pyz"), "$XDG_CACHE_HOME"
     else:
         home = os.environ.get("HOME") or os.path.expanduser("~")
         if home and home != "~":
-            yield Path(home) / ".cache" / "kilolock" / "pyz", "home cache"
+            yield os.path.join(home, ".cache", "kilolock", "pyz"), "home cache"
     import tempfile  # off the warm path: only reached when the home cache is not intact
 
-    yield Path(tempfile.gettempdir()) / f"kilolock-{os.getuid()}" / "pyz", "temp dir"
+    yield os.path.join(tempfile.gettempdir(), f"kilolock-{os.getuid()}", "pyz"), "temp dir"
 
 
-def is_intact(unit_dir: Path, wanted: list[NativeFile]) -> bool:
+def is_intact(unit_dir: str, wanted: list[NativeFile]) -> bool:
     try:
-        with open(unit_dir / STAMP, encoding="utf-8") as fh:
+        with open(os.path.join(unit_dir, STAMP), encoding="utf-8") as fh:
             recorded = json.load(fh)["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -65,7 +64,7 @@ def is_intact(unit_dir: Path, wanted: list[NativeFile]) -> bool:
         return False
     for n in wanted:
         try:
-            st = os.stat(unit_dir / n.path)
+            st = os.stat(os.path.join(unit_dir, n.path))
         except OSError:
             return False
         if st.st_size != n.size or [st.st_size, st.st_mtime_ns] != recorded[n.path]:
@@ -73,31 +72,31 @@ def is_intact(unit_dir: Path, wanted: list[NativeFile]) -> bool:
     return True
 
 
-def _check_private(path: Path) -> None:
+def _check_private(path: str) -> None:
     """The shared temp dir must be ours alone, or another user could plant code we would load."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
         raise PermissionError(f"{path} is not a private directory of this user")
 
 
-def _prepare_root(root: Path, how: str) -> None:
+def _prepare_root(root: str, how: str) -> None:
     if how == "temp dir":
-        base = root.parent
+        base = os.path.dirname(root)
         try:
             os.mkdir(base, 0o700)
         except FileExistsError:
             pass
         _check_private(base)
-    root.mkdir(parents=True, exist_ok=True)
+    os.makedirs(root, exist_ok=True)
 
 
-def _extract_into(archive: "zipfile.ZipFile", target: Path, wanted: list[NativeFile]) -> None:
+def _extract_into(archive: "zipfile.ZipFile", target: str, wanted: list[NativeFile]) -> None:
     import hashlib
 
     recorded: dict[str, list[int]] = {}
     for n in wanted:
-        dest = target / n.path
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest = os.path.join(target, n.path)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         digest = hashlib.sha256()
         with archive.open(NATIVE_PREFIX + n.path) as src, open(dest, "wb") as out:
             while chunk := src.read(1 << 20):
@@ -108,11 +107,11 @@ def _extract_into(archive: "zipfile.ZipFile", target: Path, wanted: list[NativeF
         os.chmod(dest, 0o755)
         st = os.stat(dest)
         recorded[n.path] = [st.st_size, st.st_mtime_ns]
-    with open(target / STAMP, "w", encoding="utf-8") as fh:
+    with open(os.path.join(target, STAMP), "w", encoding="utf-8") as fh:
         json.dump({"files": recorded}, fh, sort_keys=True)
 
 
-def _extract_locked(archive_path: str, root: Path, unit: str, wanted: list[NativeFile]) -> Path:
+def _extract_locked(archive_path: str, root: str, unit: str, wanted: list[NativeFile]) -> str:
     # Only a cold start extracts: these imports stay off the warm path.
     import fcntl
     import shutil
@@ -120,20 +119,20 @@ def _extract_locked(archive_path: str, root: Path, unit: str, wanted: list[Nativ
 
     import tempfile
 
-    final = root / unit
-    with open(root / f".{unit}.lock", "a+b") as lock:
+    final = os.path.join(root, unit)
+    with open(os.path.join(root, f".{unit}.lock"), "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_intact(final, wanted):  # another process finished while we waited
             return final
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{unit}-", dir=root))
+        tmp = tempfile.mkdtemp(prefix=f".tmp-{unit}-", dir=root)
         try:
             with zipfile.ZipFile(archive_path) as archive:
                 _extract_into(archive, tmp, wanted)
-            if final.exists() or final.is_symlink():
+            if os.path.lexists(final):
                 # Damaged: move it aside first (rename cannot replace a non-empty dir); processes
                 # that already mapped its libraries keep them.
-                trash = Path(tempfile.mkdtemp(prefix=f".trash-{unit}-", dir=root))
-                os.rename(final, trash / "old")
+                trash = tempfile.mkdtemp(prefix=f".trash-{unit}-", dir=root)
+                os.rename(final, os.path.join(trash, "old"))
                 shutil.rmtree(trash, ignore_errors=True)
             os.rename(tmp, final)
         except BaseException:
@@ -142,12 +141,12 @@ def _extract_locked(archive_path: str, root: Path, unit: str, wanted: list[Nativ
     return final
 
 
-def ensure_extracted(archive_path: str, manifest: Manifest, wanted: list[NativeFile]) -> Path:
+def ensure_extracted(archive_path: str, manifest: Manifest, wanted: list[NativeFile]) -> str:
     """The directory holding ``wanted``, extracting them first if no intact copy exists."""
     unit = unit_name(manifest)
     for root, _ in candidate_roots():  # an intact copy anywhere will do, even on a read-only filesystem
-        if is_intact(root / unit, wanted):
-            return root / unit
+        if is_intact(os.path.join(root, unit), wanted):
+            return os.path.join(root, unit)
     problems = []
     for root, how in candidate_roots():
         try:
@@ -158,6 +157,6 @@ def ensure_extracted(archive_path: str, manifest: Manifest, wanted: list[NativeF
     raise CacheUnavailable("cannot extract the native files of kl.pyz; tried " + "; ".join(problems))
 
 
-def planned_root() -> Path:
+def planned_root() -> str:
     """Where extraction would go, without touching the disk (for ``kl version`` before any)."""
     return next(candidate_roots())[0]

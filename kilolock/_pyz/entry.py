@@ -20,8 +20,8 @@ def cache_dir_description() -> str:
     if _finder is None or _manifest is None:
         return "-"
     if _finder.extracted_dir is not None:
-        return str(_finder.extracted_dir)
-    return f"{cache.planned_root() / cache.unit_name(_manifest)} (unavailable)"
+        return _finder.extracted_dir
+    return f"{os.path.join(cache.planned_root(), cache.unit_name(_manifest))} (unavailable)"
 
 
 def main(archive_path: str) -> int:
@@ -33,7 +33,7 @@ def main(archive_path: str) -> int:
     _finder = install(os.path.abspath(archive_path), _manifest)
     extracted = _finder.prepare()
     if extracted is not None:
-        bytecode.install(archive_path, str(extracted / "__pycache__"))
+        bytecode.install(archive_path, os.path.join(extracted, "__pycache__"))
     os.environ["KL_BUILD_ID"] = build_id()
     from kilolock.cli import main as kl_main
 

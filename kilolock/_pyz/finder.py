@@ -9,9 +9,9 @@ implementation) and a KlError (so a required one reaches the user as one line, n
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import sys
 from importlib.machinery import ModuleSpec
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -52,11 +52,11 @@ class NativeFinder:
             if info.get("required"):
                 for gate in info.get("gates", []):
                     self._gates[gate] = dist
-        self._dir: Path | None = None
+        self._dir: str | None = None
         self._unavailable: str | None = None
 
     @property
-    def extracted_dir(self) -> Path | None:
+    def extracted_dir(self) -> str | None:
         return self._dir
 
     def error(self, module: str, reason: str) -> NativeLoadError:
@@ -68,7 +68,7 @@ class NativeFinder:
             name=module,
         )
 
-    def prepare(self) -> Path | None:
+    def prepare(self) -> str | None:
         """Find or make this interpreter's extraction; None (with the reason kept) if impossible."""
         if self._dir is None and self._unavailable is None:
             try:
@@ -79,7 +79,7 @@ class NativeFinder:
                 self._unavailable = f"extraction failed: {exc}"
         return self._dir
 
-    def _directory(self, module: str) -> Path:
+    def _directory(self, module: str) -> str:
         found = self.prepare()
         if found is None:
             raise self.error(module, self._unavailable or "not extracted")
@@ -94,7 +94,7 @@ class NativeFinder:
             if fullname in self._all_modules:
                 raise self.error(fullname, "no build of it for this interpreter")
             return None
-        location = str(self._directory(fullname) / native.path)
+        location = os.path.join(self._directory(fullname), native.path)
         spec = ModuleSpec(fullname, _Loader(fullname, location, self), origin=location)
         spec.has_location = True
         return spec
