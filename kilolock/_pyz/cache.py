@@ -111,6 +111,16 @@ def _extract_into(archive: "zipfile.ZipFile", target: str, wanted: list[NativeFi
         json.dump({"files": recorded}, fh, sort_keys=True)
 
 
+def _remove_leftovers(root: str, unit: str) -> None:
+    """Temp dirs of an extraction that was killed midway. Safe: we hold the unit's lock, so no
+    other process is extracting into one of them now."""
+    import shutil
+
+    for name in os.listdir(root):
+        if name.startswith((f".tmp-{unit}-", f".trash-{unit}-")):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
 def _extract_locked(archive_path: str, root: str, unit: str, wanted: list[NativeFile]) -> str:
     # Only a cold start extracts: these imports stay off the warm path.
     import fcntl
@@ -124,6 +134,7 @@ def _extract_locked(archive_path: str, root: str, unit: str, wanted: list[Native
         fcntl.flock(lock, fcntl.LOCK_EX)
         if is_intact(final, wanted):  # another process finished while we waited
             return final
+        _remove_leftovers(root, unit)
         tmp = tempfile.mkdtemp(prefix=f".tmp-{unit}-", dir=root)
         try:
             with zipfile.ZipFile(archive_path) as archive:

@@ -74,7 +74,8 @@ def read_only_home():
     user = "nobody" if os.geteuid() == 0 else None
     uid = pwd.getpwnam("nobody").pw_uid if user else os.getuid()
     yield home, tmp, user, uid
-    os.chmod(home, 0o755)
+    for dirpath, _, _ in os.walk(base):  # some tests make dirs read-only; give rmtree its way back
+        os.chmod(dirpath, 0o755)
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -174,3 +175,37 @@ def test_required_native_that_cannot_load_is_one_line(run_pyz, home, db_url, mak
     assert lines[0].startswith("kl: cannot load grpcio 1.85.3 (grpc._cython.cygrpc) from kl.pyz: ")
     assert "this kl.pyz was built for CPython 3.10, 3.11, 3.12, 3.13 on manylinux2014_x86_64" in lines[0]
     assert "this is CPython 3.11" in lines[0]
+
+
+def test_leftovers_of_a_killed_extraction_are_cleaned_up(run_pyz, tmp_path):
+    root = tmp_path / "kc"
+    r = run_pyz("version", env={"KL_CACHE_DIR": str(root)})
+    unit = Path(version_fields(r.stdout)["cache dir"])
+    stale = root / f".tmp-{unit.name}-killed"
+    (stale / "grpc").mkdir(parents=True)
+    (stale / "grpc" / "half-written.so").write_bytes(b"\0" * 100)
+    shutil.rmtree(unit)  # the killed run never got to rename its temp dir into place
+    r = run_pyz("version", env={"KL_CACHE_DIR": str(root)})
+    assert r.returncode == 0 and version_fields(r.stdout)["cache dir"] == str(unit)
+    assert sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock")) == [unit.name]
+
+
+def test_a_shared_read_only_cache_filled_by_another_user_is_used_as_is(run_pyz, read_only_home):
+    # An operator host: an admin ran kl.pyz once with KL_CACHE_DIR; users only read that dir.
+    home, tmp, user, _ = read_only_home
+    shared = tmp / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    filled = run_pyz("version", env={"KL_CACHE_DIR": str(shared)})
+    assert filled.returncode == 0, filled.stderr
+    unit = version_fields(filled.stdout)["cache dir"]
+    if user is None:
+        os.chmod(shared, 0o555)
+    for dirpath, _, _ in os.walk(shared):
+        os.chmod(dirpath, 0o755 if user else 0o555)
+    before = sorted(str(p) for p in shared.rglob("*"))
+    extra = {"user": user} if user else {}
+    r = run_pyz("version", env={"KL_CACHE_DIR": str(shared), "HOME": str(home), "TMPDIR": str(tmp)}, cwd=home, **extra)
+    assert r.returncode == 0, r.stderr
+    assert version_fields(r.stdout)["cache dir"] == unit and version_fields(r.stdout)["codec"] == "rust"
+    assert sorted(str(p) for p in shared.rglob("*")) == before
