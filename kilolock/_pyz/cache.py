@@ -91,21 +91,23 @@ def _prepare_root(root: str, how: str) -> None:
 
 
 def _extract_into(archive: "zipfile.ZipFile", target: str, wanted: list[NativeFile]) -> None:
-    import hashlib
+    import shutil
+    import zipfile
 
     recorded: dict[str, list[int]] = {}
     for n in wanted:
         dest = os.path.join(target, n.path)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        digest = hashlib.sha256()
-        with archive.open(NATIVE_PREFIX + n.path) as src, open(dest, "wb") as out:
-            while chunk := src.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if digest.hexdigest() != n.sha256:
-            raise OSError(f"{NATIVE_PREFIX + n.path} inside the pyz does not match its recorded sha256 (damaged file?)")
+        try:
+            # zipfile checks each member's CRC-32 as it reaches the end: a damaged kl.pyz fails here.
+            with archive.open(NATIVE_PREFIX + n.path) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        except (zipfile.BadZipFile, KeyError) as exc:
+            raise OSError(f"kl.pyz is damaged ({NATIVE_PREFIX + n.path}: {exc}); download it again") from None
         os.chmod(dest, 0o755)
         st = os.stat(dest)
+        if st.st_size != n.size:
+            raise OSError(f"{dest}: wrote {st.st_size} bytes, expected {n.size}")
         recorded[n.path] = [st.st_size, st.st_mtime_ns]
     with open(os.path.join(target, STAMP), "w", encoding="utf-8") as fh:
         json.dump({"files": recorded}, fh, sort_keys=True)

@@ -209,3 +209,23 @@ def test_a_shared_read_only_cache_filled_by_another_user_is_used_as_is(run_pyz, 
     assert r.returncode == 0, r.stderr
     assert version_fields(r.stdout)["cache dir"] == unit and version_fields(r.stdout)["codec"] == "rust"
     assert sorted(str(p) for p in shared.rglob("*")) == before
+
+
+def test_a_damaged_pyz_is_reported_not_extracted(run_pyz, pyz, tmp_path):
+    broken = tmp_path / "kl.pyz"
+    shutil.copyfile(pyz, broken)
+    with zipfile.ZipFile(broken) as zf:
+        info = zf.getinfo("native/grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so")
+    with open(broken, "r+b") as fh:  # flip a byte in the middle of that member's compressed data
+        fh.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(fh.read(2), "little"), int.from_bytes(fh.read(2), "little")
+        pos = info.header_offset + 30 + name_len + extra_len + info.compress_size // 2
+        fh.seek(pos)
+        byte = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    r = run_pyz("version", pyz_file=broken, env={"KL_CACHE_DIR": str(tmp_path / "kc")})
+    assert r.returncode == 0, r.stderr
+    codec = version_fields(r.stdout)["codec"]
+    assert codec.startswith("python (the Rust codec cannot load") and "kl.pyz is damaged" in codec, codec
+    assert [p.name for p in (tmp_path / "kc").iterdir() if not p.name.endswith(".lock")] == []
