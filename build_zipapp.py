@@ -127,17 +127,30 @@ def fetch_wheels(python: str, platform: str, cache: Path, offline: bool) -> list
     return [wheels[n] for n, _ in pins]
 
 
+def _codec_build_command(out: Path) -> list[str]:
+    """maturin where there is one (its release build); else pip's PEP 517 build of this checkout,
+    which fetches maturin into an isolated build env, as `pip install -e .` does."""
+    import importlib.util
+
+    if importlib.util.find_spec("maturin") is not None:
+        return [sys.executable, "-m", "maturin", "build", "--release", "--quiet", "--out", str(out)]
+    if shutil.which("maturin"):
+        return [str(shutil.which("maturin")), "build", "--release", "--quiet", "--out", str(out)]
+    return [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)]
+
+
 def build_codec_wheel(cache: Path) -> Path:
-    """Our Rust codec, built by maturin (abi3: one wheel for every CPython >= 3.10)."""
+    """Our Rust codec as an abi3 wheel: one file for every CPython >= 3.10."""
     out = Path(tempfile.mkdtemp(prefix="codec-", dir=cache))
     try:
-        r = subprocess.run([sys.executable, "-m", "maturin", "build", "--release", "--quiet", "--out", str(out)],
-                           cwd=REPO, capture_output=True, text=True)
+        cmd = _codec_build_command(out)
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if r.returncode != 0:
-            raise BuildError(f"maturin build --release failed (is Rust installed?):\n{r.stderr.strip()[-3000:]}")
+            raise BuildError(f"building the Rust codec failed ({' '.join(cmd[:4])} ...; is Rust installed?):\n"
+                             f"{r.stderr.strip()[-3000:]}")
         built = sorted(out.glob("kilolock-*.whl"))
         if len(built) != 1:
-            raise BuildError(f"maturin build produced {[p.name for p in built]}, expected one kilolock wheel")
+            raise BuildError(f"the codec build produced {[p.name for p in built]}, expected one kilolock wheel")
         final = cache / "codec" / built[0].name
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(built[0], final)

@@ -53,3 +53,15 @@ def unit_dir(cache_root: Path) -> Path:
 
 def extracted_files(unit: Path) -> dict[str, list[int]]:
     return json.loads((unit / ".kl-extracted.json").read_text())["files"]
+
+
+def find_python(minor: str) -> Path:
+    """A CPython 3.<minor> interpreter: $KL_TEST_PYTHON3<minor>, the system's, or pyenv's."""
+    env = os.environ.get(f"KL_TEST_PYTHON3{minor}", "")
+    candidates = [Path(p) for p in (env, f"/usr/bin/python3.{minor}", f"/usr/local/bin/python3.{minor}") if p]
+    candidates += sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+    found = next((p for p in candidates if p.exists()), None)
+    if found is None:
+        pytest.fail(f"no CPython 3.{minor} found (set KL_TEST_PYTHON3{minor}, or install one: apt-get install "
+                    f"python3.{minor}, pyenv install 3.{minor}, or uv python install 3.{minor})", pytrace=False)
+    return found

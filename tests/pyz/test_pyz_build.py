@@ -6,13 +6,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
-from pyzkit import REPO, WHEEL_CACHE, version_fields  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
+from pyzkit import REPO, WHEEL_CACHE, find_python, version_fields  # noqa: E402
+from tfworkspace import PLUGIN_CACHE  # noqa: E402
 
 MiB = 1 << 20
 
@@ -67,13 +72,27 @@ def test_a_lean_build_names_what_it_was_built_for_on_another_python(run_pyz, lea
 
 
 def test_a_lean_build_runs_on_its_own_python(run_pyz, lean_pyz, db_url):
-    candidates = [Path(p) for p in (os.environ.get("KL_TEST_PYTHON312", ""), "/usr/bin/python3.12", "/usr/local/bin/python3.12") if p]
-    candidates += sorted(Path.home().glob(".pyenv/versions/3.12.*/bin/python3.12"))
-    python = next((p for p in candidates if p.exists()), None)
-    assert python is not None, ("no CPython 3.12 found (set KL_TEST_PYTHON312, or install one: apt-get install "
-                                "python3.12, or pyenv install 3.12)")
-    r = run_pyz("db", "status", pyz_file=lean_pyz, python=python)
+    r = run_pyz("db", "status", pyz_file=lean_pyz, python=find_python("12"))
     assert r.returncode == 0 and "current" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("minor", ["10", "12", "13"])
+def test_the_default_build_refreshes_on_every_target_python(run_pyz, db_url, minor, small_workspace, tmp_path):
+    python = find_python(minor)
+    r = run_pyz("version", python=python)
+    assert r.returncode == 0, r.stderr
+    f = version_fields(r.stdout)
+    assert f["codec"] == "rust" and f["python"].startswith(f"3.{minor}.")
+    assert f"cpython-3{minor}-x86_64-linux-gnu" in f["cache dir"]
+    # psycopg-binary, then grpc, the generated stubs and the codec of this version, against real providers.
+    ws = tmp_path / "ws"
+    shutil.copytree(small_workspace, ws, symlinks=True)
+    r = run_pyz("state", "import", "prod", str(ws / "terraform.tfstate"), python=python)
+    assert r.returncode == 0, r.stderr
+    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", python=python, cwd=ws)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["status"], out["resources_checked"], out["resources_failed"]) == ("succeeded", 4, 0)
 
 
 def test_build_errors_are_one_line(tmp_path):

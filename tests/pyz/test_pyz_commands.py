@@ -15,42 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
 from pyzkit import extracted_files, unit_dir, version_fields  # noqa: E402
-from tfworkspace import LOCAL_V, PLUGIN_CACHE, TERRAFORM, provider_pids, terraform  # noqa: E402
+from tfworkspace import PLUGIN_CACHE, provider_pids  # noqa: E402
 
 HEAVY = ("grpc", "psycopg", "google.protobuf", "kilolock.store", "kilolock.provider", "kilolock.refresh")
-
-SMALL_TF = f"""
-terraform {{
-  required_providers {{
-    null  = {{ source = "hashicorp/null", version = "2.1.2" }}
-    local = {{ source = "hashicorp/local", version = "{LOCAL_V}" }}
-  }}
-}}
-resource "null_resource" "n" {{
-  count    = 2
-  triggers = {{ index = count.index }}
-}}
-resource "local_file" "f" {{
-  for_each = toset(["one", "two"])
-  filename = "${{path.module}}/out/${{each.key}}.txt"
-  content  = "hello ${{each.key}}"
-}}
-"""
-
-
-@pytest.fixture(scope="session")
-def small_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    for path, script in ((TERRAFORM, "scripts/test-terraform.sh"),
-                         (PLUGIN_CACHE / "registry.terraform.io/hashicorp/local" / LOCAL_V, "scripts/test-providers.sh"),
-                         (PLUGIN_CACHE / "registry.terraform.io/hashicorp/null/2.1.2", "scripts/test-providers.sh")):
-        if not path.exists():
-            pytest.fail(f"{path} is missing: run {script}", pytrace=False)
-    ws = tmp_path_factory.mktemp("pyz-tf")
-    (ws / "main.tf").write_text(SMALL_TF)
-    terraform(ws, "init")
-    terraform(ws, "apply", "-auto-approve")
-    return ws
-
 
 def test_version_on_a_fresh_home_extracts_and_reports_everything(run_pyz, home, pyz):
     r = run_pyz("version")
