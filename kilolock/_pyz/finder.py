@@ -87,8 +87,10 @@ class NativeFinder:
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: Any = None) -> ModuleSpec | None:
         dist = self._gates.get(fullname)
-        if dist is not None and not any(n.dist == dist for n in self._wanted):
-            raise self.error(fullname, "no build of it for this interpreter")
+        if dist is not None:
+            if not any(n.dist == dist for n in self._wanted):
+                raise self.error(fullname, "no build of it for this interpreter")
+            self._directory(fullname)  # cannot extract: say so now, not after a library's fallbacks
         native = self._mine.get(fullname)
         if native is None:
             if fullname in self._all_modules:

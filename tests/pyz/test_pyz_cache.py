@@ -108,6 +108,12 @@ def test_temp_dir_owned_by_someone_else_is_not_used(run_pyz, read_only_home):
     codec = version_fields(r.stdout)["codec"]
     assert codec.startswith("python (the Rust codec cannot load") and "is not a private directory of this user" in codec
     assert version_fields(r.stdout)["cache dir"].endswith("(unavailable)")
+    # A required native: one line with the reason, before psycopg could wander off to a system libpq.
+    r = run_pyz("db", "status", env={"HOME": str(home), "TMPDIR": str(tmp)}, cwd=home, **extra)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("kl: cannot load psycopg-binary 3.3.9 (psycopg) from kl.pyz: cannot extract the native files")
+    assert "is not a private directory of this user" in lines[0]
     assert list(planted.iterdir()) == []
 
 
