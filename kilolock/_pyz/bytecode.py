@@ -18,6 +18,24 @@ from types import CodeType
 class CachingZipImporter(zipimport.zipimporter):
     code_dir: str = ""
 
+    def get_filename(self, fullname: str) -> str:
+        # zipimport works the file name out by compiling the module, and asks for it while
+        # finding it, so every import compiled twice; our zip holds sources only, so the name is
+        # known without that.
+        # The zip's table of contents is private (an attribute up to 3.12, a method from 3.13):
+        # any surprise falls back to zipimport's own way.
+        try:
+            files = getattr(self, "_files", None)
+            if files is None:
+                files = self._get_files()  # type: ignore[attr-defined]
+            ispkg = self.is_package(fullname)
+            inner = self.prefix + fullname.rpartition(".")[2] + ("/__init__.py" if ispkg else ".py")
+            if inner in files:
+                return os.path.join(self.archive, inner)
+        except Exception:
+            pass
+        return super().get_filename(fullname)
+
     def get_code(self, fullname: str) -> CodeType:
         path = os.path.join(self.code_dir, fullname + ".pyc")
         try:
