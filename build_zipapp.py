@@ -127,30 +127,42 @@ def fetch_wheels(python: str, platform: str, cache: Path, offline: bool) -> list
     return [wheels[n] for n, _ in pins]
 
 
-def _codec_build_command(out: Path) -> list[str]:
+def _codec_build_command(out: Path) -> tuple[list[str], dict[str, str]]:
     """maturin where there is one (its release build); else pip's PEP 517 build of this checkout,
-    which fetches maturin into an isolated build env, as `pip install -e .` does."""
+    which fetches maturin into an isolated build env, as `pip install -e .` does.
+
+    With ziglang installed next to maturin, the codec links for manylinux2014 (glibc 2.17, as the
+    grpcio and psycopg-binary wheels); otherwise it needs the build host's glibc or newer, and
+    older hosts fall back to the pure-Python codec."""
     import importlib.util
 
+    env = dict(os.environ)
     if importlib.util.find_spec("maturin") is not None:
-        return [sys.executable, "-m", "maturin", "build", "--release", "--quiet", "--out", str(out)]
+        cmd = [sys.executable, "-m", "maturin", "build", "--release", "--quiet", "--out", str(out)]
+        if importlib.util.find_spec("ziglang") is not None:
+            cmd += ["--zig", "--compatibility", "manylinux2014"]
+            env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        return cmd, env
     if shutil.which("maturin"):
-        return [str(shutil.which("maturin")), "build", "--release", "--quiet", "--out", str(out)]
-    return [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)]
+        return [str(shutil.which("maturin")), "build", "--release", "--quiet", "--out", str(out)], env
+    return [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)], env
 
 
 def build_codec_wheel(cache: Path) -> Path:
     """Our Rust codec as an abi3 wheel: one file for every CPython >= 3.10."""
     out = Path(tempfile.mkdtemp(prefix="codec-", dir=cache))
     try:
-        cmd = _codec_build_command(out)
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        cmd, env = _codec_build_command(out)
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise BuildError(f"building the Rust codec failed ({' '.join(cmd[:4])} ...; is Rust installed?):\n"
                              f"{r.stderr.strip()[-3000:]}")
         built = sorted(out.glob("kilolock-*.whl"))
         if len(built) != 1:
             raise BuildError(f"the codec build produced {[p.name for p in built]}, expected one kilolock wheel")
+        if "manylinux2014" not in built[0].name:
+            print(f"build: the Rust codec ({built[0].name}) needs this host's glibc or newer; older hosts will "
+                  "use the pure-Python codec (install ziglang next to maturin for a manylinux2014 codec)", file=sys.stderr)
         final = cache / "codec" / built[0].name
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(built[0], final)
