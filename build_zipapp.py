@@ -3,7 +3,7 @@
 
     python build_zipapp.py                       # CPython 3.10-3.13, manylinux2014_x86_64
     python build_zipapp.py --python 3.11         # leaner: one interpreter version
-    python build_zipapp.py --platform manylinux2014_aarch64 --codec-wheel kilolock-...aarch64.whl
+    python build_zipapp.py --platform manylinux_2_28_aarch64 --codec-wheel kilolock-...aarch64.whl
     python build_zipapp.py --offline             # only the wheel cache, no pip download
 
 Dependencies come as wheels for each target (``pip download --only-binary=:all:`` into the wheel
@@ -87,8 +87,12 @@ def read_requirements() -> list[tuple[str, str]]:
 
 
 def _platform_aliases(platform: str) -> list[str]:
-    m = re.fullmatch(r"manylinux2014_(\w+)", platform)
-    return [platform, f"manylinux_2_17_{m.group(1)}"] if m else [platform]
+    """pip matches --platform literally: a manylinux target also accepts every older manylinux."""
+    m = re.fullmatch(r"manylinux(?:2014|_2_(\d+))_(\w+)", platform)
+    if not m:
+        return [platform]
+    newest, arch = int(m.group(1) or 17), m.group(2)
+    return [f"manylinux_2_{v}_{arch}" for v in range(newest, 16, -1)] + [f"manylinux2014_{arch}"]
 
 
 def fetch_wheels(python: str, platform: str, cache: Path, offline: bool) -> list[Wheel]:

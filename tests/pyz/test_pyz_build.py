@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
-from pyzkit import REPO, WHEEL_CACHE, find_python, version_fields  # noqa: E402
+from pyzkit import REPO, WHEEL_CACHE, build, find_python, version_fields  # noqa: E402
 from tfworkspace import PLUGIN_CACHE  # noqa: E402
 
 MiB = 1 << 20
@@ -107,3 +107,21 @@ def test_build_errors_are_one_line(tmp_path):
     r = run("--platform", "win_amd64", "--no-codec", "--offline", "--wheel-cache", str(tmp_path / "empty"))
     assert r.returncode == 1 and "expected a Linux wheel platform tag" in r.stderr
     assert not (tmp_path / "x.pyz").exists()
+
+
+def test_another_platform_builds_and_says_what_it_is_for_on_this_one(run_pyz, pyz_build_dir, db_url):
+    # aarch64 wheels, no codec (it cannot be cross-built here without --codec-wheel): the file runs
+    # `version` anywhere, and a command needing grpc or libpq names the mismatch in one line.
+    other = build(pyz_build_dir / "kl-aarch64.pyz", "--platform", "manylinux_2_28_aarch64", "--python", "3.11", "--no-codec")
+    natives = {n["path"] for n in _manifest(other)["natives"]}
+    assert "grpc/_cython/cygrpc.cpython-311-aarch64-linux-gnu.so" in natives
+    assert not any("x86_64" in p for p in natives)
+    r = run_pyz("version", pyz_file=other)
+    assert r.returncode == 0, r.stderr
+    assert version_fields(r.stdout)["codec"].startswith("python (the Rust codec cannot load")
+    r = run_pyz("db", "status", pyz_file=other)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert re.fullmatch(r"kl: cannot load psycopg-binary 3\.3\.9 \(psycopg\) from kl\.pyz: no build of it for this interpreter; "
+                        r"this kl\.pyz was built for CPython 3\.11 on manylinux_2_28_aarch64, and this is CPython 3\.11\.\d+ on linux x86_64",
+                        lines[0]), lines[0]
