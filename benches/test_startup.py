@@ -75,38 +75,48 @@ def _interleaved(baseline: Callable[[], Sample], ours: Callable[[], Sample]) -> 
     return med(b), med(o)
 
 
-def _report(benchmark, what: str, floor: Sample, mine: Sample, budget: float) -> float:
+def _summary(request: pytest.FixtureRequest) -> list[str]:
+    """The run's closing table of figures (benches/conftest.py), when the suite has one."""
+    try:
+        return request.getfixturevalue("bench_summary")
+    except pytest.FixtureLookupError:
+        return []
+
+
+def _report(benchmark, request: pytest.FixtureRequest, what: str, floor: Sample, mine: Sample, budget: float) -> float:
     ratio = mine[0] / floor[0]
     benchmark.extra_info.update({"baseline_ms": round(floor[0] * 1e3, 2), "kl_ms": round(mine[0] * 1e3, 2),
                                  "baseline_cpu_ms": round(floor[1] * 1e3, 2), "kl_cpu_ms": round(mine[1] * 1e3, 2),
                                  "ratio": round(ratio, 2), "budget_ms": budget * 1e3})
     verdict = "within" if mine[0] < budget else "OVER"
-    print(f"\n{what}: python -c pass {floor[0]*1e3:.1f} ms (cpu {floor[1]*1e3:.1f}), kl.pyz {mine[0]*1e3:.1f} ms "
-          f"(cpu {mine[1]*1e3:.1f}), ratio {ratio:.1f} ({verdict} the {budget:.1f} s budget)")
+    line = (f"startup {what}: python -c pass {floor[0]*1e3:.1f} ms (cpu {floor[1]*1e3:.1f}), kl.pyz {mine[0]*1e3:.1f} ms "
+            f"(cpu {mine[1]*1e3:.1f}), ratio {ratio:.1f} ({verdict} the {budget:.1f} s budget)")
+    print("\n" + line)
+    _summary(request).append(line)
     return ratio
 
 
-def test_warm_version(pyz: Path, benchmark, tmp_path: Path) -> None:
+def test_warm_version(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
     warm = lambda: _timed([PYTHON, "-I", str(pyz), "version"], env)  # noqa: E731
     floor, mine = _interleaved(baseline, warm)
-    ratio = _report(benchmark, "warm `kl.pyz version`", floor, mine, WARM_BUDGET_S)
+    ratio = _report(benchmark, request, "warm `kl.pyz version`", floor, mine, WARM_BUDGET_S)
     benchmark.pedantic(warm, rounds=ROUNDS, iterations=1)
     assert ratio < WARM_GATE, f"warm start is {ratio:.1f}x a bare python start (gate {WARM_GATE}x)"
 
 
-def test_warm_help(pyz: Path, benchmark, tmp_path: Path) -> None:
+def test_warm_help(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
     warm = lambda: _timed([PYTHON, "-I", str(pyz), "--help"], env)  # noqa: E731
     floor, mine = _interleaved(baseline, warm)
-    ratio = _report(benchmark, "warm `kl.pyz --help`", floor, mine, WARM_BUDGET_S)
+    ratio = _report(benchmark, request, "warm `kl.pyz --help`", floor, mine, WARM_BUDGET_S)
     benchmark.pedantic(warm, rounds=ROUNDS, iterations=1)
     assert ratio < WARM_GATE, f"warm --help is {ratio:.1f}x a bare python start (gate {WARM_GATE}x)"
 
 
-def test_cold_version(pyz: Path, benchmark, tmp_path: Path) -> None:
+def test_cold_version(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     counter = iter(range(10**6))
 
     def cold() -> Sample:  # every run gets a cache dir of its own: full extraction each time
@@ -118,6 +128,6 @@ def test_cold_version(pyz: Path, benchmark, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
     floor, mine = _interleaved(baseline, cold)
-    ratio = _report(benchmark, "cold `kl.pyz version` (extracts)", floor, mine, COLD_BUDGET_S)
+    ratio = _report(benchmark, request, "cold `kl.pyz version` (extracts)", floor, mine, COLD_BUDGET_S)
     benchmark.pedantic(cold, rounds=ROUNDS, iterations=1)
     assert ratio < COLD_GATE, f"cold start is {ratio:.1f}x a bare python start (gate {COLD_GATE}x)"
