@@ -19,13 +19,32 @@ def _codec_backend() -> str:
     return str(getattr(codec, "backend", "unknown"))
 
 
+def _codec_line() -> str:
+    backend = _codec_backend()
+    if backend == "python" and os.environ.get("KL_CODEC", "") != "python":
+        try:  # say why the Rust codec is not in use when nobody asked for the Python one
+            from kilolock import _codec_rs  # noqa: F401
+        except ImportError as exc:
+            return f"python (the Rust codec cannot load: {exc})"
+    return backend
+
+
+def _build_and_cache() -> tuple[str, str]:
+    pyz = sys.modules.get("kilolock._pyz.entry")  # loaded only when running from kl.pyz
+    if pyz is not None:
+        return pyz.build_id(), pyz.cache_dir_description()
+    return os.environ.get("KL_BUILD_ID", "source"), os.environ.get("KL_CACHE_RESOLVED", "-")
+
+
 def cmd_version(args: argparse.Namespace) -> int:
+    codec = _codec_line()  # first: it may extract the native files, which fixes the cache dir
+    build, cache_dir = _build_and_cache()
     lines = [
         ("kilolock", kilolock.__version__),
-        ("codec", _codec_backend()),
+        ("codec", codec),
         ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("build", os.environ.get("KL_BUILD_ID", "source")),
-        ("cache dir", os.environ.get("KL_CACHE_RESOLVED", "-")),
+        ("build", build),
+        ("cache dir", cache_dir),
     ]
     width = max(len(k) for k, _ in lines)
     for key, value in lines:

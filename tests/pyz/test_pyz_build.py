@@ -1,0 +1,127 @@
+"""build_zipapp.py: contents, size, reproducibility, leaner targets and their clear failure on another
+interpreter, and its own errors."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
+from pyzkit import REPO, WHEEL_CACHE, build, find_python, version_fields  # noqa: E402
+from tfworkspace import PLUGIN_CACHE  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _manifest(pyz: Path) -> dict:
+    with zipfile.ZipFile(pyz) as zf:
+        return json.loads(zf.read("kl-pyz.json"))
+
+
+def test_default_build_holds_every_target_once_and_fits_the_size_budget(pyz):
+    assert pyz.stat().st_size <= 40 * MiB, f"{pyz.stat().st_size / MiB:.1f} MiB"
+    m = _manifest(pyz)
+    assert m["pythons"] == ["3.10", "3.11", "3.12", "3.13"] and m["platform"] == "manylinux2014_x86_64"
+    natives = {n["path"] for n in m["natives"]}
+    for tag in ("310", "311", "312", "313"):
+        assert f"grpc/_cython/cygrpc.cpython-{tag}-x86_64-linux-gnu.so" in natives
+        assert f"psycopg_binary/pq.cpython-{tag}-x86_64-linux-gnu.so" in natives
+    assert len([p for p in natives if p.startswith("psycopg_binary.libs/libpq")]) == 1  # shared across versions
+    assert {"kilolock/_codec_rs.abi3.so", "google/_upb/_message.abi3.so"} <= natives
+    with zipfile.ZipFile(pyz) as zf:
+        names = set(zf.namelist())
+        infos = zf.infolist()
+    assert "kilolock/_migrations/0001_init.sql" in names and "kilolock/provider/_pb/tfplugin6_pb2.py" in names
+    assert not any(n.endswith(".so") and not n.startswith("native/") for n in names)
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert [i.filename for i in infos] == sorted(i.filename for i in infos)
+
+
+def test_same_inputs_give_the_same_bytes_and_the_build_prints_size_and_sha256(pyz_build_dir, codec_args, lean_pyz):
+    again = pyz_build_dir / "again" / "kl-312.pyz"
+    # --offline against the session's wheel cache: the very same wheels, no network.
+    r = subprocess.run([sys.executable, str(REPO / "build_zipapp.py"), "-o", str(again), "--python", "3.12", "--offline",
+                        "--wheel-cache", str(WHEEL_CACHE), *codec_args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    sha = hashlib.sha256(again.read_bytes()).hexdigest()
+    assert again.read_bytes() == lean_pyz.read_bytes()
+    assert re.search(rf"{again.stat().st_size} bytes \(\d+\.\d MiB\), sha256 {sha}", r.stdout), r.stdout
+
+
+def test_a_lean_build_names_what_it_was_built_for_on_another_python(run_pyz, lean_pyz, pyz, db_url):
+    assert lean_pyz.stat().st_size < pyz.stat().st_size / 2
+    assert _manifest(lean_pyz)["pythons"] == ["3.12"]
+    r = run_pyz("version", pyz_file=lean_pyz)  # the abi3 codec loads on 3.11 too
+    assert r.returncode == 0 and version_fields(r.stdout)["codec"] == "rust", r.stdout + r.stderr
+    r = run_pyz("db", "status", pyz_file=lean_pyz)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(
+        r"kl: cannot load psycopg-binary 3\.3\.9 \(psycopg\) from kl\.pyz: no build of it for this interpreter; "
+        r"this kl\.pyz was built for CPython 3\.12 on manylinux2014_x86_64, and this is CPython 3\.11\.\d+ on linux x86_64",
+        lines[0]), r.stderr
+
+
+def test_a_lean_build_runs_on_its_own_python(run_pyz, lean_pyz, db_url):
+    r = run_pyz("db", "status", pyz_file=lean_pyz, python=find_python("12"))
+    assert r.returncode == 0 and "current" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("minor", ["10", "12", "13"])
+def test_the_default_build_refreshes_on_every_target_python(run_pyz, db_url, minor, small_workspace, tmp_path):
+    python = find_python(minor)
+    r = run_pyz("version", python=python)
+    assert r.returncode == 0, r.stderr
+    f = version_fields(r.stdout)
+    assert f["codec"] == "rust" and f["python"].startswith(f"3.{minor}.")
+    assert f"cpython-3{minor}-x86_64-linux-gnu" in f["cache dir"]
+    # psycopg-binary, then grpc, the generated stubs and the codec of this version, against real providers.
+    ws = tmp_path / "ws"
+    shutil.copytree(small_workspace, ws, symlinks=True)
+    r = run_pyz("state", "import", "prod", str(ws / "terraform.tfstate"), python=python)
+    assert r.returncode == 0, r.stderr
+    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", python=python, cwd=ws)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["status"], out["resources_checked"], out["resources_failed"]) == ("succeeded", 4, 0)
+
+
+def test_build_errors_are_one_line(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "build_zipapp.py"), "-o", str(tmp_path / "x.pyz"), *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    r = run("--offline", "--wheel-cache", str(tmp_path / "empty"), "--no-codec", "--python", "3.11")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "--offline: no wheel of grpcio==1.85.3" in r.stderr and "cp311" in r.stderr
+    r = run("--python", "3.9", "--no-codec")
+    assert r.returncode == 1 and "--python '3.9': give a CPython version from 3.10 up" in r.stderr
+    r = run("--platform", "win_amd64", "--no-codec", "--offline", "--wheel-cache", str(tmp_path / "empty"))
+    assert r.returncode == 1 and "expected a Linux wheel platform tag" in r.stderr
+    assert not (tmp_path / "x.pyz").exists()
+
+
+def test_another_platform_builds_and_says_what_it_is_for_on_this_one(run_pyz, pyz_build_dir, db_url):
+    # aarch64 wheels, no codec (it cannot be cross-built here without --codec-wheel): the file runs
+    # `version` anywhere, and a command needing grpc or libpq names the mismatch in one line.
+    other = build(pyz_build_dir / "kl-aarch64.pyz", "--platform", "manylinux_2_28_aarch64", "--python", "3.11", "--no-codec")
+    natives = {n["path"] for n in _manifest(other)["natives"]}
+    assert "grpc/_cython/cygrpc.cpython-311-aarch64-linux-gnu.so" in natives
+    assert not any("x86_64" in p for p in natives)
+    r = run_pyz("version", pyz_file=other)
+    assert r.returncode == 0, r.stderr
+    assert version_fields(r.stdout)["codec"].startswith("python (the Rust codec cannot load")
+    r = run_pyz("db", "status", pyz_file=other)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert re.fullmatch(r"kl: cannot load psycopg-binary 3\.3\.9 \(psycopg\) from kl\.pyz: no build of it for this interpreter; "
+                        r"this kl\.pyz was built for CPython 3\.11 on manylinux_2_28_aarch64, and this is CPython 3\.11\.\d+ on linux x86_64",
+                        lines[0]), lines[0]
