@@ -10,6 +10,9 @@ export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 # bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a
 # bigger test-thread stack here.
 RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-default-features
+# kl.pyz is built once per run and shared by tests/pyz and the start-up bench.
+.venv/bin/python build_zipapp.py --wheel-cache "$KL_TEST_CACHE/pyz-wheels"
+export KL_TEST_PYZ="$PWD/dist/kl.pyz"
 .venv/bin/python -m pytest tests "$@"
 if [ -d benches ] && ls benches/test_*.py >/dev/null 2>&1; then
     KL_BENCH_QUICK=1 .venv/bin/python -m pytest benches -q --benchmark-disable-gc --benchmark-columns=min,mean,ops -p no:cacheprovider
