@@ -6,7 +6,7 @@ use crate::error::{too_deep, AtStep, CodecErr, Result, MAX_DEPTH};
 use crate::json::{quote, write_jval, JVal, Kind, Parser};
 use crate::mp;
 use crate::number::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
-use crate::types::{infer_type, type_from_json, ObjectTy, Ty};
+use crate::types::{infer_type, start_reordering, type_from_json, ObjectTy, Ty};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
@@ -391,14 +391,7 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectTy, out: &mut Vec<u8>, d
                     next = idx + 1;
                 }
                 _ => {
-                    let (temp, ranges) = reordered.get_or_insert_with(|| {
-                        let temp = out.split_off(region);
-                        let mut ranges = vec![None; n];
-                        for (j, &(s, e)) in spans.iter().enumerate() {
-                            ranges[j] = Some((s - region, e - region));
-                        }
-                        (temp, ranges)
-                    });
+                    let (temp, ranges) = reordered.get_or_insert_with(|| start_reordering(out, region, &spans, n));
                     let s = temp.len();
                     marshal(p, ty, temp, depth + 1).at(|| format!(".{}", o.names[idx]))?;
                     ranges[idx] = Some((s, temp.len()));

@@ -259,3 +259,20 @@ pub fn infer_type(v: &JVal, depth: usize) -> Result<Ty> {
         }
     }
 }
+
+/// Object attributes are written in sorted order as they arrive; when one arrives out of order,
+/// what was written so far (from `region` on) moves to a side buffer with each attribute's span,
+/// and the object is assembled from there in sorted order. Shared by both directions.
+pub(crate) fn start_reordering(
+    out: &mut Vec<u8>,
+    region: usize,
+    spans: &[(usize, usize)],
+    n: usize,
+) -> (Vec<u8>, Vec<Option<(usize, usize)>>) {
+    let temp = out.split_off(region);
+    let mut ranges = vec![None; n];
+    for (j, &(s, e)) in spans.iter().enumerate() {
+        ranges[j] = Some((s - region, e - region));
+    }
+    (temp, ranges)
+}

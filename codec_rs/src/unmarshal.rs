@@ -5,7 +5,7 @@ use crate::error::{too_deep, AtStep, CodecErr, Result, MAX_DEPTH};
 use crate::json::write_json_string;
 use crate::mp::{Head, Reader};
 use crate::number::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
-use crate::types::{parse_type, ObjectTy, Ty};
+use crate::types::{parse_type, start_reordering, ObjectTy, Ty};
 use std::cmp::Ordering;
 use std::collections::HashSet;
 
@@ -338,14 +338,7 @@ fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectTy, out: &mut Vec<u8>,
                 next = idx + 1;
             }
             _ => {
-                let (temp, ranges) = reordered.get_or_insert_with(|| {
-                    let temp = out.split_off(region);
-                    let mut ranges = vec![None; n];
-                    for (j, &(s, e)) in spans.iter().enumerate() {
-                        ranges[j] = Some((s - region, e - region));
-                    }
-                    (temp, ranges)
-                });
+                let (temp, ranges) = reordered.get_or_insert_with(|| start_reordering(out, region, &spans, n));
                 let s = temp.len();
                 unmarshal(r, ty, temp, depth + 1).at(|| format!(".{}", o.names[idx]))?;
                 ranges[idx] = Some((s, temp.len()));

@@ -160,7 +160,6 @@ class _Run:
         self.cancel = cancel
         self.clients: list[ResourceClient] = []
         self.lock = threading.Lock()
-        self.first_failure_seen = False
 
     def record_failure(self, entry: _Entry, message: str) -> None:
         entry.error = message

@@ -59,6 +59,8 @@ class FakeClient:
             self.f.in_flight += 1
             self.f.max_in_flight = max(self.f.max_in_flight, self.f.in_flight)
         try:
+            if isinstance(self.f.world.get(ident), Exception):
+                raise self.f.world[ident]  # failures answer at once; only good reads are slow
             if self.f.delay:
                 deadline = time.monotonic() + self.f.delay
                 while time.monotonic() < deadline and not self.f.stopped.is_set():
@@ -178,10 +180,12 @@ def test_one_failure_among_many_commits_nothing(conn, make_state):
 def test_fail_fast_stops_at_the_first_failure(conn, make_state):
     seed(conn, make_state, attrs(40))
     f = FakeFactory(world={"id0": ResourceError("first")})
-    f.delay = 0.01
-    res = run(conn, f, fail_fast=True, provider_parallelism=1)
+    f.delay = 5  # the other reads are still in flight when r0 fails, so StopProvider must go out
+    t0 = time.monotonic()
+    res = run(conn, f, fail_fast=True, provider_parallelism=4)
+    assert time.monotonic() - t0 < 4
     assert res.status == "cancelled" and "fail-fast: null_resource.r0: first" in res.error
-    assert len(f.reads()) < 40 and f.stop_calls == 1
+    assert len(f.reads()) <= 4 and f.stop_calls == 1 and f.closed == 1
     assert current(conn)[0] == 1
     assert run_row(conn, res.run_id)[0] == "cancelled"
 
