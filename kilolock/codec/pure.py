@@ -428,6 +428,16 @@ _MARSHAL: dict[int, Callable[[object, CtyType, bytearray, int], None]] = {
 # --- msgpack reading ----------------------------------------------------------------------------
 
 NIL, FALSE, TRUE, INT, FLOAT, STR, BIN, ARRAY, MAPF, EXT = range(10)
+
+# Headers followed by a big-endian unsigned value of the given width: the value itself (uint8..64)
+# or the length of what follows (str8..32, bin8..32, array16/32, map16/32).
+_SIZED_HEADERS = {
+    0xCC: (INT, 1), 0xCD: (INT, 2), 0xCE: (INT, 4), 0xCF: (INT, 8),
+    0xD9: (STR, 1), 0xDA: (STR, 2), 0xDB: (STR, 4),
+    0xC4: (BIN, 1), 0xC5: (BIN, 2), 0xC6: (BIN, 4),
+    0xDC: (ARRAY, 2), 0xDD: (ARRAY, 4),
+    0xDE: (MAPF, 2), 0xDF: (MAPF, 4),
+}
 _FAMILY_NAMES = ("nil", "bool", "bool", "int", "float", "str", "bin", "array", "map", "ext")
 _UNKNOWN = "unknown value: a refreshed state must be wholly known"
 
@@ -474,40 +484,15 @@ class Reader:
             return FALSE, False
         if b == 0xC3:
             return TRUE, True
-        if b == 0xCC:
-            return INT, self.uint(1)
-        if b == 0xCD:
-            return INT, self.uint(2)
-        if b == 0xCE:
-            return INT, self.uint(4)
-        if b == 0xCF:
-            return INT, self.uint(8)
+        sized = _SIZED_HEADERS.get(b)
+        if sized is not None:
+            return sized[0], self.uint(sized[1])
         if b in (0xD0, 0xD1, 0xD2, 0xD3):
             return INT, int.from_bytes(self.take(1 << (b - 0xD0)), "big", signed=True)
         if b == 0xCA:
             return FLOAT, struct.unpack(">f", self.take(4))[0]
         if b == 0xCB:
             return FLOAT, struct.unpack(">d", self.take(8))[0]
-        if b == 0xD9:
-            return STR, self.uint(1)
-        if b == 0xDA:
-            return STR, self.uint(2)
-        if b == 0xDB:
-            return STR, self.uint(4)
-        if b == 0xC4:
-            return BIN, self.uint(1)
-        if b == 0xC5:
-            return BIN, self.uint(2)
-        if b == 0xC6:
-            return BIN, self.uint(4)
-        if b == 0xDC:
-            return ARRAY, self.uint(2)
-        if b == 0xDD:
-            return ARRAY, self.uint(4)
-        if b == 0xDE:
-            return MAPF, self.uint(2)
-        if b == 0xDF:
-            return MAPF, self.uint(4)
         if 0xD4 <= b <= 0xD8 or 0xC7 <= b <= 0xC9:
             return EXT, None  # unknown value (ext 0, refined ext 12, or any other code)
         raise PathError(f"invalid msgpack byte 0x{b:02x} at offset {pos}")
