@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider-search-path", action="append", metavar="DIR",
                    help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
     p.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
+    p.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
+                   help="fail a resource whose provider call takes longer than this (default 10m)")
     p.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
     p.add_argument("--allow-mass-removal", action="store_true",
                    help="commit even when most of a provider's objects come back deleted")

@@ -25,6 +25,7 @@ def options_from_args(args: argparse.Namespace) -> RefreshOptions:
         actor=args.actor or default_actor(),
         search_paths=tuple(args.provider_search_path or ()),
         timeout=parse_duration(args.timeout) if args.timeout else None,
+        rpc_timeout=parse_duration(args.rpc_timeout),
         always_upgrade=args.always_upgrade,
         allow_mass_removal=args.allow_mass_removal,
     )
@@ -125,7 +126,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     try:
         with db.open_store() as conn:
             sid = versions.state_id(conn, args.state)
-            factory = ProductionFactory(conn, sid, options.search_paths)
+            factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout)
             result = run(conn, args.state, factory, options, progress=progress, cancel=cancel)
     finally:
         if progress:

@@ -112,8 +112,10 @@ _MESSAGE_FOR_RPC = {"GetSchema": "GetProviderSchema", "GetProviderSchema": "GetP
 
 
 class GrpcProviderClient(ProviderClient):
-    def __init__(self, connection: PluginConnection) -> None:
+    def __init__(self, connection: PluginConnection, rpc_timeout: float | None = None) -> None:
         self._conn = connection
+        # A provider that hangs (a wedged API client, a lost network) must not hold a run forever.
+        self._rpc_timeout = rpc_timeout
         self.name = connection.name
         self.protocol_version = connection.protocol_version
         self._d = _DIALECTS[connection.protocol_version]
@@ -141,12 +143,13 @@ class GrpcProviderClient(ProviderClient):
         )
 
     def _call(self, rpc: str, fn: grpc.UnaryUnaryMultiCallable, request: Any, timeout: float | None = None) -> Any:
+        timeout = self._rpc_timeout if timeout is None else timeout
         try:
             return fn(request, timeout=timeout)
         except grpc.RpcError as exc:
-            raise self._call_error(rpc, exc) from None
+            raise self._call_error(rpc, exc, timeout) from None
 
-    def _call_error(self, rpc: str, exc: grpc.RpcError) -> ProviderCallError:
+    def _call_error(self, rpc: str, exc: grpc.RpcError, timeout: float | None = None) -> ProviderCallError:
         code = exc.code()  # type: ignore[attr-defined]
         details = exc.details()  # type: ignore[attr-defined]
         proc = self._conn.process
@@ -156,7 +159,8 @@ class GrpcProviderClient(ProviderClient):
             extra = ("; stderr: " + " | ".join(tail)) if tail else ""
             return ProviderCallError(f"provider {self.name}: the plugin exited during {rpc} ({proc.exit_description()}){extra}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return ProviderCallError(f"provider {self.name}: {rpc} did not answer in time")
+            within = f" within {timeout:g}s" if timeout is not None else " in time"
+            return ProviderCallError(f"provider {self.name}: {rpc} did not answer{within}")
         if code == grpc.StatusCode.UNAVAILABLE:
             return ProviderCallError(f"provider {self.name}: plugin did not respond to {rpc}: {details}")
         return ProviderCallError(f"provider {self.name}: {rpc} failed with {code.name}: {details}")
@@ -179,11 +183,11 @@ class GrpcProviderClient(ProviderClient):
 
     def get_identity_schemas(self) -> dict[str, Schema]:
         try:
-            resp = self._rpc_identity(self._d.pb.GetResourceIdentitySchemas.Request())
+            resp = self._rpc_identity(self._d.pb.GetResourceIdentitySchemas.Request(), timeout=self._rpc_timeout)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
                 return {}  # providers older than protocol 5.9/6.9, as Terraform treats them
-            raise self._call_error("GetResourceIdentitySchemas", exc) from None
+            raise self._call_error("GetResourceIdentitySchemas", exc, self._rpc_timeout) from None
         self._check("GetResourceIdentitySchemas", "", convert.diagnostics(resp.diagnostics))
         return convert.identity_schemas(resp)
 

@@ -23,7 +23,9 @@ def launch_provider(
     *,
     tls: bool | None = None,
     start_timeout: float = DEFAULT_START_TIMEOUT,
+    rpc_timeout: float | None = None,
 ) -> ProviderClient:
-    """Launch, handshake, connect; ``tls=None`` follows KL_DISABLE_PLUGIN_TLS (AutoMTLS by default)."""
+    """Launch, handshake, connect; ``tls=None`` follows KL_DISABLE_PLUGIN_TLS (AutoMTLS by default).
+    ``rpc_timeout`` is the deadline of every call the client makes, in seconds (None: no deadline)."""
     conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout)
-    return GrpcProviderClient(conn)
+    return GrpcProviderClient(conn, rpc_timeout=rpc_timeout)

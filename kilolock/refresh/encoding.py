@@ -17,11 +17,10 @@ from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 
 class EncodingClient:
-    def __init__(self, raw: ProviderClient, schema: ProviderSchema, info: OpenedProvider, rpc_timeout: float | None = None) -> None:
+    def __init__(self, raw: ProviderClient, schema: ProviderSchema, info: OpenedProvider) -> None:
         self._raw = raw
         self._schema = schema
         self.info = info
-        self._rpc_timeout = rpc_timeout
         self._types: dict[str, Any] = {}
         self._has_sensitive: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -53,7 +52,7 @@ class EncodingClient:
         except KlError as exc:
             raise ResourceError(f"UpgradeResourceState: {exc}") from None
         if upgraded is None:
-            raise ResourceError("UpgradeResourceState returned no state")
+            raise ResourceError(f"provider {self._raw.name}: UpgradeResourceState returned no state")
         return self._decode(type_name, upgraded, "UpgradeResourceState")
 
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
@@ -65,17 +64,17 @@ class EncodingClient:
         # Identity needs the identity schema to encode; kl does not send it yet (Terraform < 1.12
         # states carry none), so the provider reads without a current identity.
         try:
-            res = self._raw.read_resource(type_name, wire, private, timeout=self._rpc_timeout)
+            res = self._raw.read_resource(type_name, wire, private)
         except KlError as exc:
             raise ResourceError(str(exc)) from None
         if res.deferred_reason is not None:
-            raise ResourceError(f"provider deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
+            raise ResourceError(f"provider {self._raw.name}: deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
         sensitive: list[AttributePath] = []
         if res.unknown_field_6:
             try:
                 sensitive = list(codec.decode_attribute_paths(res.unknown_field_6))
             except codec.CodecError as exc:
-                raise ResourceError(f"ReadResource: malformed sensitive paths (field 6): {exc}") from None
+                raise ResourceError(f"provider {self._raw.name}: ReadResource: malformed sensitive paths (field 6): {exc}") from None
         if res.new_state is None:
             return ReadOutcome(new_state=None)
         return ReadOutcome(
@@ -88,7 +87,7 @@ class EncodingClient:
         try:
             return self._type(type_name).decode(wire)
         except codec.CodecError as exc:
-            raise ResourceError(f"provider produced an invalid object in {rpc}: {exc}") from None
+            raise ResourceError(f"provider {self._raw.name}: {rpc} returned an invalid object: {exc}") from None
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         # Most resource types have no sensitive attribute at all; skip parsing the value for them.

@@ -59,13 +59,13 @@ class ProductionFactory:
         found = find_provider(source, stored.pinned_version if stored else None, self._search_paths)
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
-        raw = launch_provider(found.binary)
+        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout)
         try:
             schema, cached = self._schema(source, found.version, raw)
             config = resolve_env_refs(stored.config if stored else {}, f"provider {source}" + (f".{alias}" if alias else "") + " config")
             self._configure(raw, schema, config, source)
             info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached)
-            return EncodingClient(raw, schema, info, self._rpc_timeout)
+            return EncodingClient(raw, schema, info)
         except BaseException:
             raw.close()
             raise

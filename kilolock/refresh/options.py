@@ -34,7 +34,10 @@ class RefreshOptions:
     provider_parallelism: int = 10  # Terraform's -parallelism default; 1 is the ADR's serial mode
     actor: str = "unknown@cli"
     search_paths: tuple[str, ...] = ()
-    timeout: float | None = None  # seconds
+    timeout: float | None = None  # seconds, for the whole run
+    # Seconds one provider call may take. Generous: a read that retries a throttled cloud API can
+    # take minutes, and Terraform itself sets no deadline.
+    rpc_timeout: float = 600.0
     always_upgrade: bool = False
     allow_mass_removal: bool = False
     # A provider group in which more than this share of instances comes back gone (and at least

@@ -4,7 +4,9 @@
 Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per ReadResource:
   modes: serve (default), hang, garbage, not-plugin, exit-early, wrong-cookie, netrpc, proto4
   types: fake_echo, fake_sensitive (adds field 6), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
-         fake_error, fake_gone
+         fake_error, fake_gone, and bad answers: fake_garbage (not msgpack), fake_unknown (an
+         unknown value), fake_wrongtype (a number where the schema says string), fake_flood
+         (FAKE_FLOOD_MB of stderr before a good answer)
 FAKE_PROTO selects protocol 5 or 6. FAKE_UPGRADE=object makes UpgradeResourceState
 answer with a real msgpack object (so Terraform itself can use the fake). FAKE_EVENT_LOG, if set, is a file the fake appends "read",
 "stop" and "shutdown" to when those RPCs arrive, so tests can see what kl sent. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
@@ -21,6 +23,15 @@ import time
 from concurrent import futures
 
 COOKIE = ("TF_PLUGIN_MAGIC_COOKIE", "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2")
+
+
+# ReadResource answers that break the protocol's contract in one way each (cty msgpack objects of
+# the fake's schema: id, rule, secret, value).
+BAD_ANSWERS = {
+    "fake_garbage": b"\xc1\xc1 not msgpack",
+    "fake_unknown": b"\x84\xa2id\xd4\x00\x00\xa4rule\x90\xa6secret\xc0\xa5value\xa1v",
+    "fake_wrongtype": b"\x84\xa2id\x2a\xa4rule\x90\xa6secret\xc0\xa5value\xa1v",
+}
 
 
 def say(line: str) -> None:
@@ -98,7 +109,7 @@ def serve() -> None:
         )
         provider_block = pb.Schema.Block(attributes=[attr("token", b'"string"', optional=True, sensitive=True)])
         resp = pb.GetProviderSchema.Response(provider=pb.Schema(block=provider_block))
-        for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone"):
+        for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone", *BAD_ANSWERS, "fake_flood"):
             resp.resource_schemas[t].CopyFrom(pb.Schema(version=2, block=block))
         return resp
 
@@ -163,6 +174,12 @@ def serve() -> None:
             resp.diagnostics.add(severity=pb.Diagnostic.WARNING, summary="just a warning")
         if t == "fake_gone":
             resp.ClearField("new_state")
+        if t in BAD_ANSWERS:
+            resp.new_state.msgpack = BAD_ANSWERS[t]
+        if t == "fake_flood":
+            line = b"flood: " + b"x" * 1017 + b"\n"
+            for _ in range(int(float(os.environ.get("FAKE_FLOOD_MB", "20")) * 1024)):
+                os.write(2, line)
         raw = resp.SerializeToString()
         if t == "fake_sensitive":
             for steps in (("secret",), ("tags", "k")):

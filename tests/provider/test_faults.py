@@ -119,8 +119,17 @@ def test_crash_mid_call_is_a_clear_error_and_reaped(fake_binary) -> None:
 def test_slow_read_hits_the_call_timeout(fake_binary) -> None:
     with launch_provider(fake_binary(FAKE_SLOW_SECONDS="30"), tls=False) as client:
         started = time.monotonic()
-        with pytest.raises(ProviderCallError, match="ReadResource did not answer in time"):
+        with pytest.raises(ProviderCallError, match="ReadResource did not answer within 0.5s"):
             client.read_resource("fake_slow", msgpack.packb({"id": "1"}), timeout=0.5)
+        assert time.monotonic() - started < 5
+
+
+def test_the_client_wide_deadline_applies_to_every_call(fake_binary) -> None:
+    with launch_provider(fake_binary(FAKE_SLOW_SECONDS="30"), tls=False, rpc_timeout=0.5) as client:
+        assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_state  # fast calls are unaffected
+        started = time.monotonic()
+        with pytest.raises(ProviderCallError, match="ReadResource did not answer within 0.5s"):
+            client.read_resource("fake_slow", msgpack.packb({"id": "1"}))
         assert time.monotonic() - started < 5
 
 

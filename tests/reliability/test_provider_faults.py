@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from faultkit import fake_state, last_run, serials
 
 
@@ -19,3 +21,73 @@ def test_crash_mid_group_names_provider_and_address_and_commits_nothing(run_kl, 
     status, _, to_version, finished = last_run(db_url)
     assert (status, to_version) == ("failed", None) and finished is not None
     assert serials(db_url) == [1]
+
+
+def refresh_json(run_kl, cache, *flags: str, env: dict | None = None) -> tuple[int, dict, bytes]:
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json", *flags, env=env)
+    return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def assert_nothing_committed(db_url: str, status: str = "failed") -> None:
+    run_status, summary, to_version, finished = last_run(db_url)
+    assert (run_status, to_version) == (status, None) and finished is not None and summary, (run_status, summary)
+    assert serials(db_url) == [1]
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("fake_garbage", "provider fake: ReadResource returned an invalid object: (root): invalid msgpack byte 0xc1"),
+    ("fake_unknown", "unknown value"),
+    ("fake_wrongtype", "string"),
+])
+def test_a_bad_answer_fails_that_instance_by_name_and_commits_nothing(run_kl, db_url, fake_cache, bad, expected):
+    make, _ = fake_cache
+    cache = make()
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", bad])).returncode == 0
+    code, out, err = refresh_json(run_kl, cache)
+    assert code == 1 and out["status"] == "failed" and out["resources_failed"] == 1, out
+    [failure] = out["failures"]
+    assert failure["address"] == "fake_garbage.r1".replace("fake_garbage", bad), failure
+    assert failure["message"].startswith("provider fake: ") and expected in failure["message"], failure
+    assert b"Traceback" not in err
+    assert_nothing_committed(db_url)
+
+
+def test_a_hung_read_hits_the_per_rpc_deadline(run_kl, db_url, fake_cache):
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="120")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_slow", "fake_echo"])).returncode == 0
+    code, out, _ = refresh_json(run_kl, cache, "--rpc-timeout", "2s")
+    assert code == 1 and out["status"] == "failed", out
+    assert out["failures"] == [{"address": "fake_slow.r0",
+                                "message": "provider fake: ReadResource did not answer within 2s"}], out["failures"]
+    assert out["resources_checked"] == 2
+    assert_nothing_committed(db_url)
+
+
+def test_rpc_timeout_must_be_a_duration(run_kl, db_url, fake_cache):
+    make, _ = fake_cache
+    r = run_kl("refresh", "prod", "--provider-search-path", str(make()), "--rpc-timeout", "soon")
+    assert r.returncode == 2 and r.stderr.decode().strip().startswith("kl: invalid duration 'soon'"), r.stderr
+    assert len(r.stderr.decode().strip().splitlines()) == 1
+
+
+def test_exit_during_the_handshake_names_the_provider_and_every_address(run_kl, db_url, fake_cache):
+    make, _ = fake_cache
+    cache = make(FAKE_MODE="exit-early")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_echo"])).returncode == 0
+    code, out, err = refresh_json(run_kl, cache)
+    assert code == 1 and out["status"] == "failed" and out["resources_failed"] == 2, out
+    assert {f["address"] for f in out["failures"]} == {"fake_echo.r0", "fake_echo.r1"}
+    assert all("fake" in f["message"] and "exited" in f["message"] for f in out["failures"]), out["failures"]
+    assert b"Traceback" not in err
+    assert_nothing_committed(db_url)
+
+
+def test_a_stderr_flood_neither_blocks_the_provider_nor_reaches_the_terminal(run_kl, db_url, fake_cache):
+    make, _ = fake_cache
+    # 32 MiB: far beyond a pipe's buffer, so a provider whose stderr is not drained blocks forever.
+    cache = make(FAKE_FLOOD_MB="32")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_flood", "fake_echo"])).returncode == 0
+    code, out, err = refresh_json(run_kl, cache, "--rpc-timeout", "90s")
+    assert code == 0 and out["status"] == "succeeded" and out["to_serial"] == 2, out
+    assert len(err) < 4096, err[:300]  # provider stderr is logging at debug, off by default
