@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from faultkit import install_fake  # noqa: E402
+from faultkit import install_fake, provider_pids  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_providers():
+    """Whatever a fault did, no provider process of this session outlives the test."""
+    before = provider_pids()
+    yield
+    deadline = time.monotonic() + 5
+    while (left := provider_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"provider processes outlived the test: {sorted(left)}"
 
 
 @pytest.fixture

@@ -3,10 +3,14 @@ reports, and what must hold afterwards (nothing committed, the audit row finishe
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from faultkit import fake_state, last_run, serials
+from faultkit import fake_state, kl_cmd, kl_env, last_run, provider_pids, serials
 
 
 def test_crash_mid_group_names_provider_and_address_and_commits_nothing(run_kl, db_url, fake_cache):
@@ -91,3 +95,27 @@ def test_a_stderr_flood_neither_blocks_the_provider_nor_reaches_the_terminal(run
     code, out, err = refresh_json(run_kl, cache, "--rpc-timeout", "90s")
     assert code == 0 and out["status"] == "succeeded" and out["to_serial"] == 2, out
     assert len(err) < 4096, err[:300]  # provider stderr is logging at debug, off by default
+
+
+def test_provider_killed_mid_group_fails_the_run_and_commits_nothing(db_url, fake_cache, tmp_path):
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="60")
+    env = kl_env()
+    subprocess.run(kl_cmd("state", "import", "prod", "-"), input=fake_state(["fake_echo", "fake_slow", "fake_slow"]),
+                   env=env, check=True, capture_output=True)
+    before = provider_pids()
+    proc = subprocess.Popen(kl_cmd("refresh", "prod", "--provider-search-path", str(cache), "--format", "json"),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path))
+    deadline = time.monotonic() + 30
+    while events.read_text().count("read") < 3 and time.monotonic() < deadline:  # both slow reads in flight
+        time.sleep(0.05)
+    [pid] = provider_pids() - before
+    os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=30)
+    result = json.loads(out)
+    assert proc.returncode == 1 and result["status"] == "failed", (result, err)
+    failures = {f["address"]: f["message"] for f in result["failures"]}
+    assert set(failures) == {"fake_slow.r1", "fake_slow.r2"}, failures
+    assert all(m.startswith("provider fake: the plugin exited during ReadResource (killed by SIGKILL)") for m in failures.values()), failures
+    assert b"Traceback" not in err
+    assert_nothing_committed(db_url)
