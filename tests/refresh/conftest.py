@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
 
-from tfworkspace import LOCAL_V, MAIN_TF, PLUGIN_CACHE, TERRAFORM, provider_pids, terraform  # noqa: E402
+from tfworkspace import LOCAL_V, MAIN_TF, PLUGIN_CACHE, TERRAFORM, assert_no_new_providers, provider_pids, terraform  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +37,4 @@ def workspace(applied_workspace: Path, tmp_path: Path) -> Path:
 def no_orphan_providers():
     before = provider_pids()
     yield
-    deadline = time.monotonic() + 5
-    while (left := provider_pids() - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"provider processes outlived the test: {sorted(left)}"
+    assert_no_new_providers(before)

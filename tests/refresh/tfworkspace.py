@@ -55,6 +55,16 @@ def terraform(ws: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 
+def assert_no_new_providers(before: set[int], grace: float = 5.0) -> None:
+    """Fail if provider processes beyond BEFORE are still alive after GRACE seconds."""
+    import time
+
+    deadline = time.monotonic() + grace
+    while (left := provider_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"provider processes outlived the test: {sorted(left)}"
+
+
 def provider_pids() -> set[int]:
     """Live terraform-provider-* processes started by this test session (see SESSION_MARK)."""
     mark = f"KL_TEST_SESSION={os.environ.get('KL_TEST_SESSION', '')}".encode()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from faultkit import install_fake, provider_pids  # noqa: E402
+from faultkit import assert_no_new_providers, install_fake, provider_pids  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -17,10 +16,7 @@ def no_orphan_providers():
     """Whatever a fault did, no provider process of this session outlives the test."""
     before = provider_pids()
     yield
-    deadline = time.monotonic() + 5
-    while (left := provider_pids() - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"provider processes outlived the test: {sorted(left)}"
+    assert_no_new_providers(before)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import psycopg
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "refresh"))
-from tfworkspace import provider_pids  # noqa: E402,F401  (re-exported: the one orphan detector)
+from tfworkspace import assert_no_new_providers, provider_pids  # noqa: E402,F401  (re-exported: one orphan detector)
 
 FAKE = REPO / "tests" / "provider" / "fake_provider.py"
 FAKE_SOURCE = "registry.terraform.io/hashicorp/fake"

@@ -13,20 +13,6 @@ import pytest
 from faultkit import fake_state, kl_cmd, kl_env, last_run, provider_pids, serials
 
 
-def test_crash_mid_group_names_provider_and_address_and_commits_nothing(run_kl, db_url, fake_cache):
-    make, _ = fake_cache
-    cache = make()
-    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_crash", "fake_echo"])).returncode == 0
-    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json", "--provider-parallelism", "1")
-    out = json.loads(r.stdout)
-    assert r.returncode == 1 and out["status"] == "failed" and out["to_serial"] is None, out
-    failures = {f["address"]: f["message"] for f in out["failures"]}
-    assert "plugin exited" in failures["fake_crash.r1"] and failures["fake_crash.r1"].startswith("provider fake:"), failures
-    status, _, to_version, finished = last_run(db_url)
-    assert (status, to_version) == ("failed", None) and finished is not None
-    assert serials(db_url) == [1]
-
-
 def refresh_json(run_kl, cache, *flags: str, env: dict | None = None) -> tuple[int, dict, bytes]:
     r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json", *flags, env=env)
     return r.returncode, json.loads(r.stdout), r.stderr
