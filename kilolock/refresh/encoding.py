@@ -24,6 +24,10 @@ class EncodingClient:
         self._types: dict[str, Any] = {}
         self._has_sensitive: dict[str, bool] = {}
         self._lock = threading.Lock()
+        # The orchestrator canonicalizes the prior and then, in the same thread, reads with that very
+        # object; keeping its wire form saves a second encode of every unchanged prior (about 1 µs
+        # for a null_resource, 100-200 µs for a 150-attribute cloud resource).
+        self._last_prior = threading.local()
 
     def resource_schema(self, type_name: str) -> Schema:
         try:
@@ -42,9 +46,19 @@ class EncodingClient:
     def canonicalize(self, type_name: str, attributes: bytes) -> bytes | None:
         t = self._type(type_name)
         try:
-            return t.decode(t.encode(attributes))
+            wire = t.encode(attributes)
+            canonical = t.decode(wire)
         except codec.CodecError:
             return None
+        self._last_prior.value = (type_name, canonical, wire)
+        return canonical
+
+    def _encode_prior(self, type_name: str, prior: bytes) -> bytes:
+        last = getattr(self._last_prior, "value", None)
+        self._last_prior.value = None
+        if last is not None and last[0] == type_name and last[1] is prior:
+            return last[2]
+        return self._type(type_name).encode(prior)
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
         try:
@@ -56,9 +70,8 @@ class EncodingClient:
         return self._decode(type_name, upgraded, "UpgradeResourceState")
 
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
-        t = self._type(type_name)
         try:
-            wire = t.encode(prior)
+            wire = self._encode_prior(type_name, prior)
         except codec.CodecError as exc:
             raise ResourceError(f"prior state does not fit the schema of {type_name}: {exc}") from None
         # Identity needs the identity schema to encode; kl does not send it yet (Terraform < 1.12
