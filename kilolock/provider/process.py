@@ -31,6 +31,7 @@ from typing import Callable, TypeVar
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
 from kilolock.provider.logbridge import StderrLogBridge, provider_logger, quiet_plugin_log_env
+from kilolock.redact import KNOWN as KNOWN_SECRETS
 
 MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
@@ -231,7 +232,7 @@ class PluginProcess:
                     first = False
                     self._first_line.put(text)
                 else:
-                    self.logger.debug("stdout: %s", text.rstrip())
+                    self.logger.debug("stdout: %s", KNOWN_SECRETS.redact(text.rstrip()))
         except (OSError, ValueError):
             pass
         finally:
@@ -267,10 +268,11 @@ class PluginProcess:
         return f"exit status {code}"
 
     def stderr_tail(self) -> list[str]:
-        return list(self._stderr_tail)
+        """The last stderr lines, known secrets masked: the tail goes into error messages."""
+        return [KNOWN_SECRETS.redact(line) for line in self._stderr_tail]
 
     def _tail_suffix(self) -> str:
-        lines = [line for line in self._stderr_tail if line][-8:]
+        lines = [line for line in self.stderr_tail() if line][-8:]
         return "; stderr: " + " | ".join(lines) if lines else ""
 
     # -- ending --
