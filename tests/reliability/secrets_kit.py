@@ -85,10 +85,10 @@ class Serve:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            rest, _ = self.proc.communicate(timeout=30)
+            _, rest = self.proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            rest, _ = self.proc.communicate()
+            _, rest = self.proc.communicate()
         self.log += rest or b""
         return self.log
 
@@ -111,6 +111,7 @@ def api_channels(db_url: str, state: str, env: Mapping[str, str] | None = None, 
         assert status == 200, (status, pulled)
     finally:
         out["kl serve log"] = srv.stop()
+    assert b"GET /api/v1/states/" in out["kl serve log"], out["kl serve log"]  # the log is on: its grep means something
     return out, pulled
 
 
