@@ -38,6 +38,9 @@ MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca
 _NOT_FOR_DIRECT_USE = "This binary is a plugin"
 _STDERR_TAIL_LINES = 40
 _MAX_HANDSHAKE_LINE = 64 * 1024
+# kl's own credentials: a provider gets the rest of kl's environment (its cloud credentials come
+# from there, as under Terraform) but has no business with kl's database or server tokens.
+_KL_CREDENTIALS = ("KL_DATABASE_URL", "KL_SERVE_TOKEN", "KL_SERVE_ADMIN_TOKEN")
 
 T = TypeVar("T")
 
@@ -147,6 +150,8 @@ class PluginProcess:
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
+        for var in _KL_CREDENTIALS:
+            env.pop(var, None)
         env.update(quiet_plugin_log_env(os.environ))
         env.update(
             {
