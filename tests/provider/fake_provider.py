@@ -13,7 +13,8 @@ Echoes, for the secrets tests (a provider repeating what it was given): FAKE_ECH
 writes the configured token to stderr (an hclog JSON line and a plain one); FAKE_ECHO_STATE_TO_STDERR=1
 writes every ReadResource's current state there; FAKE_ECHO_STATE_IN_DIAGNOSTIC=1 puts the `secret`
 attribute into fake_error's diagnostic detail. FAKE_READ_SET='{"attr": "new value"}' makes
-ReadResource answer with those attributes changed (drift).
+ReadResource answer with those attributes changed (drift). FAKE_REPORT_ENV=A,B appends "env A=set" or
+"env A=unset" per name to FAKE_EVENT_LOG at start-up (never the value).
 """
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ def serve() -> None:
     )
     stop_event = threading.Event()
     done = threading.Event()
+    for name in filter(None, os.environ.get("FAKE_REPORT_ENV", "").split(",")):
+        if os.environ.get("FAKE_EVENT_LOG"):
+            with open(os.environ["FAKE_EVENT_LOG"], "a") as fh:
+                fh.write(f"env {name}={'set' if name in os.environ else 'unset'}\n")
     slow = float(os.environ.get("FAKE_SLOW_SECONDS", "5"))
 
     def event(name: str) -> None:
