@@ -130,3 +130,16 @@ def test_drift_of_sensitive_values_shows_only_that_they_changed(run_kl, db_url, 
     assert pulled["attributes"]["secret"] == new["new secret"]  # it did change, in the state itself
     assert sorted(p[0]["value"] for p in pulled["sensitive_attributes"]) == ["secret", "value"]
     assert not set(STATE_TABLES) & {k.removeprefix("table ") for k in channels}
+
+
+def test_kl_credentials_stay_out_of_the_provider_environment(run_kl, db_url, fake_cache):
+    make, events = fake_cache
+    cache = make(FAKE_REPORT_ENV="KL_DATABASE_URL,KL_SERVE_TOKEN,KL_SERVE_ADMIN_TOKEN,FAKE_TOKEN")
+    assert run_kl("state", "import", "prod", "-", input=secret_state(["fake_echo"], planted())).returncode == 0
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache),
+               env={"KL_SERVE_TOKEN": "serve-token", "KL_SERVE_ADMIN_TOKEN": "admin-token", "FAKE_TOKEN": "provider-cred"})
+    assert r.returncode == 0, r.stderr
+    reported = [line for line in events.read_text().splitlines() if line.startswith("env ")]
+    # The provider keeps the environment its own credentials come from, and gets none of kl's.
+    assert reported == ["env KL_DATABASE_URL=unset", "env KL_SERVE_TOKEN=unset", "env KL_SERVE_ADMIN_TOKEN=unset",
+                        "env FAKE_TOKEN=set"], reported
