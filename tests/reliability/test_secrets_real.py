@@ -127,3 +127,23 @@ def test_a_failed_refresh_of_instances_holding_secrets_names_no_secret(run_kl, d
                 **read_channels(run_kl, "prod"), **db_rows(db_url)}
     api, _ = api_channels(db_url, "prod")
     assert leaks(secrets, channels | api) == []
+
+
+def test_provider_logs_at_trace_level_hold_no_secret(run_kl, db_url, applied, caplog, monkeypatch):
+    """The CLI shows provider logs down to DEBUG; in-process every TRACE line can be seen too."""
+    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.orchestrator import run
+    from kilolock.store import db, versions
+
+    doc, secrets = applied
+    assert run_kl("state", "import", "prod", "-", input=variant(doc, schema_version=0, drop=("bcrypt_hash", "numeric"))).returncode == 0
+    monkeypatch.setenv("TF_LOG", "trace")
+    caplog.set_level(1)
+    with db.open_store() as conn:
+        factory = ProductionFactory(conn, versions.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+        result = run(conn, "prod", factory, RefreshOptions(dry_run=True))
+    assert result.status == "succeeded" and result.changed == 1, result
+    trace = [r for r in caplog.records if r.levelno < 10 and r.name == "kilolock.provider.random"]
+    assert len(trace) > 20, len(trace)  # the provider did log at TRACE, and every line reached logging
+    assert leaks(secrets, {"log records": "\n".join(r.getMessage() for r in caplog.records).encode()}) == []
