@@ -30,6 +30,7 @@ from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_std
 from kilolock.provider.certs import der_to_pem, process_client_certificate
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.process import LaunchSpec, PluginProcess
+from kilolock.redact import KNOWN as KNOWN_SECRETS
 
 _log = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class PluginConnection:
             self._stdio_call = call
             for item in call:
                 channel = "stderr" if item.channel == grpc_stdio_pb2.StdioData.STDERR else "stdout"
-                self.process.logger.info("plugin %s: %s", channel, item.data.decode("utf-8", "replace").rstrip())
+                text = KNOWN_SECRETS.redact(item.data.decode("utf-8", "replace").rstrip())
+                self.process.logger.info("plugin %s: %s", channel, text)
         except grpc.RpcError as exc:
             # UNIMPLEMENTED from old go-plugin servers, CANCELLED/UNAVAILABLE at close: all normal.
             self.process.logger.debug("StreamStdio ended: %s", exc.code())  # type: ignore[attr-defined]

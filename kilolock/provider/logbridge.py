@@ -1,5 +1,8 @@
 """Provider stderr (hclog JSON lines, or ``[LEVEL]``-prefixed text from old SDKs) → Python logging.
 
+Values kl knows to be secret (kilolock.redact) are masked in every line it logs: providers echo
+tokens and attribute values in their logs and panics.
+
 Each provider logs under ``kilolock.provider.<name>``. A log line is plugin chatter, not protocol
 payload, so decoding it here does not break the rule that the wire layer never parses values.
 """
@@ -9,6 +12,8 @@ import json
 import logging
 import sys
 from typing import Mapping
+
+from kilolock.redact import KNOWN as KNOWN_SECRETS
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -43,13 +48,14 @@ class StderrLogBridge:
         if text.startswith(("panic: ", "fatal error: ")):
             self._in_panic = True
         if self._in_panic:
-            self._logger.error("%s", text)
+            self._logger.error("%s", KNOWN_SECRETS.redact(text))
             return
         if not self._logger.isEnabledFor(TRACE) and not self._logger.isEnabledFor(logging.WARNING):
             return
         level, message = self._parse(text)
         if self._logger.isEnabledFor(level):
-            self._logger.log(level, "%s", message)
+            # Redacted after parsing: hclog escapes values in JSON, the message shows them decoded.
+            self._logger.log(level, "%s", KNOWN_SECRETS.redact(message))
 
     @staticmethod
     def _parse(text: str) -> tuple[int, str]:

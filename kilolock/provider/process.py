@@ -31,12 +31,16 @@ from typing import Callable, TypeVar
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
 from kilolock.provider.logbridge import StderrLogBridge, provider_logger, quiet_plugin_log_env
+from kilolock.redact import KNOWN as KNOWN_SECRETS
 
 MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
 _NOT_FOR_DIRECT_USE = "This binary is a plugin"
 _STDERR_TAIL_LINES = 40
 _MAX_HANDSHAKE_LINE = 64 * 1024
+# kl's own credentials: a provider gets the rest of kl's environment (its cloud credentials come
+# from there, as under Terraform) but has no business with kl's database or server tokens.
+_KL_CREDENTIALS = ("KL_DATABASE_URL", "KL_SERVE_TOKEN", "KL_SERVE_ADMIN_TOKEN")
 
 T = TypeVar("T")
 
@@ -146,6 +150,8 @@ class PluginProcess:
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
+        for var in _KL_CREDENTIALS:
+            env.pop(var, None)
         env.update(quiet_plugin_log_env(os.environ))
         env.update(
             {
@@ -231,7 +237,7 @@ class PluginProcess:
                     first = False
                     self._first_line.put(text)
                 else:
-                    self.logger.debug("stdout: %s", text.rstrip())
+                    self.logger.debug("stdout: %s", KNOWN_SECRETS.redact(text.rstrip()))
         except (OSError, ValueError):
             pass
         finally:
@@ -267,10 +273,11 @@ class PluginProcess:
         return f"exit status {code}"
 
     def stderr_tail(self) -> list[str]:
-        return list(self._stderr_tail)
+        """The last stderr lines, known secrets masked: the tail goes into error messages."""
+        return [KNOWN_SECRETS.redact(line) for line in self._stderr_tail]
 
     def _tail_suffix(self) -> str:
-        lines = [line for line in self._stderr_tail if line][-8:]
+        lines = [line for line in self.stderr_tail() if line][-8:]
         return "; stderr: " + " | ".join(lines) if lines else ""
 
     # -- ending --

@@ -17,6 +17,8 @@ from kilolock import codec
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient, launch_provider
 from kilolock.provider.discovery import find_provider
+from kilolock.redact import KNOWN as KNOWN_SECRETS
+from kilolock.redact import values_at
 from kilolock.refresh.client import OpenedProvider
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.schema import ProviderSchema
@@ -36,6 +38,8 @@ def resolve_env_refs(value: Any, where: str = "config") -> Any:
             name = value["env"]
             if name not in os.environ:
                 raise ProviderConfigError(f"{where}: environment variable {name} is not set")
+            # A value kept out of the store is a secret: mask it wherever a provider echoes it.
+            KNOWN_SECRETS.add(os.environ[name])
             return os.environ[name]
         return {k: resolve_env_refs(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
@@ -91,5 +95,8 @@ class ProductionFactory:
             wire = codec.compile_block(schema.provider.block).encode(json.dumps(config).encode())
         except codec.CodecError as exc:
             raise ProviderConfigError(f"provider {source} config does not fit its schema: {exc}") from None
+        # Before the provider sees them, so its log lines and diagnostics about them come out masked.
+        for value in values_at(config, codec.sensitive_paths(schema.provider.block, config)):
+            KNOWN_SECRETS.add_value(value)
         raw.validate_config(wire)
         raw.configure(wire)

@@ -8,6 +8,7 @@ any work and finished on every path.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import logging
 import threading
 import time
@@ -18,11 +19,12 @@ from typing import Any, Callable
 import psycopg
 
 import kilolock
-from kilolock import tfstate
+from kilolock import redact, tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
+from kilolock.schema import AttributePath
 from kilolock.store import locks, refresh_runs, versions
 
 log = logging.getLogger("kilolock.refresh")
@@ -127,6 +129,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"{client.info.source} {client.info.version} has {live})"
         )
     raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
+    _remember_secrets(client, inst.type, raw_prior, redact.marked_paths(inst.obj.get("sensitive_attributes") or ()))
     canonical_prior = client.canonicalize(inst.type, raw_prior)
     # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
     # schema version moved or the stored JSON does not fit the live schema (or when asked to).
@@ -139,6 +142,9 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     if outcome.new_state is None:
         return InstanceUpdate(removed=True, changed=True)
     sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
+    if sensitive:
+        for value in redact.values_at(json.loads(outcome.new_state), sensitive):
+            redact.KNOWN.add_value(value)
     return InstanceUpdate(
         removed=False,
         changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
@@ -148,6 +154,18 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         schema_version=live if upgraded else recorded,
         sensitive_paths=sensitive,
     )
+
+
+def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath]) -> None:
+    """Feed the prior object's sensitive values (marked, or sensitive in the live schema) to the
+    redactor before the provider sees them: its logs and errors about them then come out masked."""
+    try:
+        paths = marks + client.sensitive_paths(type_name, raw_prior)
+        if paths:
+            for value in redact.values_at(json.loads(raw_prior), paths):
+                redact.KNOWN.add_value(value)
+    except (KlError, ValueError, TypeError):
+        pass  # a prior that does not parse or fit is the read's to report; masking is best effort
 
 
 class _Run:
@@ -162,6 +180,9 @@ class _Run:
         self.lock = threading.Lock()
 
     def record_failure(self, entry: _Entry, message: str) -> None:
+        # Failure messages are printed, stored in refresh_runs and quoted in cancel reasons;
+        # providers' diagnostics and stderr may quote secret values in them.
+        message = redact.KNOWN.redact(message)
         entry.error = message
         if self.options.fail_fast:
             self.cancel.cancel(f"fail-fast: {entry.inst.address}: {message}")
@@ -309,9 +330,9 @@ def run(
         result.status, result.error = "cancelled", "interrupted"
         raise
     except KlError as exc:
-        result.status, result.error = "failed", str(exc)
+        result.status, result.error = "failed", redact.KNOWN.redact(str(exc))
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
-        result.status, result.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+        result.status, result.error = "failed", redact.KNOWN.redact(f"internal error: {type(exc).__name__}: {exc}")
         raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)

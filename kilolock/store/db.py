@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import psycopg
@@ -22,8 +23,14 @@ class Target:
         return f"embedded ({self.url})" if self.embedded else _redact(self.url)
 
 
+# password=… in a keyword string (quoted or not) or a URL query parameter.
+_PASSWORD_PARAM = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+
+
 def _redact(url: str) -> str:
-    # postgresql://user:secret@host/db -> postgresql://user:***@host/db
+    # postgresql://user:secret@host/db -> postgresql://user:***@host/db; host=h password=secret ->
+    # host=h password=***; postgresql:///db?password=secret -> postgresql:///db?password=***
+    url = _PASSWORD_PARAM.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
@@ -31,6 +38,12 @@ def _redact(url: str) -> str:
     if ":" in creds:
         creds = creds.split(":", 1)[0] + ":***"
     return f"{scheme}://{creds}@{host}"
+
+
+def _without_quoted_fragments(message: str) -> str:
+    # libpq quotes the part of a malformed connection string it stumbled on, which may be (part
+    # of) the password: keep the message, drop the fragments.
+    return re.sub(r'"([^"]*)"', lambda m: m.group(0) if len(m.group(1)) <= 1 else '"…"', message)
 
 
 def resolve_target(start_embedded: bool = True) -> Target:
@@ -50,6 +63,9 @@ def connect(url: str) -> psycopg.Connection:
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first}") from None
+    except psycopg.ProgrammingError as exc:  # a malformed connection string: the user's to fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatabaseError(f"the database connection string (KL_DATABASE_URL) is malformed: {_without_quoted_fragments(first)}") from None
 
 
 def open_store(migrate: bool | None = None) -> psycopg.Connection:

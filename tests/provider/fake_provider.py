@@ -11,6 +11,12 @@ FAKE_PROTO selects protocol 5 or 6. FAKE_UPGRADE=object makes UpgradeResourceSta
 answer with a real msgpack object (so Terraform itself can use the fake). FAKE_EVENT_LOG, if set, is a file the fake appends "read",
 "stop" and "shutdown" to when those RPCs arrive, so tests can see what kl sent. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
 the server certificate goes out base64 (raw std, no padding) in handshake field 6.
+Echoes, for the secrets tests (a provider repeating what it was given): FAKE_ECHO_CONFIG_TO_STDERR=1
+writes the configured token to stderr (an hclog JSON line and a plain one); FAKE_ECHO_STATE_TO_STDERR=1
+writes every ReadResource's current state there; FAKE_ECHO_STATE_IN_DIAGNOSTIC=1 puts the `secret`
+attribute into fake_error's diagnostic detail. FAKE_READ_SET='{"attr": "new value"}' makes
+ReadResource answer with those attributes changed (drift). FAKE_REPORT_ENV=A,B appends "env A=set" or
+"env A=unset" per name to FAKE_EVENT_LOG at start-up (never the value).
 """
 from __future__ import annotations
 
@@ -81,6 +87,10 @@ def serve() -> None:
     )
     stop_event = threading.Event()
     done = threading.Event()
+    for name in filter(None, os.environ.get("FAKE_REPORT_ENV", "").split(",")):
+        if os.environ.get("FAKE_EVENT_LOG"):
+            with open(os.environ["FAKE_EVENT_LOG"], "a") as fh:
+                fh.write(f"env {name}={'set' if name in os.environ else 'unset'}\n")
     slow = float(os.environ.get("FAKE_SLOW_SECONDS", "5"))
 
     def event(name: str) -> None:
@@ -132,6 +142,12 @@ def serve() -> None:
             rest = raw[raw.index(marker) + len(marker):]
             token = rest[1:1 + (rest[0] & 0x1F)].decode() if rest[:1] and 0xA0 <= rest[0] <= 0xBF else "(null)"
             event(f"configure token={token}")
+            if os.environ.get("FAKE_ECHO_CONFIG_TO_STDERR"):
+                import json
+
+                sys.stderr.write(json.dumps({"@level": "debug", "@message": "configuring", "@module": "fake", "token": token}) + "\n")
+                sys.stderr.write(f"[DEBUG] fake: configured with token {token}\n")
+                sys.stderr.flush()
         return getattr(pb, names["configure"]).Response()
 
     def upgrade(req, ctx):
@@ -156,6 +172,19 @@ def serve() -> None:
         event("read")
         t = req.type_name
         resp = pb.ReadResource.Response(new_state=req.current_state, private=req.private + b"+read")
+        echo_state = os.environ.get("FAKE_ECHO_STATE_TO_STDERR") or os.environ.get("FAKE_ECHO_STATE_IN_DIAGNOSTIC")
+        if echo_state or os.environ.get("FAKE_READ_SET"):
+            import json
+
+            import msgpack
+
+            current = msgpack.unpackb(req.current_state.msgpack)
+            if os.environ.get("FAKE_ECHO_STATE_TO_STDERR"):
+                sys.stderr.write(json.dumps({"@level": "debug", "@message": "read", "@module": "fake", "state": current}) + "\n")
+                sys.stderr.write(f"fake: reading {current!r}\n")
+                sys.stderr.flush()
+            if os.environ.get("FAKE_READ_SET"):
+                resp.new_state.msgpack = msgpack.packb({**current, **json.loads(os.environ["FAKE_READ_SET"])})
         if req.HasField("current_identity"):
             resp.new_identity.CopyFrom(req.current_identity)
         if t == "fake_crash":
@@ -167,7 +196,10 @@ def serve() -> None:
             if stop_event.is_set():
                 resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="cancelled by StopProvider")
         if t == "fake_error":
-            d = resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="Invalid thing", detail="the rule is wrong")
+            detail = "the rule is wrong"
+            if os.environ.get("FAKE_ECHO_STATE_IN_DIAGNOSTIC"):
+                detail += f" (secret was {current.get('secret')!r})"
+            d = resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="Invalid thing", detail=detail)
             d.attribute.steps.add(attribute_name="rule")
             d.attribute.steps.add(element_key_int=1)
             d.attribute.steps.add(attribute_name="cidr")

@@ -1,0 +1,128 @@
+"""Secret strings kl knows of, and masking them in text that leaves kl: logs and error messages.
+
+Providers echo what they are given: a token in a stderr line, an attribute value in a panic or a
+diagnostic. kl cannot recognise a secret in free text, but it knows which values are secret: the
+resolved ``{"env": ...}`` references of provider configs, schema-sensitive config attributes, and
+the sensitive attribute values of the instances it refreshes. The refresh feeds them to ``KNOWN``;
+the provider log bridge, the stderr tail in "plugin exited" messages and the recorded failure
+messages pass through ``KNOWN.redact``.
+
+One set per process: a kl process runs one refresh, and a value once secret stays secret.
+Strings shorter than ``MIN_LENGTH`` are not tracked: masking "on" or "1" would mangle every log
+line while protecting nothing.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Iterable, Iterator
+
+from kilolock import schema as sch
+
+MASK = "(sensitive)"  # as kl drift shows sensitive values
+MIN_LENGTH = 4
+
+
+class Redactor:
+    """A set of secret strings; ``redact`` replaces each occurrence (longest first) with MASK.
+
+    Lookup goes through the first MIN_LENGTH characters of every secret, so checking a line costs
+    one dict lookup per character however many secrets are known (a refresh of thousands of
+    passwords knows thousands).
+    """
+
+    def __init__(self) -> None:
+        self._by_prefix: dict[str, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, secret: str) -> None:
+        if not isinstance(secret, str) or len(secret) < MIN_LENGTH:
+            return
+        # Log lines are often JSON (hclog) or repr()ed: the escaped spellings are the same secret.
+        forms = {secret, json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1], repr(secret)[1:-1]}
+        with self._lock:
+            for form in forms:
+                if len(form) < MIN_LENGTH:
+                    continue
+                key = form[:MIN_LENGTH]
+                known = self._by_prefix.get(key, ())
+                if form not in known:
+                    self._by_prefix[key] = tuple(sorted((*known, form), key=len, reverse=True))
+
+    def add_value(self, value: Any) -> None:
+        """Every string inside a JSON value (a sensitive attribute may be a map, list or object)."""
+        for s in _strings(value):
+            self.add(s)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_prefix)
+
+    def redact(self, text: str) -> str:
+        table = self._by_prefix
+        if not table or len(text) < MIN_LENGTH:
+            return text
+        out: list[str] = []
+        last = i = 0
+        end = len(text) - MIN_LENGTH
+        while i <= end:
+            candidates = table.get(text[i:i + MIN_LENGTH])
+            if candidates:
+                for s in candidates:
+                    if text.startswith(s, i):
+                        out.append(text[last:i])
+                        out.append(MASK)
+                        i = last = i + len(s)
+                        break
+                else:
+                    i += 1
+            else:
+                i += 1
+        if not out:
+            return text
+        out.append(text[last:])
+        return "".join(out)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_prefix = {}
+
+
+KNOWN = Redactor()
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def values_at(doc: Any, paths: Iterable[sch.AttributePath]) -> Iterator[Any]:
+    """The values at PATHS inside DOC (a decoded JSON object); paths that do not exist are skipped."""
+    for path in paths:
+        value = doc
+        for step in path:
+            key = step.name if isinstance(step, sch.GetAttr) else step.key
+            if isinstance(value, dict) and isinstance(key, str) and key in value:
+                value = value[key]
+            elif isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
+                value = value[key]
+            else:
+                break
+        else:
+            yield value
+
+
+def marked_paths(marks: Iterable[Any]) -> list[sch.AttributePath]:
+    """``sensitive_attributes`` of a state object as paths; malformed marks are skipped."""
+    out = []
+    for raw in marks or ():
+        try:
+            out.append(sch.path_from_state_json(raw))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
