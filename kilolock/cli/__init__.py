@@ -119,7 +119,8 @@ def _positive(text: str) -> int:
     return n
 
 
-_LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+_TRACE = 5  # the level kilolock.provider.logbridge registers as TRACE (provider hclog trace lines)
+_LEVELS = {"trace": _TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
            "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -127,11 +128,11 @@ def _configure_logging() -> None:
     """KL_LOG / TF_LOG set kl's level (as in Terraform, a value that is not a level means TRACE).
     Provider log lines stay off the terminal unless TF_LOG_PROVIDER, TF_LOG or KL_LOG asks."""
     asked = (os.environ.get("KL_LOG") or os.environ.get("TF_LOG") or "").strip().lower()
-    level = _LEVELS.get(asked, logging.DEBUG) if asked and asked != "off" else logging.WARNING
+    level = _LEVELS.get(asked, _TRACE) if asked and asked != "off" else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     provider_asked = (os.environ.get("TF_LOG_PROVIDER") or "").strip().lower()
     if provider_asked and provider_asked != "off":
-        logging.getLogger("kilolock.provider").setLevel(_LEVELS.get(provider_asked, logging.DEBUG))
+        logging.getLogger("kilolock.provider").setLevel(_LEVELS.get(provider_asked, _TRACE))
     elif not asked or asked == "off":
         logging.getLogger("kilolock.provider").setLevel(logging.ERROR)
 

@@ -290,6 +290,7 @@ def serve() -> None:
     sys.stderr.flush()
     sys.stderr.write('{"@level":"debug","@message":"client cert %s"}\n' % ("present" if client_pem else "absent"))
     sys.stderr.write('{"@level":"debug","@message":"TF_LOG_SDK_PROTO=%s"}\n' % os.environ.get("TF_LOG_SDK_PROTO", "(unset)"))
+    sys.stderr.write('{"@level":"trace","@message":"fake trace line"}\n')
     sys.stderr.flush()
     say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")
     done.wait()

@@ -105,3 +105,15 @@ def test_provider_killed_mid_group_fails_the_run_and_commits_nothing(db_url, fak
     assert all(m.startswith("provider fake: the plugin exited during ReadResource (killed by SIGKILL)") for m in failures.values()), failures
     assert b"Traceback" not in err
     assert_nothing_committed(db_url)
+
+
+@pytest.mark.parametrize("env, shown", [({"KL_LOG": "trace"}, True), ({"TF_LOG": "1"}, True),
+                                        ({"KL_LOG": "debug"}, False), ({}, False)])
+def test_provider_trace_lines_reach_stderr_only_when_trace_is_asked_for(run_kl, db_url, fake_cache, env, shown):
+    make, _ = fake_cache
+    cache = make()
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo"])).returncode == 0
+    clean = {k: "" for k in ("KL_LOG", "TF_LOG", "TF_LOG_PROVIDER")}
+    code, out, err = refresh_json(run_kl, cache, "--dry-run", env={**clean, **env})
+    assert code == 0 and out["status"] == "succeeded", err
+    assert (b"fake trace line" in err) == shown, err.decode()[-2000:]
