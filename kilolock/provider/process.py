@@ -122,6 +122,11 @@ class LaunchSpec:
     start_timeout: float
 
 
+# hclog's JSON lines below WARN: a provider at TRACE writes dozens per call, and they would push
+# the lines that explain an exit (a panic, a warning, plain text) out of the error's stderr tail.
+_HCLOG_CHATTER = tuple(b'{"@level":"%s"' % level for level in (b"trace", b"debug", b"info"))
+
+
 class PluginProcess:
     """A running plugin binary after a successful handshake."""
 
@@ -251,7 +256,8 @@ class PluginProcess:
         try:
             for raw in iter(stream.readline, b""):
                 text = raw.decode("utf-8", errors="replace")
-                self._stderr_tail.append(text.rstrip())
+                if not raw.startswith(_HCLOG_CHATTER):
+                    self._stderr_tail.append(text.rstrip())
                 bridge.line(text)
         except (OSError, ValueError):
             pass
