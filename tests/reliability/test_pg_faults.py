@@ -1,0 +1,131 @@
+"""PostgreSQL faults during `kl refresh`: the connection cut between reads, cut while the commit
+waits inside its transaction, and the server restarted mid-run. The fake provider's slow reads
+(FAKE_EVENT_LOG says when they are in flight) hold the run open while the test breaks the database.
+
+After every fault: no partial version, lifecycle rows equal a re-index of the stored versions,
+no state lock left behind, the audit row finished (or left `running` and then finished by
+`kl runs --stale`), one clear error line and a non-zero exit, and no provider process left."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from chaoskit import (event_count, kl_backends, marked_pids, reindex_mismatches, running_runs, session_mark,
+                      settle_orphans, state_locks, terminate_kl_backends, version_problems, wait_for)
+from faultkit import fake_state, kl_cmd, kl_env, last_run, serials
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_providers():
+    before = marked_pids(session_mark())
+    yield
+    left = settle_orphans(before, session_mark())
+    assert not left, f"provider processes outlived the test: {sorted(left)}"
+
+
+def _start_refresh(cache: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(kl_cmd("refresh", "prod", "--provider-search-path", str(cache), "--format", "json", *extra),
+                            env=kl_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, dict | None, str]:
+    out, err = proc.communicate(timeout=timeout)
+    try:
+        doc = json.loads(out) if out.strip() else None
+    except ValueError:
+        doc = None
+    return proc.returncode, doc, err.decode()
+
+
+def _one_clear_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kl: "), f"want one 'kl: ...' line on stderr, got:\n{stderr}"
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
+    return lines[0]
+
+
+def _assert_consistent(db_url: str, before: list[int]) -> None:
+    after = serials(db_url)
+    assert after == before or after == before + [before[-1] + 1], (before, after)
+    assert version_problems(db_url, "prod") == []
+    assert reindex_mismatches(db_url, "prod") == []
+    assert state_locks(db_url) == [], "a refresh left the state locked"
+
+
+def test_connection_cut_between_reads(run_kl, db_url, fake_cache):
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="3")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_slow"])).returncode == 0
+    before = serials(db_url)
+    proc = _start_refresh(cache)
+    wait_for(lambda: event_count(events, "read") >= 2, 30, "the reads to be in flight")
+    assert kl_backends(db_url), "kl holds no database connection while it reads"
+    assert terminate_kl_backends(db_url) >= 1
+    code, doc, err = _finish(proc)
+    line = _one_clear_line(err)
+    assert code == 1 and "database" in line, line
+    assert doc is not None and doc["status"] == "failed" and doc["to_serial"] is None, doc
+    status, summary, to_version, finished = last_run(db_url)
+    assert (status, to_version) == ("failed", None) and finished is not None and "database" in summary, summary
+    _assert_consistent(db_url, before)
+    assert serials(db_url) == before
+
+
+def _wait_blocked(db_url: str) -> str:
+    """The statement kl's backend is waiting on a lock with (the commit blocked by the test)."""
+    def blocked():
+        with psycopg.connect(db_url, autocommit=True) as c:
+            row = c.execute("SELECT query FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name = 'kilolock' AND wait_event_type = 'Lock'").fetchone()
+        return row[0] if row else None
+    return wait_for(blocked, 30, "kl's commit to block on the test's lock")
+
+
+# Where the commit is held: before its version row is written (the state row lock that
+# write_version takes FOR UPDATE; FOR NO KEY UPDATE still lets the lock row's foreign key through),
+# and after it (the lifecycle table, which the index updates once the version row is inserted).
+BLOCKERS = {
+    "before-version-row": ("SELECT 1 FROM states WHERE name = 'prod' FOR NO KEY UPDATE", "FOR UPDATE"),
+    "after-version-row": ("LOCK TABLE resources IN SHARE MODE", "resources"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(BLOCKERS))
+def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
+    blocker, blocked_on = BLOCKERS[where]
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="2")
+    # fake_gone changes the state, so the commit has lifecycle rows to close.
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_gone"])).returncode == 0
+    before = serials(db_url)
+    proc = _start_refresh(cache)
+    wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
+    with psycopg.connect(db_url) as holder:  # one open transaction holding the lock
+        holder.execute(blocker)
+        query = _wait_blocked(db_url)
+        assert blocked_on in query, query
+        with psycopg.connect(db_url, autocommit=True) as c:  # kl holds the state lock while it waits
+            assert c.execute("SELECT operation FROM state_locks").fetchall() == [("OperationTypeRefresh",)]
+        assert terminate_kl_backends(db_url) >= 1
+        code, doc, err = _finish(proc)
+        holder.rollback()
+    line = _one_clear_line(err)
+    assert code == 1 and "lost the database connection during the commit" in line and "nothing committed" in line, line
+    assert doc is not None and doc["status"] == "failed" and doc["to_serial"] is None, doc
+    status, summary, to_version, finished = last_run(db_url)
+    assert (status, to_version) == ("failed", None) and finished is not None, summary
+    _assert_consistent(db_url, before)
+    assert serials(db_url) == before
+    # The lock kl took for the commit was released on a fresh connection, as the audit trail shows.
+    with psycopg.connect(db_url) as c:
+        assert [e for (e,) in c.execute("SELECT event FROM lock_events ORDER BY created_at")] == ["lock", "unlock"]
+    # And the state is writable again: the next refresh commits.
+    make(FAKE_SLOW_SECONDS="0")
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--allow-mass-removal")
+    assert r.returncode == 0, r.stderr
+    assert serials(db_url) == before + [before[-1] + 1]
+    assert reindex_mismatches(db_url, "prod") == []
