@@ -129,3 +129,101 @@ def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
     assert r.returncode == 0, r.stderr
     assert serials(db_url) == before + [before[-1] + 1]
     assert reindex_mismatches(db_url, "prod") == []
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A PostgreSQL cluster of this module's own, which the tests stop and start (never the
+    session's shared server)."""
+    import os
+    import shutil
+    import tempfile
+
+    from kilolock.store.embedded import EmbeddedCluster, EmbeddedError
+
+    base = Path(tempfile.mkdtemp(prefix="kl-pgrestart-"))  # short: the unix socket path has a length limit
+    os.chmod(base, 0o755)
+    cluster = EmbeddedCluster(base / "pg")
+    try:
+        cluster.ensure_running()
+    except EmbeddedError as exc:
+        pytest.fail(f"cannot start a PostgreSQL cluster for the restart tests: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def restart_db(own_cluster):
+    """A fresh migrated database on the module's own cluster; (cluster, url)."""
+    import uuid
+
+    name = f"kl_restart_{uuid.uuid4().hex[:10]}"
+    own_cluster.ensure_running()
+    with psycopg.connect(own_cluster.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = own_cluster.url(name)
+    r = subprocess.run(kl_cmd("db", "migrate"), env=kl_env(KL_DATABASE_URL=url), capture_output=True)
+    assert r.returncode == 0, r.stderr
+    yield own_cluster, url
+    own_cluster.ensure_running()
+    with psycopg.connect(own_cluster.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _kl(url: str, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(kl_cmd(*args), env=kl_env(KL_DATABASE_URL=url), input=input, capture_output=True, timeout=120)
+
+
+def test_server_restarted_during_the_reads(restart_db, fake_cache):
+    cluster, url = restart_db
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="6")
+    assert _kl(url, "state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_slow"])).returncode == 0
+    before = serials(url)
+    proc = subprocess.Popen(kl_cmd("refresh", "prod", "--provider-search-path", str(cache), "--format", "json"),
+                            env=kl_env(KL_DATABASE_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: event_count(events, "read") >= 2, 30, "the reads to be in flight")
+    cluster.stop()
+    cluster.ensure_running()
+    assert proc.poll() is None, "the refresh ended before the restart finished; the reads were meant to outlast it"
+    code, doc, err = _finish(proc)
+    line = _one_clear_line(err)
+    assert code == 1 and "lost the database connection" in line and "nothing committed" in line, line
+    assert doc is not None and doc["status"] == "failed" and doc["to_serial"] is None, doc
+    status, summary, to_version, finished = last_run(url)
+    assert (status, to_version) == ("failed", None) and finished is not None, summary
+    _assert_consistent(url, before)
+    assert serials(url) == before
+    # The restarted server serves the next refresh as if nothing happened.
+    make(FAKE_SLOW_SECONDS="0")
+    assert _kl(url, "refresh", "prod", "--provider-search-path", str(cache)).returncode == 0
+    assert serials(url) == before + [before[-1] + 1] and reindex_mismatches(url, "prod") == []
+
+
+def test_server_down_at_the_end_leaves_a_running_row_that_runs_stale_finishes(restart_db, fake_cache):
+    cluster, url = restart_db
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="2")
+    assert _kl(url, "state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"])).returncode == 0
+    before = serials(url)
+    proc = subprocess.Popen(kl_cmd("refresh", "prod", "--provider-search-path", str(cache), "--format", "json"),
+                            env=kl_env(KL_DATABASE_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
+    cluster.stop()
+    try:
+        code, _, err = _finish(proc)  # the server stays down until kl has given up
+    finally:
+        cluster.ensure_running()
+    line = _one_clear_line(err)
+    assert code == 1 and "lost the database connection" in line and "kl runs prod --stale" in line, line
+    assert len(running_runs(url)) == 1, "the audit row should be left running: nothing could finish it"
+    r = _kl(url, "runs", "prod", "--stale", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert running_runs(url) == []
+    status, summary, to_version, finished = last_run(url)
+    assert (status, to_version) == ("failed", None) and finished is not None and summary.startswith("stale:"), summary
+    _assert_consistent(url, before)
+    assert serials(url) == before
