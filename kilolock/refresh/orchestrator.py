@@ -326,7 +326,7 @@ def run(
 def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
             start: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]]) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
-    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=f"kl refresh run {run_id}")
+    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
     # any stored version out as Terraform does.
     raw = parser.dumps_compact(doc).encode()

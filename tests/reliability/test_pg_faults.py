@@ -227,3 +227,35 @@ def test_server_down_at_the_end_leaves_a_running_row_that_runs_stale_finishes(re
     assert (status, to_version) == ("failed", None) and finished is not None and summary.startswith("stale:"), summary
     _assert_consistent(url, before)
     assert serials(url) == before
+
+
+def test_refresh_killed_inside_the_commit_is_recovered_by_runs_stale(run_kl, db_url, fake_cache):
+    """SIGKILL while the commit waits: the process cannot clean up, so its lock row and its
+    `running` audit row stay; `kl runs --stale` finishes the row and releases that run's lock."""
+    import signal
+
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="1")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"])).returncode == 0
+    before = serials(db_url)
+    proc = _start_refresh(cache)
+    wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
+    with psycopg.connect(db_url) as holder:
+        holder.execute(BLOCKERS["before-version-row"][0])
+        _wait_blocked(db_url)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        holder.rollback()
+    # The orphaned backend notices its client is gone once the blocker lets it run.
+    wait_for(lambda: not kl_backends(db_url), 30, "the killed kl's backend to end")
+    assert len(running_runs(db_url)) == 1 and len(state_locks(db_url)) == 1
+    r = run_kl("runs", "prod", "--stale")
+    assert r.returncode == 0 and "1 stale run(s) marked failed" in r.stderr.decode(), r.stderr
+    assert running_runs(db_url) == [] and state_locks(db_url) == [], "the dead run's lock still blocks every writer"
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT event, actor IS NOT NULL FROM lock_events ORDER BY created_at").fetchall()[-1] == ("force_unlock", True)
+    _assert_consistent(db_url, before)
+    assert serials(db_url) == before
+    make(FAKE_SLOW_SECONDS="0")
+    assert run_kl("refresh", "prod", "--provider-search-path", str(cache)).returncode == 0
+    assert serials(db_url) == before + [before[-1] + 1]
