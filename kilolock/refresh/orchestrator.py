@@ -24,6 +24,7 @@ from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.store import locks, refresh_runs, versions
+from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -243,13 +244,17 @@ def run(
     cancel = cancel or Cancellation()
     result = Result(state=name, dry_run=options.dry_run)
 
-    sid = versions.state_id(conn, name)
-    current = versions.current_version(conn, sid)
-    if current is None:
-        raise KlError(f"state {name!r} has no versions to refresh")
-    raw_text = versions.raw_state_text(conn, name, current.serial)
-    result.from_serial = current.serial
-    result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
+    try:
+        sid = versions.state_id(conn, name)
+        current = versions.current_version(conn, sid)
+        if current is None:
+            raise KlError(f"state {name!r} has no versions to refresh")
+        raw_text = versions.raw_state_text(conn, name, current.serial)
+        result.from_serial = current.serial
+        result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
+    except psycopg.OperationalError as exc:
+        # Before the audit row exists (or while it is being written: `kl runs --stale` finishes it).
+        raise KlError(f"lost the database connection ({first_line(exc)}); nothing was refreshed") from None
 
     to_version_id: str | None = None
     try:
@@ -313,7 +318,7 @@ def run(
     except psycopg.OperationalError as exc:
         # The database went away (restart, a cut connection): a fault to report, not a bug. Only
         # _commit writes a version, and it settles its own outcome, so nothing was committed.
-        result.status, result.error = "failed", f"lost the database connection ({_first_line(exc)}); nothing committed"
+        result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
         result.status, result.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
         raise
@@ -359,7 +364,7 @@ def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: 
     every writer: ask the database on a fresh connection, and release the lock there."""
     from kilolock.store.db import connect
 
-    why = _first_line(exc)
+    why = first_line(exc)
     try:
         with connect(conn.info.dsn) as fresh:
             locks.release(fresh, sid, lock_id, actor)
@@ -374,10 +379,6 @@ def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: 
         raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
     return landed
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
@@ -406,5 +407,5 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
             # No database to write to: the row stays `running`, its advisory lock gone with the
             # connection, which is exactly what `kl runs --stale` finishes later.
             raise KlError(f"refresh {result.status}: {result.error or summary}; the audit row of run {result.run_id} "
-                          f"could not be finished ({_first_line(exc)}): run `kl runs {result.state} --stale` once the "
+                          f"could not be finished ({first_line(exc)}): run `kl runs {result.state} --stale` once the "
                           f"database is back") from None

@@ -259,3 +259,22 @@ def test_refresh_killed_inside_the_commit_is_recovered_by_runs_stale(run_kl, db_
     make(FAKE_SLOW_SECONDS="0")
     assert run_kl("refresh", "prod", "--provider-search-path", str(cache)).returncode == 0
     assert serials(db_url) == before + [before[-1] + 1]
+
+
+def test_connection_cut_while_kl_opens_the_store(run_kl, db_url, fake_cache):
+    """The first queries of every command check the schema; a cut there is reported as such."""
+    make, _ = fake_cache
+    cache = make()
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo"])).returncode == 0
+    before = serials(db_url)
+    with psycopg.connect(db_url) as holder:
+        holder.execute("LOCK TABLE schema_migrations IN ACCESS EXCLUSIVE MODE")
+        proc = _start_refresh(cache)
+        assert "schema_migrations" in _wait_blocked(db_url)
+        assert terminate_kl_backends(db_url) >= 1
+        code, doc, err = _finish(proc)
+        holder.rollback()
+    line = _one_clear_line(err)
+    assert code == 1 and "lost the database connection" in line, line
+    assert doc is None and running_runs(db_url) == [] and last_run(db_url) is None
+    _assert_consistent(db_url, before)
