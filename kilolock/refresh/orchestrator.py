@@ -24,7 +24,7 @@ from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.store import locks, refresh_runs, versions
-from kilolock.store.db import first_line
+from kilolock.store.db import first_line, reconnect
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -362,11 +362,9 @@ def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: 
     """The connection died inside the commit. Its transaction may or may not have committed (the
     answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
     every writer: ask the database on a fresh connection, and release the lock there."""
-    from kilolock.store.db import connect
-
     why = first_line(exc)
     try:
-        with connect(conn.info.dsn) as fresh:
+        with reconnect(conn) as fresh:
             locks.release(fresh, sid, lock_id, actor)
             if landed is None:
                 found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
@@ -378,7 +376,6 @@ def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: 
     if landed is None:
         raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
     return landed
-
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
@@ -398,10 +395,8 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
         refresh_runs.finish(conn, result.run_id, **kwargs)
     except psycopg.OperationalError:
         # The connection died mid-run: finish the audit row on a fresh one.
-        from kilolock.store.db import connect
-
         try:
-            with connect(conn.info.dsn) as fresh:
+            with reconnect(conn) as fresh:
                 refresh_runs.finish(fresh, result.run_id, **kwargs)
         except (KlError, psycopg.OperationalError) as exc:
             # No database to write to: the row stays `running`, its advisory lock gone with the

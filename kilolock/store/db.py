@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 import psycopg
+import psycopg.conninfo
 
 from kilolock.errors import KlError
 
@@ -49,6 +50,15 @@ def connect(url: str) -> psycopg.Connection:
         return psycopg.connect(url, application_name="kilolock", autocommit=True)
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None
+
+
+def reconnect(conn: psycopg.Connection) -> psycopg.Connection:
+    """A new connection to the database CONN was connected to (CONN may be dead). psycopg's dsn
+    leaves the password out, so it is put back: a server that asks for one would refuse otherwise."""
+    dsn, password = conn.info.dsn, conn.info.password
+    if password:
+        dsn = psycopg.conninfo.make_conninfo(dsn, password=password)
+    return connect(dsn)
 
 
 def open_store(migrate: bool | None = None) -> psycopg.Connection:

@@ -278,3 +278,23 @@ def test_connection_cut_while_kl_opens_the_store(run_kl, db_url, fake_cache):
     assert code == 1 and "lost the database connection" in line, line
     assert doc is None and running_runs(db_url) == [] and last_run(db_url) is None
     _assert_consistent(db_url, before)
+
+
+def test_reconnect_after_a_cut_keeps_the_password(db_url):
+    """The fresh connection that finishes the audit row and settles a cut commit is made from the
+    dead one; psycopg's dsn omits the password, which a password-checking server would need."""
+    from psycopg.conninfo import make_conninfo
+
+    from kilolock.store import db
+
+    conn = db.connect(make_conninfo(db_url, password="pw-for-the-server"))
+    try:
+        assert terminate_kl_backends(db_url) == 1
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("SELECT 1")
+        assert conn.closed or conn.broken
+        with db.reconnect(conn) as fresh:
+            assert fresh.execute("SELECT 1").fetchone() == (1,)
+            assert fresh.info.password == "pw-for-the-server"
+    finally:
+        conn.close()
