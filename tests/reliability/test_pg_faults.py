@@ -298,3 +298,36 @@ def test_reconnect_after_a_cut_keeps_the_password(db_url):
             assert fresh.info.password == "pw-for-the-server"
     finally:
         conn.close()
+
+
+def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
+    """The connection can die after the server committed but before kl heard so. The refresh then
+    asks on a fresh connection whether its exact bytes are at serial+1, and frees its lock either
+    way. (In-process: no fault injection can lose exactly the answer to COMMIT.)"""
+    from kilolock import tfstate
+    from kilolock.errors import KlError
+    from kilolock.refresh.orchestrator import _settle_lost_commit
+    from kilolock.store import db, locks, versions
+
+    with db.connect(db_url) as setup:
+        versions.write_version(setup, "prod", tfstate.parse_state(fake_state(["fake_echo"])), fake_state(["fake_echo"]),
+                               source="import", actor="t")
+        sid = versions.state_id(setup, "prod")
+        raw = fake_state(["fake_echo"], serial=2)
+        for attempt, landed in (("landed", True), ("lost", False)):
+            info = locks.lock_info("OperationTypeRefresh", "t", "kl", info="kl refresh run x")
+            locks.acquire(setup, sid, "prod", info, "t")
+            if landed:  # what the cut transaction did before its answer was lost
+                versions.write_version(setup, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="t")
+            dead = db.connect(db_url)
+            setup.execute("SELECT pg_terminate_backend(%s)", (dead.info.backend_pid,))
+            with pytest.raises(psycopg.OperationalError) as cut:
+                dead.execute("SELECT 1")
+            if landed:
+                vid, serial = _settle_lost_commit(dead, "prod", sid, info["ID"], "t", 2, raw, None, cut.value)
+                assert serial == 2 and vid == versions.find_version(setup, sid, 2, versions.content_hash(raw)).id
+            else:  # serial 3 with these bytes was never written
+                with pytest.raises(KlError, match="during the commit .*; nothing committed"):
+                    _settle_lost_commit(dead, "prod", sid, info["ID"], "t", 3, raw, None, cut.value)
+            dead.close()
+            assert locks.current(setup, sid) is None, attempt
