@@ -26,6 +26,7 @@ from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath
 from kilolock.store import locks, refresh_runs, versions
+from kilolock.store.db import first_line, reconnect
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -264,13 +265,17 @@ def run(
     cancel = cancel or Cancellation()
     result = Result(state=name, dry_run=options.dry_run)
 
-    sid = versions.state_id(conn, name)
-    current = versions.current_version(conn, sid)
-    if current is None:
-        raise KlError(f"state {name!r} has no versions to refresh")
-    raw_text = versions.raw_state_text(conn, name, current.serial)
-    result.from_serial = current.serial
-    result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
+    try:
+        sid = versions.state_id(conn, name)
+        current = versions.current_version(conn, sid)
+        if current is None:
+            raise KlError(f"state {name!r} has no versions to refresh")
+        raw_text = versions.raw_state_text(conn, name, current.serial)
+        result.from_serial = current.serial
+        result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
+    except psycopg.OperationalError as exc:
+        # Before the audit row exists (or while it is being written: `kl runs --stale` finishes it).
+        raise KlError(f"lost the database connection ({first_line(exc)}); nothing was refreshed") from None
 
     to_version_id: str | None = None
     try:
@@ -330,7 +335,15 @@ def run(
         result.status, result.error = "cancelled", "interrupted"
         raise
     except KlError as exc:
+<<<<<<< HEAD
         result.status, result.error = "failed", redact.KNOWN.redact(str(exc))
+=======
+        result.status, result.error = "failed", str(exc)
+    except psycopg.OperationalError as exc:
+        # The database went away (restart, a cut connection): a fault to report, not a bug. Only
+        # _commit writes a version, and it settles its own outcome, so nothing was committed.
+        result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
+>>>>>>> pgfaults
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
         result.status, result.error = "failed", redact.KNOWN.redact(f"internal error: {type(exc).__name__}: {exc}")
         raise
@@ -343,22 +356,51 @@ def run(
 def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
             start: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]]) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
-    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=f"kl refresh run {run_id}")
+    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
+    # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
+    # any stored version out as Terraform does.
+    raw = parser.dumps_compact(doc).encode()
+    # A connection that died during the reads fails here, before anything is sent, so that case is
+    # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
+    conn.execute("SELECT 1")
+    landed: tuple[str, int] | None = None
     try:
-        locks.acquire(conn, sid, name, info, actor)
-    except locks.StateLocked as exc:
-        raise KlError(f"{exc}; refresh not committed") from None
+        try:
+            locks.acquire(conn, sid, name, info, actor)
+        except locks.StateLocked as exc:
+            raise KlError(f"{exc}; refresh not committed") from None
+        try:
+            written = versions.write_version(
+                conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
+                expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
+            )
+            landed = written.version.id, written.version.serial
+        finally:
+            locks.release(conn, sid, info["ID"], actor)
+    except psycopg.OperationalError as exc:
+        landed = _settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
+    return landed
+
+
+def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
+                        raw: bytes, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
+    """The connection died inside the commit. Its transaction may or may not have committed (the
+    answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
+    every writer: ask the database on a fresh connection, and release the lock there."""
+    why = first_line(exc)
     try:
-        # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
-        # any stored version out as Terraform does.
-        raw = parser.dumps_compact(doc).encode()
-        written = versions.write_version(
-            conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
-            expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
-        )
-    finally:
-        locks.release(conn, sid, info["ID"], actor)
-    return written.version.id, written.version.serial
+        with reconnect(conn) as fresh:
+            locks.release(fresh, sid, lock_id, actor)
+            if landed is None:
+                found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
+                landed = (found.id, found.serial) if found else None
+    except (KlError, psycopg.OperationalError):
+        raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
+                      f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
+                      f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
+    if landed is None:
+        raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
+    return landed
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
@@ -378,7 +420,12 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
         refresh_runs.finish(conn, result.run_id, **kwargs)
     except psycopg.OperationalError:
         # The connection died mid-run: finish the audit row on a fresh one.
-        from kilolock.store.db import connect
-
-        with connect(conn.info.dsn) as fresh:
-            refresh_runs.finish(fresh, result.run_id, **kwargs)
+        try:
+            with reconnect(conn) as fresh:
+                refresh_runs.finish(fresh, result.run_id, **kwargs)
+        except (KlError, psycopg.OperationalError) as exc:
+            # No database to write to: the row stays `running`, its advisory lock gone with the
+            # connection, which is exactly what `kl runs --stale` finishes later.
+            raise KlError(f"refresh {result.status}: {result.error or summary}; the audit row of run {result.run_id} "
+                          f"could not be finished ({first_line(exc)}): run `kl runs {result.state} --stale` once the "
+                          f"database is back") from None

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 import psycopg
+import psycopg.conninfo
 
 from kilolock.errors import KlError
 
@@ -61,11 +62,18 @@ def connect(url: str) -> psycopg.Connection:
     try:
         return psycopg.connect(url, application_name="kilolock", autocommit=True)
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first}") from None
+        raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None
     except psycopg.ProgrammingError as exc:  # a malformed connection string: the user's to fix
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseError(f"the database connection string (KL_DATABASE_URL) is malformed: {_without_quoted_fragments(first)}") from None
+        raise DatabaseError(f"the database connection string (KL_DATABASE_URL) is malformed: {_without_quoted_fragments(first_line(exc))}") from None
+
+
+def reconnect(conn: psycopg.Connection) -> psycopg.Connection:
+    """A new connection to the database CONN was connected to (CONN may be dead). psycopg's dsn
+    leaves the password out, so it is put back: a server that asks for one would refuse otherwise."""
+    dsn, password = conn.info.dsn, conn.info.password
+    if password:
+        dsn = psycopg.conninfo.make_conninfo(dsn, password=password)
+    return connect(dsn)
 
 
 def open_store(migrate: bool | None = None) -> psycopg.Connection:
@@ -78,13 +86,25 @@ def open_store(migrate: bool | None = None) -> psycopg.Connection:
 
     target = resolve_target()
     conn = connect(target.url)
-    if migrate or (migrate is None and target.embedded):
-        apply_migrations(conn)
-    else:
-        pending = pending_migrations(conn)
-        if pending:
-            conn.close()
-            raise DatabaseError(
-                f"the database schema is not current ({len(pending)} pending migration(s), first {pending[0]}); run `kl db migrate`"
-            )
+    try:
+        if migrate or (migrate is None and target.embedded):
+            apply_migrations(conn)
+        else:
+            pending = pending_migrations(conn)
+            if pending:
+                conn.close()
+                raise DatabaseError(
+                    f"the database schema is not current ({len(pending)} pending migration(s), first {pending[0]}); run `kl db migrate`"
+                )
+    except psycopg.OperationalError as exc:
+        # The server went away between connecting and the schema check (a restart, a terminated
+        # backend): a fault to name in one line, not an internal error with the query quoted.
+        conn.close()
+        raise DatabaseError(f"lost the database connection to {target.describe()} ({first_line(exc)})") from None
     return conn
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a driver error: psycopg appends the query and a caret on later lines."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

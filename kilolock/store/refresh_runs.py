@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
@@ -30,6 +31,12 @@ class RunRow:
 # connection lives. A `running` row whose lock can be taken therefore belongs to a process (or a
 # connection) that is gone: that is what `kl runs --stale` finishes as failed.
 _RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
+
+
+def lock_note(run_id: str | None) -> str:
+    """The LockInfo `Info` of the state lock a run takes for its commit: how a stale run's lock is
+    recognised once its process is gone."""
+    return f"kl refresh run {run_id}"
 
 
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
@@ -57,9 +64,26 @@ def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> 
                    WHERE id = %s AND status = 'running'""",
                 (actor or "kl", run_id),
             ).rowcount
+            if updated:
+                _release_dead_runs_lock(conn, state_id, run_id, actor)
         if updated:
             done.append(run_id)
     return done
+
+
+def _release_dead_runs_lock(conn: psycopg.Connection, state_id: str, run_id: str, actor: str | None) -> None:
+    # A run killed inside its commit leaves the state lock it took (a row committed on its own),
+    # and with it every apply and refresh refused. Its process is gone, so nobody else will release it.
+    row = conn.execute(
+        """DELETE FROM state_locks WHERE state_id = %s AND operation = 'OperationTypeRefresh' AND info ->> 'Info' = %s
+           RETURNING lock_id, who, info""",
+        (state_id, lock_note(run_id)),
+    ).fetchone()
+    if row:
+        conn.execute(
+            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'force_unlock', %s, %s, %s, %s)",
+            (state_id, row[0], row[1], actor or "kl", Jsonb(row[2])),
+        )
 
 
 def finish(

@@ -81,6 +81,15 @@ def current_version(conn: psycopg.Connection, sid: str) -> VersionRow | None:
     return _version(row) if row else None
 
 
+def find_version(conn: psycopg.Connection, sid: str, serial: int, hash_: str) -> VersionRow | None:
+    """The version at SERIAL if it holds exactly the bytes hashed to HASH_ (did our write land?)."""
+    row = conn.execute(
+        f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s",
+        (sid, serial, hash_),
+    ).fetchone()
+    return _version(row) if row else None
+
+
 def list_versions(conn: psycopg.Connection, name: str) -> list[VersionRow]:
     sid = state_id(conn, name)
     rows = conn.execute(f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial", (sid,)).fetchall()
