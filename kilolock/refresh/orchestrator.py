@@ -335,15 +335,11 @@ def run(
         result.status, result.error = "cancelled", "interrupted"
         raise
     except KlError as exc:
-<<<<<<< HEAD
         result.status, result.error = "failed", redact.KNOWN.redact(str(exc))
-=======
-        result.status, result.error = "failed", str(exc)
     except psycopg.OperationalError as exc:
         # The database went away (restart, a cut connection): a fault to report, not a bug. Only
         # _commit writes a version, and it settles its own outcome, so nothing was committed.
         result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
->>>>>>> pgfaults
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
         result.status, result.error = "failed", redact.KNOWN.redact(f"internal error: {type(exc).__name__}: {exc}")
         raise
