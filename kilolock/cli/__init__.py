@@ -163,6 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 1
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
+        psycopg = sys.modules.get("psycopg")  # only loaded by commands that use the database
+        if psycopg is not None and isinstance(exc, psycopg.OperationalError):
+            # A server restart or a cut connection in any command's own queries is a fault of the
+            # environment, reported as such (a refresh run reports and records its own).
+            text = str(exc).strip()
+            print(f"kl: lost the database connection: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+            return 1
         if os.environ.get("KL_DEBUG"):
             raise
         print(f"kl: internal error: {type(exc).__name__}: {exc} (run with KL_DEBUG=1 for a traceback)", file=sys.stderr)

@@ -123,20 +123,25 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     progress = _Progress() if sys.stderr.isatty() else None
+    # The handlers stay until the result is printed: a signal after the commit must not kill kl
+    # before it says what it committed.
     try:
         with db.open_store() as conn:
             sid = versions.state_id(conn, args.state)
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout)
             result = run(conn, args.state, factory, options, progress=progress, cancel=cancel)
+        if progress:
+            progress.end()
+            progress = None
+        if args.format == "json":
+            render.emit_json(result_json(result))
+        else:
+            render_table(result)
     finally:
         if progress:
             progress.end()
         for s, h in previous.items():
             signal.signal(s, h)
-    if args.format == "json":
-        render.emit_json(result_json(result))
-    else:
-        render_table(result)
     if result.status == "succeeded":
         return 0
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
