@@ -62,3 +62,11 @@ def assert_one_line(message: str, what: str) -> None:
     assert message.strip(), f"{what}: empty error message"
     assert "\n" not in message and "\r" not in message, f"{what}: message is not one line: {message!r}"
     assert "Traceback" not in message, f"{what}: message carries a traceback: {message!r}"
+
+
+def one_in(draw, n: int) -> bool:  # type: ignore[no-untyped-def]
+    """True about once in N draws. (st.integers(0, N) == 0 is far likelier than 1/N: hypothesis
+    favours boundary values, which would flood a target with its rarest branch.)"""
+    from hypothesis import strategies as st
+
+    return draw(st.sampled_from(range(n))) == n // 2
