@@ -409,6 +409,6 @@ def test_fuzz_http_backend(server, db_url: str, capfd, record_property) -> None:
     """Well-framed Terraform requests with random content: states, LockInfo, ?ID=, Content-MD5."""
     tally = Tally("kl serve backend: well-framed requests with random states, LockInfo, ?ID=, credentials")
     _fuzz_server(server, db_url, capfd, backend_request(), tally)
-    assert tally.outcomes.get("200 stored a version", 0) >= 50, tally.report()
+    assert tally.outcomes.get("200 stored a version", 0) >= 25, tally.report()
     assert tally.outcomes.get("200", 0) >= 100, tally.report()  # locks, unlocks, reads
     tally.finish(record_property)
