@@ -7,9 +7,12 @@ runs N cases per target instead of 1,000 (never fewer: the count is part of what
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from hypothesis import HealthCheck, settings
 
@@ -70,3 +73,15 @@ def one_in(draw, n: int) -> bool:  # type: ignore[no-untyped-def]
     from hypothesis import strategies as st
 
     return draw(st.sampled_from(range(n))) == n // 2
+
+
+@contextmanager
+def hang_guard(seconds: float = 600.0) -> Iterator[None]:
+    """A hang in native code (the Rust codec holding the GIL, a blocked socket) never returns to
+    Python, so no in-Python timeout can end it: faulthandler's own thread then prints every
+    thread's stack and exits, turning a silent CI hang into a failure that shows where."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

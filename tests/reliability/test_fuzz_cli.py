@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzhttp import state_doc, stored_versions_problems
-from fuzzkit import FUZZ, Tally, one_in
+from fuzzkit import FUZZ, Tally, hang_guard, one_in
 from kilolock.cli import main
 
 EXISTING = ["prod", "team/dev"]  # imported before the run, and the names imports go to
@@ -245,7 +245,8 @@ def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pyt
                 assert fingerprint(conn) == before, f"kl {args!r} failed (exit {code}: {err.strip()!r}) but changed the database"
             tally.count("exit 0" if code == 0 else f"exit {code}")
 
-        run()
+        with hang_guard():
+            run()
 
     versions, problems = stored_versions_problems(db_url)
     assert not problems, problems[:10]

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzkit import FUZZ, Tally, assert_one_line
+from fuzzkit import FUZZ, Tally, hang_guard, assert_one_line
 from kilolock.codec import MAX_DEPTH, CodecError
 
 # --- backends ---------------------------------------------------------------------------------------
@@ -323,7 +323,8 @@ def test_fuzz_decode_random_wire_bytes(record_property) -> None:  # type: ignore
             json.loads(result[1])
         tally.count(result[0])
 
-    run()
+    with hang_guard():
+        run()
     tally.finish(record_property)
 
 
@@ -348,7 +349,8 @@ def test_fuzz_encode_random_json(record_property) -> None:  # type: ignore[no-un
             both(lambda impl: (py_t if impl is PY else rs_t).decode(result[1]), tally, f"decode(encode({text!r}))")
         tally.count(result[0])
 
-    run()
+    with hang_guard():
+        run()
     tally.finish(record_property)
 
 
@@ -367,7 +369,8 @@ def test_fuzz_compile_random_type_specs(record_property) -> None:  # type: ignor
                 both(lambda impl: (py_t if impl is PY else rs_t).decode(blob), tally, f"decode({blob!r}) as {spec!r}")
             both(lambda impl: (py_t if impl is PY else rs_t).encode(b"null"), tally, f"encode(null) as {spec!r}")
 
-    run()
+    with hang_guard():
+        run()
     tally.finish(record_property)
 
 

@@ -12,7 +12,7 @@ import time
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzzkit import FUZZ, Tally, assert_one_line
+from fuzzkit import FUZZ, Tally, hang_guard, assert_one_line
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
 
@@ -103,7 +103,8 @@ def test_fuzz_handshake_lines(record_property) -> None:  # type: ignore[no-untyp
     def run(line: str) -> None:
         check(line, tally)
 
-    run()
+    with hang_guard():
+        run()
     tally.finish(record_property)
 
 

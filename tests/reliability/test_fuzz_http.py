@@ -19,11 +19,11 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzzhttp import Exchange, send_raw, state_doc, stored_versions_problems
-from fuzzkit import FUZZ, Tally, one_in
+from fuzzkit import FUZZ, Tally, hang_guard, one_in
 
 TOKEN, ADMIN = "fuzz-token", "fuzz-admin-token"
 MAX_BODY = 64 * 1024
@@ -377,7 +377,8 @@ def _fuzz_server(server, db_url: str, capfd, strategy: st.SearchStrategy, tally:
         for status, req in REGRESSIONS:
             answers = run_one(req).answers
             assert [a.status for a in answers] == [status], (req[1], answers)
-        run()
+        with hang_guard():
+            run()
     finally:
         logger.removeHandler(sink)
         logger.setLevel(old_level)
