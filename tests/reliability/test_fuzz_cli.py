@@ -205,7 +205,7 @@ def files(tmp_path: Path) -> dict[str, str]:
     return _files(tmp_path)
 
 
-def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pytest.MonkeyPatch, record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog, record_property) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("KL_DEBUG", raising=False)
     monkeypatch.setenv("KL_FUZZ_SECRET", "s3cr3t")
     monkeypatch.setenv("KL_PROVIDER_PATH", files["dir"])  # no provider binaries to find, whatever runs
@@ -248,6 +248,9 @@ def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pyt
         with hang_guard():
             run()
 
+    # In-process, kl's log records go to pytest's handlers rather than stderr: none may carry a traceback.
+    logged = [r for r in caplog.records if r.name.startswith("kilolock") and (r.exc_info or "Traceback" in r.getMessage())]
+    assert not logged, [r.getMessage() for r in logged[:5]]
     versions, problems = stored_versions_problems(db_url)
     assert not problems, problems[:10]
     print(f"FUZZ kl CLI: {versions} versions in the database afterwards, all parse")
