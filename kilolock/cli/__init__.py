@@ -187,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging()
         return int(_resolve(handler)(args) or 0)
     except KlError as exc:
-        print(f"kl: {exc}", file=sys.stderr)
+        # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
+        # argument may hold a newline.
+        print("kl: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kl: interrupted", file=sys.stderr)
