@@ -217,13 +217,16 @@ def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pyt
     # Found by this target, each an "internal error" before its fix: a state name the states table
     # refuses (empty) or that is not UTF-8 (psycopg cannot send it); a provider config nested too
     # deep for json.loads, or holding NaN, 1e999 or \u0000 (jsonb refuses them); a --limit or
-    # --serial beyond bigint.
+    # --serial beyond bigint; a file name too long to open; an argument holding a newline.
     regressions = [
         (["state", "import", "", "-"], 2), (["state", "import", "\udcff", files["valid.tfstate"]], 2),
         (["state", "versions", "a\x01"], 2), (["drift", "prod", "--limit", "99999999999999999999999"], 2),
         (["state", "pull", "prod", "--serial", "99999999999999999999999"], 2),
         *((["provider", "configure", "hashicorp/null", "--config", files[f"config-{k}.json"]], 1) for k in ("deep", "nan", "nul")),
         (["state", "import", "prod", files["deep.tfstate"]], 1),
+        (["state", "import", "prod", "a" * 1000], 1),  # ENAMETOOLONG, not one of the OSErrors it named
+        (["provider", "configure", "hashicorp/null", "--config", "a" * 1000], 1),
+        (["refresh", "ghost", "--", "x\ny"], 2),  # argparse echoes unrecognized arguments raw: two lines
     ]
 
     with psycopg.connect(db_url, autocommit=True) as conn:
