@@ -381,3 +381,14 @@ def test_nan_and_infinity_in_floats_do_not_escape_as_other_errors() -> None:
         for spec in (b'"number"', b'"dynamic"', b'["list","number"]'):
             wire = msgpack.packb([value] if spec.startswith(b"[") else value)
             both(lambda impl: impl.compile_type(spec).decode(wire), tally, f"decode({wire!r}) as {spec!r}")
+
+
+def test_attribute_names_with_line_breaks_keep_messages_one_line() -> None:
+    """Found by the encode target (random seed): the error path quotes an attribute name as it is,
+    so a name holding a newline split the message over two lines, in both backends alike."""
+    tally = Tally("regression")
+    for spec, text in ((b'["object",{"\\n":"number"}]', b'{"\\n": false}'),
+                       (b'["object",{"a\\r\\nb":["list","string"]}]', b'{"a\\r\\nb": [1]}'),
+                       (b'["map",["object",{"\\n":"bool"}]]', b'{"k\\n": {"\\n": 3}}')):
+        kind, message = both(lambda impl: impl.compile_type(spec).encode(text), tally, f"encode({text!r}) as {spec!r}")
+        assert kind == "error" and "\\n" in message, message
