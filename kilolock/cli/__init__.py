@@ -38,33 +38,33 @@ def build_parser() -> argparse.ArgumentParser:
         dest="state_command", metavar="ACTION", parser_class=_Parser
     )
     p = _add(state, "import", "kilolock.cli.statecmd:cmd_import", "store a Terraform state file as a new version")
-    p.add_argument("name", help="state name")
+    p.add_argument("name", type=_state_name, help="state name")
     p.add_argument("file", help="state file, or - for standard input")
     p.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
-    p.add_argument("--actor", help="who wrote it (default: $USER@cli)")
+    p.add_argument("--actor", type=_text, help="who wrote it (default: $USER@cli)")
     p.add_argument("--force", action="store_true", help="accept a different lineage")
     p = _add(state, "list", "kilolock.cli.statecmd:cmd_list", "list states")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p = _add(state, "versions", "kilolock.cli.statecmd:cmd_versions", "list the versions of a state")
-    p.add_argument("name")
+    p.add_argument("name", type=_state_name)
     p.add_argument("--format", choices=("table", "json"), default="table")
     p = _add(state, "pull", "kilolock.cli.statecmd:cmd_pull", "print a state version as Terraform state JSON")
-    p.add_argument("name")
-    p.add_argument("--serial", type=int, help="a past version (default: the current one)")
+    p.add_argument("name", type=_state_name)
+    p.add_argument("--serial", type=_serial, help="a past version (default: the current one)")
 
     p = _add(sub, "status", "kilolock.cli.statecmd:cmd_status", "summary of a state: serial, counts, refresh, drift")
-    p.add_argument("name")
+    p.add_argument("name", type=_state_name)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
     p = _add(sub, "refresh", "kilolock.cli.refreshcmd:cmd_refresh",
              "ask every managed resource's provider what it looks like now; commit a new version")
-    p.add_argument("state")
+    p.add_argument("state", type=_state_name)
     p.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     p.add_argument("--concurrency", type=_positive, help="provider groups at once (default: CPU count)")
     p.add_argument("--provider-parallelism", type=_positive, default=10,
                    help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
-    p.add_argument("--actor", help="who runs it (default: $USER@cli)")
+    p.add_argument("--actor", type=_text, help="who runs it (default: $USER@cli)")
     p.add_argument("--provider-search-path", action="append", metavar="DIR",
                    help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
     p.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
@@ -76,12 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table")
 
     p = _add(sub, "drift", "kilolock.cli.driftcmd:cmd_drift", "what refresh found changed or deleted, until the next apply")
-    p.add_argument("state")
+    p.add_argument("state", type=_state_name)
     p.add_argument("--limit", type=_positive)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
     p = _add(sub, "runs", "kilolock.cli.driftcmd:cmd_runs", "refresh runs of a state (the audit trail)")
-    p.add_argument("state")
+    p.add_argument("state", type=_state_name)
     p.add_argument("--stale", action="store_true",
                    help="first mark as failed the runs left 'running' by a process that died")
     p.add_argument("--limit", type=_positive, default=50)
@@ -95,18 +95,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = _add(prov, "configure", "kilolock.cli.providercmd:cmd_configure",
              'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)')
-    p.add_argument("source", help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
-    p.add_argument("--alias", default="")
-    p.add_argument("--state", help="only for this state (default: every state)")
+    p.add_argument("source", type=_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    p.add_argument("--alias", type=_text, default="")
+    p.add_argument("--state", type=_state_name, help="only for this state (default: every state)")
     p.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
     p = _add(prov, "pin", "kilolock.cli.providercmd:cmd_pin", "use this provider version instead of the highest found")
-    p.add_argument("source")
-    p.add_argument("version")
-    p.add_argument("--alias", default="")
-    p.add_argument("--state")
+    p.add_argument("source", type=_text)
+    p.add_argument("version", type=_text)
+    p.add_argument("--alias", type=_text, default="")
+    p.add_argument("--state", type=_state_name)
     p = _add(prov, "list", "kilolock.cli.providercmd:cmd_list", "stored provider configs, pins and cached schemas")
     p.add_argument("--format", choices=("table", "json"), default="table")
     return parser
+
+
+def _text(text: str) -> str:
+    # An argument that is not UTF-8 reaches Python with surrogate escapes, which psycopg cannot
+    # send: without this it surfaced as an internal UnicodeEncodeError.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8 text") from None
+    return text
+
+
+def _state_name(text: str) -> str:
+    """What the states table accepts (its CHECK constraint), said before the database is asked."""
+    _text(text)
+    if not text:
+        raise argparse.ArgumentTypeError("a state name must not be empty")
+    if len(text) > 255:
+        raise argparse.ArgumentTypeError(f"a state name has at most 255 characters, this one {len(text)}")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
+        raise argparse.ArgumentTypeError(f"state name {text!r} contains a control character")
+    return text
 
 
 def _positive(text: str) -> int:
@@ -116,6 +138,21 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if n > _MAX_COUNT:  # limits reach SQL as bigint: a larger one was an internal error there
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {_MAX_COUNT})")
+    return n
+
+
+_MAX_COUNT = 2**31 - 1
+
+
+def _serial(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= n < 2**63:  # serials are bigint, never negative
+        raise argparse.ArgumentTypeError(f"{text!r} is not a state serial (0 or more, below 2^63)")
     return n
 
 
@@ -153,7 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _configure_logging()
         return int(_resolve(handler)(args) or 0)
     except KlError as exc:
-        print(f"kl: {exc}", file=sys.stderr)
+        # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
+        # argument may hold a newline.
+        print("kl: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kl: interrupted", file=sys.stderr)

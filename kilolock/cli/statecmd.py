@@ -32,6 +32,8 @@ def _read_input(path: str) -> bytes:
         raise KlError(f"{path}: is a directory, expected a state file") from None
     except PermissionError:
         raise KlError(f"{path}: permission denied") from None
+    except OSError as exc:  # a name too long, a loop of symlinks, an I/O error: not a bug in kl
+        raise KlError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def cmd_import(args: argparse.Namespace) -> int:

@@ -16,6 +16,11 @@ MAX_DEPTH = 64
 class CodecError(KlError):
     """A value or type that does not fit; the message starts with the path (``.rules[3].cidr:``)."""
 
+    def __init__(self, message: str = "") -> None:
+        # Paths name attributes as they are, and an attribute name may hold a line break: the one
+        # place both backends' messages pass (the Rust one constructs this class too) keeps them one line.
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 class PathError(Exception):
     """Internal: an error that collects path segments while it unwinds to the API boundary."""
