@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="state_command", metavar="ACTION", parser_class=_Parser
     )
     p = _add(state, "import", "kilolock.cli.statecmd:cmd_import", "store a Terraform state file as a new version")
-    p.add_argument("name", type=_state_name, help="state name")
+    p.add_argument("name", type=_new_state_name, help="state name: letters, digits and . _ @ + = - in '/'-separated segments")
     p.add_argument("file", help="state file, or - for standard input")
     p.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
     p.add_argument("--actor", type=_text, help="who wrote it (default: $USER@cli)")
@@ -129,6 +129,17 @@ def _state_name(text: str) -> str:
     if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
         raise argparse.ArgumentTypeError(f"state name {text!r} contains a control character")
     return text
+
+
+def _new_state_name(text: str) -> str:
+    """A name for a state kl may create: also what ``kl serve`` accepts in a URL."""
+    from kilolock.server.names import BadName, check_state_name
+
+    _state_name(text)
+    try:
+        return check_state_name(text)
+    except BadName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive(text: str) -> int:

@@ -26,6 +26,14 @@ def parse_state_name(encoded: str) -> str:
         raise BadName("state name is not valid UTF-8 after percent-decoding") from None
     if not name:
         raise BadName("state name is empty: use /states/<name>")
+    return check_state_name(name)
+
+
+def check_state_name(name: str) -> str:
+    """A decoded state name as both ``kl serve`` and ``kl state import`` accept it, so every state
+    kl creates can be reached over HTTP."""
+    if not name:
+        raise BadName("state name is empty")
     if len(name) > MAX_NAME:
         raise BadName(f"state name is {len(name)} characters long; at most {MAX_NAME} are allowed")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):

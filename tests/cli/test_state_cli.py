@@ -111,3 +111,17 @@ def test_unmigrated_external_database_says_what_to_do(empty_db_url, run_kl, make
 def test_unreachable_database_is_one_line(run_kl):
     r = run_kl("state", "list", env={"KL_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x?connect_timeout=2"})
     assert r.returncode == 1 and r.stderr.decode().startswith("kl: cannot connect to the database") and r.stderr.count(b"\n") == 1
+
+
+@pytest.mark.parametrize("name", ["a b", "../prod", "prod/", "ünicode", ".hidden"])
+def test_import_refuses_a_name_kl_serve_could_not_serve(db_url, run_kl, make_state, name):
+    r = run_kl("state", "import", name, "-", input=make_state(1, {"a": {"id": "1"}}))
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "is not allowed" in err, err
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT count(*) FROM states").fetchone()[0] == 0
+
+
+def test_a_nested_name_imports_and_reads_back(db_url, run_kl, make_state):
+    assert run_kl("state", "import", "team/prod-1.eu", "-", input=make_state(1, {"a": {"id": "1"}})).returncode == 0
+    assert json.loads(run_kl("state", "pull", "team/prod-1.eu").stdout)["serial"] == 1
