@@ -156,3 +156,16 @@ def run_kl():
                               env=full_env, timeout=timeout, cwd=str(cwd or REPO))
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging_levels():
+    """kl's main() configures logging for a process (kilolock.provider at ERROR unless logs are
+    asked for); tests that call it in-process must not change what later tests' loggers pass."""
+    import logging
+
+    loggers = [logging.getLogger(), logging.getLogger("kilolock"), logging.getLogger("kilolock.provider")]
+    levels = [lg.level for lg in loggers]
+    yield
+    for lg, level in zip(loggers, levels):
+        lg.setLevel(level)

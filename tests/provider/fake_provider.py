@@ -288,9 +288,9 @@ def serve() -> None:
     server.start()
     sys.stderr.write('{"@level":"info","@message":"fake provider serving","@module":"fake","proto":%d}\n' % proto)
     sys.stderr.flush()
-    # Plain text, not hclog JSON: the stderr tail kl keeps for error messages skips JSON chatter.
+    # Plain text, not hclog JSON, as tests read these two in the stderr tail, which skips JSON chatter.
     sys.stderr.write("fake: client cert %s\n" % ("present" if client_pem else "absent"))
-    sys.stderr.write('{"@level":"debug","@message":"TF_LOG_SDK_PROTO=%s"}\n' % os.environ.get("TF_LOG_SDK_PROTO", "(unset)"))
+    sys.stderr.write("fake: TF_LOG_SDK_PROTO=%s\n" % os.environ.get("TF_LOG_SDK_PROTO", "(unset)"))
     sys.stderr.write('{"@level":"trace","@message":"fake trace line"}\n')
     sys.stderr.flush()
     say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")
