@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 from typing import Any
 
+from kilolock import jsondoc
 from kilolock.cli import render
 from kilolock.cli.statecmd import _read_input
 from kilolock.errors import KlError, UsageError
@@ -28,35 +27,13 @@ def _describe_secret_free(config: dict) -> str:
     return ", ".join(f"{k}=(env {config[k]['env']})" if isinstance(config[k], dict) and set(config[k]) == {"env"} else k for k in keys) or "(empty)"
 
 
-def _not_json_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"{text} does not fit a float64")
-    return value
-
-
 def _load_config(raw: bytes, where: str) -> dict[str, Any]:
-    """The config as a JSON object jsonb will take: Python's parser also accepts NaN, infinities
-    (1e999) and \\u0000, and recurses out on deep nesting; each was an internal error at the INSERT."""
     try:
-        text = raw.decode("utf-8")
-        config = json.loads(text, parse_constant=_not_json_constant, parse_float=_finite_float)
-    except json.JSONDecodeError as exc:
-        raise KlError(f"{where}: not valid JSON: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise KlError(f"{where}: not valid JSON: not UTF-8 (byte {exc.start})") from None
-    except ValueError as exc:
-        raise KlError(f"{where}: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise KlError(f"{where}: not valid JSON: nested too deeply") from None
+        config = jsondoc.load(raw)
+    except jsondoc.NotStorable as exc:
+        raise KlError(f"{where}: {exc}") from None
     if not isinstance(config, dict):
         raise KlError(f"{where}: a provider config must be a JSON object")
-    if re.search(r"(?<!\\)(?:\\\\)*\\u0000", text):
-        raise KlError(f"{where}: contains a NUL character (\\u0000), which cannot be stored")
     return config
 
 

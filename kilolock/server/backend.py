@@ -10,15 +10,13 @@ import base64
 import binascii
 import hashlib
 import json
-import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
-from kilolock import tfstate
+from kilolock import jsondoc, tfstate
 from kilolock.server import store_ops
 from kilolock.server.auth import Principal
 from kilolock.store.versions import VersionConflict
@@ -112,39 +110,14 @@ def delete_state(conn: psycopg.Connection, name: str, lock_id: str | None) -> Re
     return text(200, f"{name}: deleted" if gone else f"{name}: no such state; nothing to delete")
 
 
-# jsonb refuses what Python's JSON parser lets through: NaN, infinities (also 1e999) and the NUL
-# character. A LockInfo carrying one would fail in the INSERT, after the request was accepted.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def _not_json_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"{text} does not fit a float64")
-    return value
-
-
 def parse_lock_info(body: bytes) -> dict[str, Any] | str:
     """The LockInfo, or a one-line reason why the body is not one."""
     try:
-        text_body = body.decode("utf-8")
-        doc = json.loads(text_body, parse_constant=_not_json_constant, parse_float=_finite_float)
-    except json.JSONDecodeError:
-        return "lock info is not valid JSON"
-    except UnicodeDecodeError:
-        return "lock info is not valid JSON (not UTF-8)"
-    except ValueError as exc:
-        return f"lock info is not valid JSON: {exc}"
-    except RecursionError:  # arrays nested a few thousand deep: not a LockInfo either
-        return "lock info is not valid JSON: nested too deeply"
+        doc = jsondoc.load(body)
+    except jsondoc.NotStorable as exc:
+        return f"lock info: {exc}"
     if not isinstance(doc, dict):
         return "lock info must be a JSON object"
-    if _NUL_ESCAPE.search(text_body):
-        return "lock info contains a NUL character (\\u0000), which cannot be stored"
     lock_id = doc.get("ID")
     if not isinstance(lock_id, str) or not lock_id.strip():
         return 'lock info has no "ID" (a non-empty string)'
