@@ -7,7 +7,6 @@ OpenTofu-encrypted envelopes, which have no serial, lineage or resources to inde
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +155,7 @@ def unlock(conn: psycopg.Connection, name: str, lock_id: str, actor: str, forced
         if holder.get("ID") != lock_id:
             raise LockConflict(f"state {name!r} is locked by {holder.get('Who') or 'someone'} with another lock ID", holder)
         if forced:
-            _force_release(conn, sid, actor)
+            locks.force_release(conn, sid, actor)
         else:
             locks.release(conn, sid, lock_id, actor)
 
@@ -165,15 +164,4 @@ def force_unlock(conn: psycopg.Connection, name: str, actor: str) -> dict[str, A
     """Release whatever lock is held (Terraform's force-unlock sends no ID); the released LockInfo."""
     with conn.transaction():
         sid = _lock_state_row(conn, name, create=False)
-        return _force_release(conn, sid, actor) if sid else None
-
-
-def _force_release(conn: psycopg.Connection, sid: str, actor: str) -> dict[str, Any] | None:
-    row = conn.execute("DELETE FROM state_locks WHERE state_id = %s RETURNING lock_id, who, info", (sid,)).fetchone()
-    if row is None:
-        return None
-    conn.execute(
-        "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'force_unlock', %s, %s, %s, %s)",
-        (sid, row[0], row[1], actor, json.dumps(row[2])),
-    )
-    return dict(row[2])
+        return locks.force_release(conn, sid, actor) if sid else None

@@ -70,3 +70,20 @@ def release(conn: psycopg.Connection, state_id: str, lock_id: str, actor: str | 
             (state_id, lock_id, row[0], actor, json.dumps(row[1])),
         )
     return True
+
+
+def force_release(conn: psycopg.Connection, state_id: str, actor: str | None, *, only_info: str | None = None) -> dict[str, Any] | None:
+    """Release whatever lock is held, for someone other than its holder (force-unlock, or a dead
+    run's lock); ``only_info`` releases it only if its LockInfo ``Info`` is that. The released LockInfo."""
+    with conn.transaction():
+        row = conn.execute(
+            "DELETE FROM state_locks WHERE state_id = %s AND (%s::text IS NULL OR info ->> 'Info' = %s) RETURNING lock_id, who, info",
+            (state_id, only_info, only_info),
+        ).fetchone()
+        if row is None:
+            return None
+        conn.execute(
+            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'force_unlock', %s, %s, %s, %s)",
+            (state_id, row[0], row[1], actor, json.dumps(row[2])),
+        )
+    return dict(row[2])

@@ -6,7 +6,8 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
+
+from kilolock.store import locks
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
@@ -65,25 +66,12 @@ def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> 
                 (actor or "kl", run_id),
             ).rowcount
             if updated:
-                _release_dead_runs_lock(conn, state_id, run_id, actor)
+                # A run killed inside its commit leaves the state lock it took (a row committed on
+                # its own), refusing every apply and refresh; its process is gone, so release it here.
+                locks.force_release(conn, state_id, actor or "kl", only_info=lock_note(run_id))
         if updated:
             done.append(run_id)
     return done
-
-
-def _release_dead_runs_lock(conn: psycopg.Connection, state_id: str, run_id: str, actor: str | None) -> None:
-    # A run killed inside its commit leaves the state lock it took (a row committed on its own),
-    # and with it every apply and refresh refused. Its process is gone, so nobody else will release it.
-    row = conn.execute(
-        """DELETE FROM state_locks WHERE state_id = %s AND operation = 'OperationTypeRefresh' AND info ->> 'Info' = %s
-           RETURNING lock_id, who, info""",
-        (state_id, lock_note(run_id)),
-    ).fetchone()
-    if row:
-        conn.execute(
-            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'force_unlock', %s, %s, %s, %s)",
-            (state_id, row[0], row[1], actor or "kl", Jsonb(row[2])),
-        )
 
 
 def finish(
