@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
+from chaoskit import marked_pids, session_mark, settle_orphans  # noqa: E402  (the one /proc scan)
 
 CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
 PLUGIN_CACHE = CACHE / "plugin-cache"
@@ -57,36 +61,10 @@ def terraform(ws: Path, *args: str) -> subprocess.CompletedProcess:
 
 def assert_no_new_providers(before: set[int], grace: float = 5.0) -> None:
     """Fail if provider processes beyond BEFORE are still alive after GRACE seconds."""
-    import time
-
-    deadline = time.monotonic() + grace
-    while (left := provider_pids() - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = settle_orphans(before, session_mark(), grace)
     assert not left, f"provider processes outlived the test: {sorted(left)}"
 
 
 def provider_pids() -> set[int]:
-    """Live terraform-provider-* processes started by this test session (see SESSION_MARK)."""
-    mark = f"KL_TEST_SESSION={os.environ.get('KL_TEST_SESSION', '')}".encode()
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    cmdline = fh.read()
-                with open(f"/proc/{entry}/stat") as fh:
-                    if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue
-            except OSError:
-                continue
-            # Real providers by name; the fake provider runs as `python …/fake_provider.py`.
-            if b"terraform-provider-" not in cmdline.split(b"\0", 1)[0] and b"fake_provider.py" not in cmdline:
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if mark not in fh.read().split(b"\0"):
-                        continue
-            except OSError:
-                continue
-            pids.add(int(entry))
-    return pids
+    """Live provider processes (real ones, and the fake) started by this test session (SESSION_MARK)."""
+    return marked_pids(session_mark())
