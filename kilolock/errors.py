@@ -12,3 +12,9 @@ class UsageError(KlError):
     """The command line itself is wrong (exit code 2, as argparse does)."""
 
     exit_code = 2
+
+
+def one_line(text: str) -> str:
+    """TEXT with its line breaks escaped: messages quote user input (arguments, attribute names)
+    that may hold one, and an error is one line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")

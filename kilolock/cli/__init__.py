@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from kilolock.errors import KlError, UsageError
+from kilolock.errors import KlError, UsageError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
         # argument may hold a newline.
-        print("kl: " + str(exc).replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+        print("kl: " + one_line(str(exc)), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kl: interrupted", file=sys.stderr)
@@ -217,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if psycopg is not None and isinstance(exc, psycopg.OperationalError):
             # A server restart or a cut connection in any command's own queries is a fault of the
             # environment, reported as such (a refresh run reports and records its own).
-            text = str(exc).strip()
-            print(f"kl: lost the database connection: {text.splitlines()[0] if text else type(exc).__name__}", file=sys.stderr)
+            from kilolock.store.db import first_line
+
+            print(f"kl: lost the database connection: {first_line(exc)}", file=sys.stderr)
             return 1
         if os.environ.get("KL_DEBUG"):
             raise

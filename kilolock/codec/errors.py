@@ -5,7 +5,7 @@ failures from either backend alike.
 """
 from __future__ import annotations
 
-from kilolock.errors import KlError
+from kilolock.errors import KlError, one_line
 
 # Nesting limit for values and type specifications, identical in both backends (the Rust crate
 # exposes its own copy as ``MAX_DEPTH`` and a test checks they agree). Real provider schemas
@@ -19,7 +19,7 @@ class CodecError(KlError):
     def __init__(self, message: str = "") -> None:
         # Paths name attributes as they are, and an attribute name may hold a line break: the one
         # place both backends' messages pass (the Rust one constructs this class too) keeps them one line.
-        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+        super().__init__(one_line(str(message)))
 
 
 class PathError(Exception):
