@@ -133,7 +133,7 @@ def _state_name(text: str) -> str:
 
 def _new_state_name(text: str) -> str:
     """A name for a state kl may create: also what ``kl serve`` accepts in a URL."""
-    from kilolock.server.names import BadName, check_state_name
+    from kilolock.names import BadName, check_state_name
 
     _state_name(text)
     try:
