@@ -8,7 +8,6 @@ accept the same names, so every state kl creates can be reached over HTTP.
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
 
 from kilolock.errors import KlError
 
@@ -54,6 +53,8 @@ def check_state_name(name: str) -> str:
 
 def parse_state_name(encoded: str) -> str:
     """The state name from the part of the URL path after ``/states/`` (still percent-encoded)."""
+    from urllib.parse import unquote  # only kl serve needs it; every kl COMMAND --help loads this module
+
     try:
         name = unquote(encoded, encoding="utf-8", errors="strict")
     except UnicodeDecodeError:
