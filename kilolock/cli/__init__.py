@@ -1,170 +1,63 @@
-"""``kl``: the command line. Parsing lives here; each command's work is imported only when run,
-so ``kl --help`` and ``kl version`` start without loading psycopg or grpc."""
+"""``kl``: the command line. Parsing lives here, built from the command table (commands.py); a
+command's module is imported only when that command is chosen, so ``kl --help`` and ``kl version``
+start without loading psycopg or grpc."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
+from kilolock.cli.commands import COMMANDS, Command
 from kilolock.errors import KlError, UsageError, one_line
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would exit 2 itself; we keep control
+    """Usage errors as UsageError, and a command's arguments added only once it is chosen."""
+
+    pending: Command | None = None  # the command whose arguments this parser has not added yet
+
+    def error(self, message: str) -> NoReturn:  # argparse would exit 2 itself; we keep control
         raise UsageError(f"{self.prog}: {message}")
 
+    def add_pending_arguments(self) -> None:
+        command, self.pending = self.pending, None
+        if command is not None:
+            command.add_arguments(self)
 
-def _add(sub: argparse._SubParsersAction, name: str, handler: str, help: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help)
-    p.set_defaults(_handler=handler, _parser=p)
-    return p
+
+class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """COMMAND / ACTION: the chosen command's module adds its arguments, just before they are parsed."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        # nargs=PARSER: the command's name, then everything after it; argparse has already
+        # refused a name that is not in the table.
+        chosen = self._name_parser_map.get(values[0]) if values else None
+        if isinstance(chosen, _Parser):
+            chosen.add_pending_arguments()
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str) -> None:
+    sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser, action=_Subcommands)
+    for command in commands:
+        p = sub.add_parser(command.name, help=command.summary, description=command.summary)
+        assert isinstance(p, _Parser)  # parser_class
+        if command.actions:
+            p.set_defaults(_command=None, _parser=p)  # no ACTION: kl prints the group's help
+            _add_commands(p, command.actions, f"{command.name}_command", "ACTION")
+        else:
+            p.set_defaults(_command=command, _parser=p)
+            p.pending = command
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kl", description="Terraform state in PostgreSQL: queryable, versioned, refreshed.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    _add(sub, "version", "kilolock.cli.info:cmd_version", "print versions, codec backend and paths")
-
-    db = _add(sub, "db", "", "manage the database").add_subparsers(dest="db_command", metavar="ACTION", parser_class=_Parser)
-    _add(db, "migrate", "kilolock.cli.dbcmd:cmd_migrate", "apply pending migrations")
-    _add(db, "status", "kilolock.cli.dbcmd:cmd_status", "show which database is used and its migrations")
-    _add(db, "stop", "kilolock.cli.dbcmd:cmd_stop", "stop the embedded PostgreSQL server")
-
-    state = _add(sub, "state", "", "import, list and read state versions").add_subparsers(
-        dest="state_command", metavar="ACTION", parser_class=_Parser
-    )
-    p = _add(state, "import", "kilolock.cli.statecmd:cmd_import", "store a Terraform state file as a new version")
-    p.add_argument("name", type=_new_state_name, help="state name: letters, digits and . _ @ + = - in '/'-separated segments")
-    p.add_argument("file", help="state file, or - for standard input")
-    p.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
-    p.add_argument("--actor", type=_text, help="who wrote it (default: $USER@cli)")
-    p.add_argument("--force", action="store_true", help="accept a different lineage")
-    p = _add(state, "list", "kilolock.cli.statecmd:cmd_list", "list states")
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p = _add(state, "versions", "kilolock.cli.statecmd:cmd_versions", "list the versions of a state")
-    p.add_argument("name", type=_state_name)
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p = _add(state, "pull", "kilolock.cli.statecmd:cmd_pull", "print a state version as Terraform state JSON")
-    p.add_argument("name", type=_state_name)
-    p.add_argument("--serial", type=_serial, help="a past version (default: the current one)")
-
-    p = _add(sub, "status", "kilolock.cli.statecmd:cmd_status", "summary of a state: serial, counts, refresh, drift")
-    p.add_argument("name", type=_state_name)
-    p.add_argument("--format", choices=("table", "json"), default="table")
-
-    p = _add(sub, "refresh", "kilolock.cli.refreshcmd:cmd_refresh",
-             "ask every managed resource's provider what it looks like now; commit a new version")
-    p.add_argument("state", type=_state_name)
-    p.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
-    p.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
-    p.add_argument("--concurrency", type=_positive, help="provider groups at once (default: CPU count)")
-    p.add_argument("--provider-parallelism", type=_positive, default=10,
-                   help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
-    p.add_argument("--actor", type=_text, help="who runs it (default: $USER@cli)")
-    p.add_argument("--provider-search-path", action="append", metavar="DIR",
-                   help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
-    p.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
-    p.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
-                   help="fail a resource whose provider call takes longer than this (default 10m)")
-    p.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
-    p.add_argument("--allow-mass-removal", action="store_true",
-                   help="commit even when most of a provider's objects come back deleted")
-    p.add_argument("--format", choices=("table", "json"), default="table")
-
-    p = _add(sub, "drift", "kilolock.cli.driftcmd:cmd_drift", "what refresh found changed or deleted, until the next apply")
-    p.add_argument("state", type=_state_name)
-    p.add_argument("--limit", type=_positive)
-    p.add_argument("--format", choices=("table", "json"), default="table")
-
-    p = _add(sub, "runs", "kilolock.cli.driftcmd:cmd_runs", "refresh runs of a state (the audit trail)")
-    p.add_argument("state", type=_state_name)
-    p.add_argument("--stale", action="store_true",
-                   help="first mark as failed the runs left 'running' by a process that died")
-    p.add_argument("--limit", type=_positive, default=50)
-    p.add_argument("--format", choices=("table", "json"), default="table")
-
-    p = _add(sub, "serve", "kilolock.server.cmd:cmd_serve", 'serve Terraform\'s backend "http" (state and locking) from the store')
-    importlib.import_module("kilolock.server.options").add_arguments(p)
-
-    prov = _add(sub, "provider", "", "provider configuration and version pins").add_subparsers(
-        dest="provider_command", metavar="ACTION", parser_class=_Parser
-    )
-    p = _add(prov, "configure", "kilolock.cli.providercmd:cmd_configure",
-             'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)')
-    p.add_argument("source", type=_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
-    p.add_argument("--alias", type=_text, default="")
-    p.add_argument("--state", type=_state_name, help="only for this state (default: every state)")
-    p.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
-    p = _add(prov, "pin", "kilolock.cli.providercmd:cmd_pin", "use this provider version instead of the highest found")
-    p.add_argument("source", type=_text)
-    p.add_argument("version", type=_text)
-    p.add_argument("--alias", type=_text, default="")
-    p.add_argument("--state", type=_state_name)
-    p = _add(prov, "list", "kilolock.cli.providercmd:cmd_list", "stored provider configs, pins and cached schemas")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    _add_commands(parser, COMMANDS, "command", "COMMAND")
     return parser
-
-
-def _text(text: str) -> str:
-    # An argument that is not UTF-8 reaches Python with surrogate escapes, which psycopg cannot
-    # send: without this it surfaced as an internal UnicodeEncodeError.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8 text") from None
-    return text
-
-
-def _state_name(text: str) -> str:
-    """What the states table accepts (its CHECK constraint), said before the database is asked."""
-    _text(text)
-    if not text:
-        raise argparse.ArgumentTypeError("a state name must not be empty")
-    if len(text) > 255:
-        raise argparse.ArgumentTypeError(f"a state name has at most 255 characters, this one {len(text)}")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text):
-        raise argparse.ArgumentTypeError(f"state name {text!r} contains a control character")
-    return text
-
-
-def _new_state_name(text: str) -> str:
-    """A name for a state kl may create: also what ``kl serve`` accepts in a URL."""
-    from kilolock.server.names import BadName, check_state_name
-
-    _state_name(text)
-    try:
-        return check_state_name(text)
-    except BadName as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    if n > _MAX_COUNT:  # limits reach SQL as bigint: a larger one was an internal error there
-        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {_MAX_COUNT})")
-    return n
-
-
-_MAX_COUNT = 2**31 - 1
-
-
-def _serial(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= n < 2**63:  # serials are bigint, never negative
-        raise argparse.ArgumentTypeError(f"{text!r} is not a state serial (0 or more, below 2^63)")
-    return n
 
 
 _TRACE = 5  # the level kilolock.provider.logbridge registers as TRACE (provider hclog trace lines)
@@ -185,21 +78,16 @@ def _configure_logging() -> None:
         logging.getLogger("kilolock.provider").setLevel(logging.ERROR)
 
 
-def _resolve(spec: str) -> Callable[[argparse.Namespace], int]:
-    module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(module), func)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = getattr(args, "_handler", "")
-        if not handler:
+        command: Command | None = getattr(args, "_command", None)
+        if command is None:
             (getattr(args, "_parser", None) or parser).print_help(sys.stderr)
             return 2
         _configure_logging()
-        return int(_resolve(handler)(args) or 0)
+        return int(command.run(args) or 0)
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
         # argument may hold a newline.

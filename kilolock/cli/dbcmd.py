@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 
-from kilolock.store import db
-from kilolock.store.migrate import apply_migrations, bundled_migrations, pending_migrations
+
+def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """No arguments."""
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
+def run_migrate(args: argparse.Namespace) -> int:
+    from kilolock.store import db
+    from kilolock.store.migrate import apply_migrations, bundled_migrations
+
     target = db.resolve_target()
     with db.connect(target.url) as conn:
         applied = apply_migrations(conn)
@@ -19,7 +23,14 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    """No arguments."""
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from kilolock.store import db
+    from kilolock.store.migrate import pending_migrations
+
     target = db.resolve_target()
     with db.connect(target.url) as conn:
         pending = pending_migrations(conn)
@@ -28,7 +39,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
+def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    """No arguments."""
+
+
+def run_stop(args: argparse.Namespace) -> int:
     from kilolock.store.embedded import EmbeddedCluster, default_data_dir
 
     cluster = EmbeddedCluster(default_data_dir())

@@ -6,10 +6,9 @@ import json
 from typing import Any
 
 from kilolock import jsondoc
+from kilolock.cli import args as cli_args
 from kilolock.cli import render
-from kilolock.cli.statecmd import _read_input
 from kilolock.errors import KlError, UsageError
-from kilolock.store import db, provider_configs, versions
 
 
 def normalize_source(text: str) -> str:
@@ -37,9 +36,18 @@ def _load_config(raw: bytes, where: str) -> dict[str, Any]:
     return config
 
 
-def cmd_configure(args: argparse.Namespace) -> int:
+def add_configure_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=cli_args.utf8_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    parser.add_argument("--alias", type=cli_args.utf8_text, default="")
+    parser.add_argument("--state", type=cli_args.state_name, help="only for this state (default: every state)")
+    parser.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
+
+
+def run_configure(args: argparse.Namespace) -> int:
+    from kilolock.store import db, provider_configs, versions
+
     source = normalize_source(args.source)
-    raw = _read_input(args.config)
+    raw = cli_args.read_input(args.config)
     config = _load_config(raw, args.config)
     with db.open_store() as conn:
         sid = versions.state_id(conn, args.state) if args.state else None
@@ -49,7 +57,16 @@ def cmd_configure(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pin(args: argparse.Namespace) -> int:
+def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=cli_args.utf8_text)
+    parser.add_argument("version", type=cli_args.utf8_text)
+    parser.add_argument("--alias", type=cli_args.utf8_text, default="")
+    parser.add_argument("--state", type=cli_args.state_name)
+
+
+def run_pin(args: argparse.Namespace) -> int:
+    from kilolock.store import db, provider_configs, versions
+
     source = normalize_source(args.source)
     version = args.version.lstrip("v")
     with db.open_store() as conn:
@@ -59,7 +76,13 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kilolock.store import db, provider_configs
+
     with db.open_store() as conn:
         rows = provider_configs.list_all(conn)
         schemas = conn.execute("SELECT source, version, protocol_version, fetched_at FROM provider_schemas ORDER BY source, version").fetchall()

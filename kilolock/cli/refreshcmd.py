@@ -5,24 +5,49 @@ import argparse
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kilolock.cli import args as cli_args
 from kilolock.cli import render
-from kilolock.cli.statecmd import default_actor
-from kilolock.refresh.options import RefreshOptions, parse_duration
+
+if TYPE_CHECKING:
+    from kilolock.refresh.options import RefreshOptions
 
 SHOWN_ADDRESSES = 25
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("state", type=cli_args.state_name)
+    parser.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
+    parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
+    parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
+    parser.add_argument("--provider-parallelism", type=cli_args.positive, default=10,
+                        help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: $USER@cli)")
+    parser.add_argument("--provider-search-path", action="append", metavar="DIR",
+                        help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
+    # Durations stay text until the run starts (options_from_args): a bad one is reported in
+    # parse_duration's words, and kilolock.refresh is not imported for --help.
+    parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
+    parser.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
+                        help="fail a resource whose provider call takes longer than this (default 10m)")
+    parser.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
+    parser.add_argument("--allow-mass-removal", action="store_true",
+                        help="commit even when most of a provider's objects come back deleted")
+    cli_args.add_format(parser)
+
+
 def options_from_args(args: argparse.Namespace) -> RefreshOptions:
     import os
+
+    from kilolock.refresh.options import RefreshOptions, parse_duration
 
     return RefreshOptions(
         dry_run=args.dry_run,
         fail_fast=args.fail_fast,
         concurrency=args.concurrency or os.cpu_count() or 1,
         provider_parallelism=args.provider_parallelism,
-        actor=args.actor or default_actor(),
+        actor=args.actor or cli_args.default_actor(),
         search_paths=tuple(args.provider_search_path or ()),
         timeout=parse_duration(args.timeout) if args.timeout else None,
         rpc_timeout=parse_duration(args.rpc_timeout),
@@ -105,9 +130,10 @@ def render_table(result: Any) -> None:
             print(f"  ... and {more} more (--format json lists all)")
 
 
-def cmd_refresh(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from kilolock.refresh.factory import ProductionFactory
-    from kilolock.refresh.orchestrator import Cancellation, run
+    from kilolock.refresh.orchestrator import Cancellation
+    from kilolock.refresh.orchestrator import run as run_refresh
     from kilolock.store import db, versions
 
     options = options_from_args(args)
@@ -129,7 +155,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         with db.open_store() as conn:
             sid = versions.state_id(conn, args.state)
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout)
-            result = run(conn, args.state, factory, options, progress=progress, cancel=cancel)
+            result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel)
         if progress:
             progress.end()
             progress = None

@@ -1,48 +1,32 @@
-"""``kl state import|list|versions|pull`` and ``kl status``."""
+"""``kl state import|list|versions|pull``."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import sys
-from typing import Any
 
 from kilolock import tfstate
+from kilolock.cli import args as cli_args
 from kilolock.cli import render
-from kilolock.errors import KlError
-from kilolock.store import db, summary, versions
 
 
-def default_actor() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        user = "unknown"
-    return f"{user}@cli"
+def add_import_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.new_state_name,
+                        help="state name: letters, digits and . _ @ + = - in '/'-separated segments")
+    parser.add_argument("file", help="state file, or - for standard input")
+    parser.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who wrote it (default: $USER@cli)")
+    parser.add_argument("--force", action="store_true", help="accept a different lineage")
 
 
-def _read_input(path: str) -> bytes:
-    if path == "-":
-        return sys.stdin.buffer.read()
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise KlError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise KlError(f"{path}: is a directory, expected a state file") from None
-    except PermissionError:
-        raise KlError(f"{path}: permission denied") from None
-    except OSError as exc:  # a name too long, a loop of symlinks, an I/O error: not a bug in kl
-        raise KlError(f"{path}: cannot read: {exc.strerror or exc}") from None
+def run_import(args: argparse.Namespace) -> int:
+    from kilolock.store import db, versions
 
-
-def cmd_import(args: argparse.Namespace) -> int:
-    raw = _read_input(args.file)
+    raw = cli_args.read_input(args.file)
     origin = "<stdin>" if args.file == "-" else args.file
     state = tfstate.parse_state(raw, origin)  # every input error surfaces before the database is touched
     with db.open_store() as conn:
         result = versions.write_version(
-            conn, args.name, state, raw, source=args.source, actor=args.actor or default_actor(), force=args.force
+            conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(), force=args.force
         )
     v = result.version
     if not result.created:
@@ -55,7 +39,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kilolock.store import db, summary
+
     with db.open_store() as conn:
         rows = summary.list_states(conn)
     if args.format == "json":
@@ -68,7 +58,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_versions(args: argparse.Namespace) -> int:
+def add_versions_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name)
+    cli_args.add_format(parser)
+
+
+def run_versions(args: argparse.Namespace) -> int:
+    from kilolock.store import db, versions
+
     with db.open_store() as conn:
         rows = versions.list_versions(conn, args.name)
     if args.format == "json":
@@ -91,36 +88,15 @@ def cmd_versions(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_pull(args: argparse.Namespace) -> int:
+def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from kilolock.store import db, versions
+
     with db.open_store() as conn:
         text = versions.raw_state_text(conn, args.name, args.serial)
     sys.stdout.write(tfstate.pretty_state(text))
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    with db.open_store() as conn:
-        s = summary.state_status(conn, args.name)
-    if args.format == "json":
-        render.emit_json({"version": 1, **s})
-        return 0
-    last: Any = "never"
-    if s["last_refresh"]:
-        r = s["last_refresh"]
-        to = f"v{r['to_serial']}" if r["to_serial"] is not None else "(nothing committed)"
-        last = f"v{r['from_serial']} → {to}, {r['status']}, {r['started_at']:%Y-%m-%d %H:%M:%S}"
-    render.key_values(
-        [
-            ("state", s["state"]),
-            ("serial", f"v{s['serial']}" if s["serial"] is not None else "-"),
-            ("lineage", s["lineage"]),
-            ("terraform", s["terraform_version"]),
-            ("versions", s["versions"]),
-            ("managed", s["managed"]),
-            ("data", s["data"]),
-            ("last refresh", last),
-            ("open drift", s["open_drift"]),
-            ("locked", s["locked_by"] or "no"),
-        ]
-    )
     return 0

@@ -16,10 +16,10 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 
 from kilolock.errors import KlError
+from kilolock.names import parse_state_name
 from kilolock.server import api, backend
 from kilolock.server.auth import Authenticator, Principal
 from kilolock.server.backend import Response, text
-from kilolock.server.names import parse_state_name
 from kilolock.server.options import DEFAULT_MAX_BODY
 from kilolock.server.pool import ConnectionPool, PoolExhausted
 from kilolock.store.db import DatabaseError

@@ -1,7 +1,7 @@
-"""``kl serve`` options: parsing and the exposure rule. Light imports only: `kl --help` loads this."""
+"""``kl serve``'s option values (listen address, body size) and the exposure rule. Light imports only:
+`kl serve --help` loads this for the token variables' names."""
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import re
 import socket
@@ -12,27 +12,6 @@ from kilolock.errors import UsageError
 TOKEN_ENV = "KL_SERVE_TOKEN"
 ADMIN_TOKEN_ENV = "KL_SERVE_ADMIN_TOKEN"
 DEFAULT_MAX_BODY = 512 * 1024 * 1024  # a 100 MB state with room to spare
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
-    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain); serve HTTPS")
-    p.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
-    p.add_argument("--users-file", metavar="FILE",
-                   help=f"HTTP Basic users, NAME:HASH[:admin] per line (hash from --hash-password); "
-                        f"tokens come from ${TOKEN_ENV} / ${ADMIN_TOKEN_ENV}")
-    p.add_argument("--allow-force-unlock", action="store_true",
-                   help="accept UNLOCK without a lock ID (terraform force-unlock) from any authenticated user")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback address without authentication or without TLS")
-    p.add_argument("--max-body", default="512M", metavar="SIZE",
-                   help="largest request body, e.g. 512M (default 512M)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="socket timeout per read/write (default 60)")
-    p.add_argument("--max-connections", type=int, default=256, metavar="N",
-                   help="open client connections at once, a thread each (default 256); more get 503")
-    p.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
-    p.add_argument("--hash-password", action="store_true",
-                   help="read a password (prompt, or standard input) and print its hash for --users-file")
 
 
 def parse_size(text: str) -> int:

@@ -335,11 +335,11 @@ def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
 
 def test_a_connection_lost_in_any_commands_own_query_is_one_line(monkeypatch, capsys):
     from kilolock import cli
-    from kilolock.cli import statecmd
+    from kilolock.cli import statuscmd
 
     def lost(_args):
         raise psycopg.OperationalError("terminating connection due to administrator command\nSSL SYSCALL error: EOF detected")
 
-    monkeypatch.setattr(statecmd, "cmd_status", lost)
+    monkeypatch.setattr(statuscmd, "run", lost)
     assert cli.main(["status", "prod"]) == 1
     assert capsys.readouterr().err == "kl: lost the database connection: terminating connection due to administrator command\n"

@@ -4,17 +4,42 @@ from __future__ import annotations
 import argparse
 import getpass
 import signal
-import ssl
 import sys
+from typing import TYPE_CHECKING
 
 from kilolock.errors import KlError, UsageError
-from kilolock.server import auth as auth_mod
-from kilolock.server.backend import BackendPolicy
-from kilolock.server.http import KilolockHTTPServer, ServerConfig
-from kilolock.server.options import check_exposure, parse_listen, parse_size
+from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV
+
+if TYPE_CHECKING:
+    import ssl
+
+    from kilolock.server.http import KilolockHTTPServer
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain); serve HTTPS")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
+    parser.add_argument("--users-file", metavar="FILE",
+                        help=f"HTTP Basic users, NAME:HASH[:admin] per line (hash from --hash-password); "
+                             f"tokens come from ${TOKEN_ENV} / ${ADMIN_TOKEN_ENV}")
+    parser.add_argument("--allow-force-unlock", action="store_true",
+                        help="accept UNLOCK without a lock ID (terraform force-unlock) from any authenticated user")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a non-loopback address without authentication or without TLS")
+    parser.add_argument("--max-body", default="512M", metavar="SIZE",
+                        help="largest request body, e.g. 512M (default 512M)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="socket timeout per read/write (default 60)")
+    parser.add_argument("--max-connections", type=int, default=256, metavar="N",
+                        help="open client connections at once, a thread each (default 256); more get 503")
+    parser.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
+    parser.add_argument("--hash-password", action="store_true",
+                        help="read a password (prompt, or standard input) and print its hash for --users-file")
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    import ssl
+
     if not cert and not key:
         return None
     if not (cert and key):
@@ -31,6 +56,8 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
 
 
 def _hash_password() -> int:
+    from kilolock.server import auth as auth_mod
+
     if sys.stdin.isatty():
         pw = getpass.getpass("password: ")
         if pw != getpass.getpass("again: "):
@@ -44,6 +71,10 @@ def _hash_password() -> int:
 
 
 def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
+    from kilolock.server import auth as auth_mod
+    from kilolock.server.backend import BackendPolicy
+    from kilolock.server.http import KilolockHTTPServer, ServerConfig
+    from kilolock.server.options import check_exposure, parse_listen, parse_size
     from kilolock.store import db
 
     listen = parse_listen(args.listen)
@@ -63,7 +94,7 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
         raise KlError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.hash_password:
         return _hash_password()
     server = build_server(args)

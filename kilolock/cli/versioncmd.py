@@ -36,7 +36,11 @@ def _build_and_cache() -> tuple[str, str]:
     return os.environ.get("KL_BUILD_ID", "source"), os.environ.get("KL_CACHE_RESOLVED", "-")
 
 
-def cmd_version(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``kl version`` takes no arguments."""
+
+
+def run(args: argparse.Namespace) -> int:
     codec = _codec_line()  # first: it may extract the native files, which fixes the cache dir
     build, cache_dir = _build_and_cache()
     lines = [

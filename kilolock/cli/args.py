@@ -1,0 +1,93 @@
+"""What kl's arguments mean, shared by the commands: argument types (argparse turns what they
+reject into a usage error, exit 2), ``--format``, and the inputs arguments name (the actor, a
+FILE or ``-``). Light imports only: every ``kl COMMAND --help`` loads this."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+
+from kilolock.errors import KlError
+from kilolock.names import BadName, check_state_name, check_stored_name
+
+MAX_COUNT = 2**31 - 1
+
+
+def utf8_text(text: str) -> str:
+    # An argument that is not UTF-8 reaches Python with surrogate escapes, which psycopg cannot
+    # send: without this it surfaced as an internal UnicodeEncodeError.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid UTF-8 text") from None
+    return text
+
+
+def state_name(text: str) -> str:
+    """A state that may exist: what the states table accepts."""
+    utf8_text(text)
+    try:
+        return check_stored_name(text)
+    except BadName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def new_state_name(text: str) -> str:
+    """A name for a state kl may create: also what ``kl serve`` accepts in a URL."""
+    state_name(text)
+    try:
+        return check_state_name(text)
+    except BadName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if n > MAX_COUNT:  # limits reach SQL as bigint: a larger one was an internal error there
+        raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {MAX_COUNT})")
+    return n
+
+
+def serial(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= n < 2**63:  # serials are bigint, never negative
+        raise argparse.ArgumentTypeError(f"{text!r} is not a state serial (0 or more, below 2^63)")
+    return n
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    """``--format table|json``: every command that prints data offers both (render.py)."""
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = "unknown"
+    return f"{user}@cli"
+
+
+def read_input(path: str) -> bytes:
+    """The bytes of a FILE argument, ``-`` meaning standard input."""
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise KlError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise KlError(f"{path}: is a directory, expected a state file") from None
+    except PermissionError:
+        raise KlError(f"{path}: permission denied") from None
+    except OSError as exc:  # a name too long, a loop of symlinks, an I/O error: not a bug in kl
+        raise KlError(f"{path}: cannot read: {exc.strerror or exc}") from None

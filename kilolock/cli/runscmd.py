@@ -1,0 +1,41 @@
+"""``kl runs``: a state's refresh runs (the audit trail)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kilolock.cli import args as cli_args
+from kilolock.cli import render
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("state", type=cli_args.state_name)
+    parser.add_argument("--stale", action="store_true",
+                        help="first mark as failed the runs left 'running' by a process that died")
+    parser.add_argument("--limit", type=cli_args.positive, default=50)
+    cli_args.add_format(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kilolock.store import db, refresh_runs, versions
+
+    with db.open_store() as conn:
+        sid = versions.state_id(conn, args.state)
+        if args.stale:
+            marked = refresh_runs.finish_stale(conn, sid, cli_args.default_actor())
+            print(f"{args.state}: {len(marked)} stale run(s) marked failed" + (": " + ", ".join(marked) if marked else ""),
+                  file=sys.stderr)
+        rows = refresh_runs.list_runs(conn, sid, args.limit)
+    if args.format == "json":
+        render.emit_json({"version": 1, "state": args.state, "runs": [
+            {"id": r.id, "status": r.status, "from_serial": r.from_serial, "to_serial": r.to_serial,
+             "started_at": r.started_at, "finished_at": r.finished_at, "resources_checked": r.resources_checked,
+             "resources_changed": r.resources_changed, "resources_failed": r.resources_failed,
+             "error_summary": r.error_summary, "actor": r.actor} for r in rows]})
+        return 0
+    render.table(
+        ["started", "status", "serial", "checked", "changed", "failed", "actor", "id"],
+        [(r.started_at, r.status, f"v{r.from_serial} → " + (f"v{r.to_serial}" if r.to_serial is not None else "-"),
+          r.resources_checked, r.resources_changed, r.resources_failed, r.actor, r.id) for r in rows],
+    )
+    return 0
