@@ -3,7 +3,8 @@
 Providers echo what they are given: a token in a stderr line, an attribute value in a panic or a
 diagnostic. kl cannot recognise a secret in free text, but it knows which values are secret: the
 resolved ``{"env": ...}`` references of provider configs, schema-sensitive config attributes, and
-the sensitive attribute values of the instances it refreshes. The refresh feeds them to ``KNOWN``;
+the sensitive attribute values of the instances it refreshes (found by kilolock.sensitive). The
+refresh feeds them to ``KNOWN``;
 the provider log bridge, the stderr tail in "plugin exited" messages and the recorded failure
 messages pass through ``KNOWN.redact``.
 
@@ -15,9 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterable, Iterator
-
-from kilolock import schema as sch
+from typing import Any, Iterator
 
 MASK = "(sensitive)"  # as kl drift shows sensitive values
 MIN_LENGTH = 4
@@ -100,29 +99,3 @@ def _strings(value: Any) -> Iterator[str]:
         for v in value:
             yield from _strings(v)
 
-
-def values_at(doc: Any, paths: Iterable[sch.AttributePath]) -> Iterator[Any]:
-    """The values at PATHS inside DOC (a decoded JSON object); paths that do not exist are skipped."""
-    for path in paths:
-        value = doc
-        for step in path:
-            key = step.name if isinstance(step, sch.GetAttr) else step.key
-            if isinstance(value, dict) and isinstance(key, str) and key in value:
-                value = value[key]
-            elif isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
-                value = value[key]
-            else:
-                break
-        else:
-            yield value
-
-
-def marked_paths(marks: Iterable[Any]) -> list[sch.AttributePath]:
-    """``sensitive_attributes`` of a state object as paths; malformed marks are skipped."""
-    out = []
-    for raw in marks or ():
-        try:
-            out.append(sch.path_from_state_json(raw))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out

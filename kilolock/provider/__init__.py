@@ -12,7 +12,7 @@ Typical use (the refresh factory)::
 Module map: handshake (parse the stdout line) → process (spawn, drain, reap) → certs (AutoMTLS client
 certificate) → connection (channel, TLS fallback, StreamStdio, Shutdown) → client (the RPCs, one
 implementation for both protocol versions) with convert (wire messages → kilolock types) and wire
-(DynamicValue bytes, unknown field 6). discovery finds binaries; logbridge maps plugin stderr to
+(DynamicValue bytes, the undeclared field 6 of ReadResource). discovery finds binaries; logbridge maps plugin stderr to
 logging (``kilolock.provider.<type>``).
 
 Environment: KL_DISABLE_PLUGIN_TLS / TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER

@@ -18,10 +18,10 @@ from kilolock.errors import KlError
 from kilolock.provider import ProviderClient, launch_provider
 from kilolock.provider.discovery import find_provider
 from kilolock.redact import KNOWN as KNOWN_SECRETS
-from kilolock.redact import values_at
 from kilolock.refresh.client import OpenedProvider
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.schema import ProviderSchema
+from kilolock.sensitive import sensitive_paths, values_at
 from kilolock.store import provider_configs, provider_schemas
 
 log = logging.getLogger("kilolock.refresh.factory")
@@ -96,7 +96,7 @@ class ProductionFactory:
         except codec.CodecError as exc:
             raise ProviderConfigError(f"provider {source} config does not fit its schema: {exc}") from None
         # Before the provider sees them, so its log lines and diagnostics about them come out masked.
-        for value in values_at(config, codec.sensitive_paths(schema.provider.block, config)):
+        for value in values_at(config, sensitive_paths(schema.provider.block, config)):
             KNOWN_SECRETS.add_value(value)
         raw.validate_config(wire)
         raw.configure(wire)

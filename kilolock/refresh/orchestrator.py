@@ -25,6 +25,7 @@ from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath
+from kilolock.sensitive import marked_paths, values_at
 from kilolock.store import locks, refresh_runs, versions
 from kilolock.store.db import first_line, reconnect
 
@@ -130,7 +131,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"{client.info.source} {client.info.version} has {live})"
         )
     raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
-    _remember_secrets(client, inst.type, raw_prior, redact.marked_paths(inst.obj.get("sensitive_attributes") or ()))
+    _remember_secrets(client, inst.type, raw_prior, marked_paths(inst.obj.get("sensitive_attributes")))
     canonical_prior = client.canonicalize(inst.type, raw_prior)
     # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
     # schema version moved or the stored JSON does not fit the live schema (or when asked to).
@@ -144,7 +145,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         return InstanceUpdate(removed=True, changed=True)
     sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
     if sensitive:
-        for value in redact.values_at(json.loads(outcome.new_state), sensitive):
+        for value in values_at(json.loads(outcome.new_state), sensitive):
             redact.KNOWN.add_value(value)
     return InstanceUpdate(
         removed=False,
@@ -163,7 +164,7 @@ def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, 
     try:
         paths = marks + client.sensitive_paths(type_name, raw_prior)
         if paths:
-            for value in redact.values_at(json.loads(raw_prior), paths):
+            for value in values_at(json.loads(raw_prior), paths):
                 redact.KNOWN.add_value(value)
     except (KlError, ValueError, TypeError):
         pass  # a prior that does not parse or fit is the read's to report; masking is best effort

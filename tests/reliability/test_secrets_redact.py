@@ -8,7 +8,8 @@ import pytest
 
 from kilolock import schema as sch
 from kilolock.provider.logbridge import StderrLogBridge
-from kilolock.redact import MASK, Redactor, marked_paths, values_at
+from kilolock.redact import MASK, Redactor
+from kilolock.sensitive import marked_paths, values_at
 
 
 def test_masks_every_occurrence_longest_first_and_leaves_the_rest():
