@@ -3,12 +3,13 @@
 Providers echo what they are given: a token in a stderr line, an attribute value in a panic or a
 diagnostic. kl cannot recognise a secret in free text, but it knows which values are secret: the
 resolved ``{"env": ...}`` references of provider configs, schema-sensitive config attributes, and
-the sensitive attribute values of the instances it refreshes (found by kilolock.sensitive). The
-refresh feeds them to ``KNOWN``;
-the provider log bridge, the stderr tail in "plugin exited" messages and the recorded failure
-messages pass through ``KNOWN.redact``.
+the sensitive attribute values of the instances it refreshes (found by kilolock.sensitive).
 
-One set per process: a kl process runs one refresh, and a value once secret stays secret.
+A ``Redactor`` belongs to one refresh run: the orchestrator creates it and hands it down through
+the client factory to every provider it launches, whose log bridge, stdio stream and stderr tail
+("plugin exited" messages) pass through it, as do the run's recorded failure messages. Two runs in
+one process (a fleet worker) thus never see each other's secrets. Within a run, a value once
+secret stays secret.
 Strings shorter than ``MIN_LENGTH`` are not tracked: masking "on" or "1" would mangle every log
 line while protecting nothing.
 """
@@ -80,13 +81,6 @@ class Redactor:
             return text
         out.append(text[last:])
         return "".join(out)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._by_prefix = {}
-
-
-KNOWN = Redactor()
 
 
 def _strings(value: Any) -> Iterator[str]:

@@ -4,6 +4,9 @@ run() loads the state's current version, groups managed instances by (provider s
 opens one client per group through the factory, reads every instance, and commits a new version
 with source='refresh' only when commit_decision() says so. The refresh_runs row is begun before
 any work and finished on every path.
+
+Each run has its own secrets (a kilolock.redact.Redactor): what it learns is secret is masked in
+its providers' logs and in its failure messages, and never in another run's.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ from typing import Any, Callable
 import psycopg
 
 import kilolock
-from kilolock import redact, tfstate
+from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.redact import Redactor
 from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
@@ -122,7 +126,8 @@ def _mass_removal(groups: dict[GroupKey, list[_Entry]], options: RefreshOptions)
     return None
 
 
-def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, prior_json: bytes | None = None) -> InstanceUpdate:
+def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
+                 prior_json: bytes | None = None) -> InstanceUpdate:
     schema = client.resource_schema(inst.type)
     recorded, live = inst.schema_version, schema.version
     if recorded > live:
@@ -131,7 +136,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"{client.info.source} {client.info.version} has {live})"
         )
     raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
-    _remember_secrets(client, inst.type, raw_prior, marked_paths(inst.obj.get("sensitive_attributes")))
+    _remember_secrets(client, inst.type, raw_prior, marked_paths(inst.obj.get("sensitive_attributes")), secrets)
     canonical_prior = client.canonicalize(inst.type, raw_prior)
     # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
     # schema version moved or the stored JSON does not fit the live schema (or when asked to).
@@ -146,7 +151,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
     if sensitive:
         for value in values_at(json.loads(outcome.new_state), sensitive):
-            redact.KNOWN.add_value(value)
+            secrets.add_value(value)
     return InstanceUpdate(
         removed=False,
         changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
@@ -158,14 +163,15 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     )
 
 
-def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath]) -> None:
+def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath],
+                      secrets: Redactor) -> None:
     """Feed the prior object's sensitive values (marked, or sensitive in the live schema) to the
     redactor before the provider sees them: its logs and errors about them then come out masked."""
     try:
         paths = marks + client.sensitive_paths(type_name, raw_prior)
         if paths:
             for value in values_at(json.loads(raw_prior), paths):
-                redact.KNOWN.add_value(value)
+                secrets.add_value(value)
     except (KlError, ValueError, TypeError):
         pass  # a prior that does not parse or fit is the read's to report; masking is best effort
 
@@ -173,8 +179,10 @@ def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, 
 class _Run:
     """State shared by the threads of one run."""
 
-    def __init__(self, factory: ClientFactory, options: RefreshOptions, progress: ProgressFn | None, cancel: Cancellation) -> None:
+    def __init__(self, factory: ClientFactory, options: RefreshOptions, progress: ProgressFn | None, cancel: Cancellation,
+                 secrets: Redactor) -> None:
         self.factory = factory
+        self.secrets = secrets
         self.options = options
         self.progress = progress
         self.cancel = cancel
@@ -184,7 +192,7 @@ class _Run:
     def record_failure(self, entry: _Entry, message: str) -> None:
         # Failure messages are printed, stored in refresh_runs and quoted in cancel reasons;
         # providers' diagnostics and stderr may quote secret values in them.
-        message = redact.KNOWN.redact(message)
+        message = self.secrets.redact(message)
         entry.error = message
         if self.options.fail_fast:
             self.cancel.cancel(f"fail-fast: {entry.inst.address}: {message}")
@@ -195,7 +203,7 @@ class _Run:
         if self.cancel.cancelled:
             return
         try:
-            client = self.factory.open(source, alias)
+            client = self.factory.open(source, alias, self.secrets)
         except KlError as exc:
             for e in entries:
                 self.record_failure(e, f"provider {label}: {exc}")
@@ -217,7 +225,7 @@ class _Run:
                 if entry is None:
                     return
                 try:
-                    entry.update = _refresh_one(client, entry.inst, self.options, entry.prior_json)
+                    entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
                 except KlError as exc:
                     if not self.cancel.cancelled:
                         self.record_failure(entry, str(exc))
@@ -261,9 +269,12 @@ def run(
     *,
     progress: ProgressFn | None = None,
     cancel: Cancellation | None = None,
+    secrets: Redactor | None = None,
 ) -> Result:
+    """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given)."""
     started = time.monotonic()
     cancel = cancel or Cancellation()
+    secrets = Redactor() if secrets is None else secrets
     result = Result(state=name, dry_run=options.dry_run)
 
     try:
@@ -291,7 +302,7 @@ def run(
 
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
-        shared = _Run(factory, options, progress, cancel)
+        shared = _Run(factory, options, progress, cancel, secrets)
         timer = None
         if options.timeout:
             timer = threading.Timer(options.timeout, cancel.cancel, args=(f"timed out after {options.timeout:g}s",))
@@ -336,13 +347,13 @@ def run(
         result.status, result.error = "cancelled", "interrupted"
         raise
     except KlError as exc:
-        result.status, result.error = "failed", redact.KNOWN.redact(str(exc))
+        result.status, result.error = "failed", secrets.redact(str(exc))
     except psycopg.OperationalError as exc:
         # The database went away (restart, a cut connection): a fault to report, not a bug. Only
         # _commit writes a version, and it settles its own outcome, so nothing was committed.
         result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
-        result.status, result.error = "failed", redact.KNOWN.redact(f"internal error: {type(exc).__name__}: {exc}")
+        result.status, result.error = "failed", secrets.redact(f"internal error: {type(exc).__name__}: {exc}")
         raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)
