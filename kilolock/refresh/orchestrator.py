@@ -2,8 +2,8 @@
 
 run() loads the state's current version, groups managed instances by (provider source, alias),
 opens one client per group through the factory, reads every instance, and commits a new version
-with source='refresh' only when commit_decision() says so. The refresh_runs row is begun before
-any work and finished on every path.
+with source='refresh' only when commit_decision() says so (kilolock.refresh.commit writes it). The
+refresh_runs row is begun before any work and finished on every path.
 
 Each run has its own secrets (a kilolock.redact.Redactor): what it learns is secret is masked in
 its providers' logs and in its failure messages, and never in another run's.
@@ -17,21 +17,21 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import psycopg
 
-import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
 from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
+from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath
 from kilolock.sensitive import marked_paths, values_at
 from kilolock.store import locks, refresh_runs, versions
-from kilolock.store.db import first_line, reconnect
+from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -341,8 +341,8 @@ def run(
             new_doc, moved = build_refreshed_state(doc, updates, serial=current.serial + 1, parser=parser)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved}
-            to_version_id, result.to_serial = _commit(conn, name, sid, new_doc, parser, current, options.actor,
-                                                      result.run_id, touched)
+            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
+                                                             result.run_id, touched)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
@@ -350,7 +350,7 @@ def run(
         result.status, result.error = "failed", secrets.redact(str(exc))
     except psycopg.OperationalError as exc:
         # The database went away (restart, a cut connection): a fault to report, not a bug. Only
-        # _commit writes a version, and it settles its own outcome, so nothing was committed.
+        # commit_refresh writes a version, and it settles its own outcome, so nothing was committed.
         result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
         result.status, result.error = "failed", secrets.redact(f"internal error: {type(exc).__name__}: {exc}")
@@ -359,56 +359,6 @@ def run(
         result.duration_s = round(time.monotonic() - started, 3)
         _finish(conn, result, to_version_id)
     return result
-
-
-def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
-            start: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]]) -> tuple[str, int]:
-    """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
-    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
-    # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
-    # any stored version out as Terraform does.
-    raw = parser.dumps_compact(doc).encode()
-    # A connection that died during the reads fails here, before anything is sent, so that case is
-    # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
-    conn.execute("SELECT 1")
-    landed: tuple[str, int] | None = None
-    try:
-        try:
-            locks.acquire(conn, sid, name, info, actor)
-        except locks.StateLocked as exc:
-            raise KlError(f"{exc}; refresh not committed") from None
-        try:
-            written = versions.write_version(
-                conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
-                expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
-            )
-            landed = written.version.id, written.version.serial
-        finally:
-            locks.release(conn, sid, info["ID"], actor)
-    except psycopg.OperationalError as exc:
-        landed = _settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
-    return landed
-
-
-def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
-                        raw: bytes, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
-    """The connection died inside the commit. Its transaction may or may not have committed (the
-    answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
-    every writer: ask the database on a fresh connection, and release the lock there."""
-    why = first_line(exc)
-    try:
-        with reconnect(conn) as fresh:
-            locks.release(fresh, sid, lock_id, actor)
-            if landed is None:
-                found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
-                landed = (found.id, found.serial) if found else None
-    except (KlError, psycopg.OperationalError):
-        raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
-                      f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
-                      f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
-    if landed is None:
-        raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
-    return landed
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
@@ -420,20 +370,6 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
     if result.failures:
         first = result.failures[0]
         summary = f"{summary}; first: {first.address}: {first.message}"
-    kwargs = dict(status=result.status if result.status != "running" else "failed", checked=result.checked,
-                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)
-    try:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-        refresh_runs.finish(conn, result.run_id, **kwargs)
-    except psycopg.OperationalError:
-        # The connection died mid-run: finish the audit row on a fresh one.
-        try:
-            with reconnect(conn) as fresh:
-                refresh_runs.finish(fresh, result.run_id, **kwargs)
-        except (KlError, psycopg.OperationalError) as exc:
-            # No database to write to: the row stays `running`, its advisory lock gone with the
-            # connection, which is exactly what `kl runs --stale` finishes later.
-            raise KlError(f"refresh {result.status}: {result.error or summary}; the audit row of run {result.run_id} "
-                          f"could not be finished ({first_line(exc)}): run `kl runs {result.state} --stale` once the "
-                          f"database is back") from None
+    finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
+                 status=result.status if result.status != "running" else "failed", checked=result.checked,
+                 changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)
