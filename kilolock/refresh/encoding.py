@@ -9,12 +9,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kilolock import codec
+from kilolock import codec, sensitive
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
 from kilolock.schema import AttributePath, ProviderSchema, Schema
-from kilolock import sensitive
 
 
 class EncodingClient:
