@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kilolock import schema as sch
-
-MASK = "(sensitive)"
+from kilolock.redact import MASK
+from kilolock.sensitive import covered, marked_paths
 
 
 @dataclass(frozen=True)
@@ -16,21 +16,6 @@ class Change:
     path: str  # Terraform's printed form: .triggers["k"]
     before: Any
     after: Any
-
-
-def _paths(sensitive: list[Any] | None) -> list[sch.AttributePath]:
-    out = []
-    for raw in sensitive or []:
-        try:
-            out.append(sch.path_from_state_json(raw))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out
-
-
-def _is_sensitive(path: sch.AttributePath, sensitive: list[sch.AttributePath]) -> bool:
-    # A value is secret when it sits at or below a sensitive path, or contains one below it.
-    return any(path[: len(s)] == s or s[: len(path)] == path for s in sensitive)
 
 
 def _walk(before: Any, after: Any, path: sch.AttributePath, out: list[tuple[sch.AttributePath, Any, Any]]) -> None:
@@ -52,12 +37,12 @@ def _walk(before: Any, after: Any, path: sch.AttributePath, out: list[tuple[sch.
 
 def changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
             sensitive_before: list[Any] | None = None, sensitive_after: list[Any] | None = None) -> list[Change]:
-    sensitive = _paths(sensitive_before) + _paths(sensitive_after)
+    sensitive = marked_paths(sensitive_before) + marked_paths(sensitive_after)
     found: list[tuple[sch.AttributePath, Any, Any]] = []
     _walk(before or {}, after or {}, (), found)
     out = []
     for path, b, a in found:
-        if _is_sensitive(path, sensitive):
+        if covered(path, sensitive):
             b = MASK if b is not None else None
             a = MASK if a is not None else None
         out.append(Change(sch.path_display(path), b, a))

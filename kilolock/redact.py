@@ -3,11 +3,13 @@
 Providers echo what they are given: a token in a stderr line, an attribute value in a panic or a
 diagnostic. kl cannot recognise a secret in free text, but it knows which values are secret: the
 resolved ``{"env": ...}`` references of provider configs, schema-sensitive config attributes, and
-the sensitive attribute values of the instances it refreshes. The refresh feeds them to ``KNOWN``;
-the provider log bridge, the stderr tail in "plugin exited" messages and the recorded failure
-messages pass through ``KNOWN.redact``.
+the sensitive attribute values of the instances it refreshes (found by kilolock.sensitive).
 
-One set per process: a kl process runs one refresh, and a value once secret stays secret.
+A ``Redactor`` belongs to one refresh run: the orchestrator creates it and hands it down through
+the client factory to every provider it launches, whose log bridge, stdio stream and stderr tail
+("plugin exited" messages) pass through it, as do the run's recorded failure messages. Two runs in
+one process (a fleet worker) thus never see each other's secrets. Within a run, a value once
+secret stays secret.
 Strings shorter than ``MIN_LENGTH`` are not tracked: masking "on" or "1" would mangle every log
 line while protecting nothing.
 """
@@ -15,9 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterable, Iterator
-
-from kilolock import schema as sch
+from typing import Any, Iterator
 
 MASK = "(sensitive)"  # as kl drift shows sensitive values
 MIN_LENGTH = 4
@@ -82,13 +82,6 @@ class Redactor:
         out.append(text[last:])
         return "".join(out)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._by_prefix = {}
-
-
-KNOWN = Redactor()
-
 
 def _strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
@@ -100,29 +93,3 @@ def _strings(value: Any) -> Iterator[str]:
         for v in value:
             yield from _strings(v)
 
-
-def values_at(doc: Any, paths: Iterable[sch.AttributePath]) -> Iterator[Any]:
-    """The values at PATHS inside DOC (a decoded JSON object); paths that do not exist are skipped."""
-    for path in paths:
-        value = doc
-        for step in path:
-            key = step.name if isinstance(step, sch.GetAttr) else step.key
-            if isinstance(value, dict) and isinstance(key, str) and key in value:
-                value = value[key]
-            elif isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
-                value = value[key]
-            else:
-                break
-        else:
-            yield value
-
-
-def marked_paths(marks: Iterable[Any]) -> list[sch.AttributePath]:
-    """``sensitive_attributes`` of a state object as paths; malformed marks are skipped."""
-    out = []
-    for raw in marks or ():
-        try:
-            out.append(sch.path_from_state_json(raw))
-        except (KeyError, TypeError, ValueError):
-            continue
-    return out

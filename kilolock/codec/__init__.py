@@ -24,7 +24,6 @@ from typing import Any
 
 from kilolock.codec.blocks import block_type_json
 from kilolock.codec.errors import MAX_DEPTH, CodecError
-from kilolock.codec.paths import block_contains_sensitive, decode_attribute_paths, sensitive_attributes_json, sensitive_paths
 from kilolock.schema import Block
 
 
@@ -72,11 +71,7 @@ __all__ = [
     "MAX_DEPTH",
     "CodecError",
     "backend",
-    "block_contains_sensitive",
     "block_type_json",
     "compile_block",
     "compile_type",
-    "decode_attribute_paths",
-    "sensitive_attributes_json",
-    "sensitive_paths",
 ]

@@ -11,9 +11,10 @@ Typical use (the refresh factory)::
 
 Module map: handshake (parse the stdout line) → process (spawn, drain, reap) → certs (AutoMTLS client
 certificate) → connection (channel, TLS fallback, StreamStdio, Shutdown) → client (the RPCs, one
-implementation for both protocol versions) with convert (wire messages → kilolock types) and wire
-(DynamicValue bytes, unknown field 6). discovery finds binaries; logbridge maps plugin stderr to
-logging (``kilolock.provider.<type>``).
+implementation for both protocol versions) with convert (wire messages → kilolock types, including
+the sensitive paths in ReadResource's undeclared field 6) and wire (DynamicValue bytes, unknown
+fields). discovery finds binaries; logbridge maps plugin stderr to logging
+(``kilolock.provider.<type>``), masking the secrets of the run that launched the plugin.
 
 Environment: KL_DISABLE_PLUGIN_TLS / TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER
 or KL_LOG make providers log verbosely (otherwise kl asks them for warnings only).

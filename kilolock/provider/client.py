@@ -18,8 +18,8 @@ from kilolock.provider._pb import tfplugin5_pb2, tfplugin6_pb2
 from kilolock.provider.connection import PluginConnection
 from kilolock.provider.diagnostics import Diagnostic, errors_of
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
-from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, unknown_field_records
-from kilolock.schema import ProviderSchema, Schema
+from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, undeclared_field_payloads
+from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 # Sent as Configure.terraform_version. Providers rarely look at it; we report the Terraform whose
 # refresh semantics kl follows (sensitive paths as of 1.8).
@@ -33,9 +33,9 @@ class ReadResult:
     private: bytes
     diagnostics: tuple[Diagnostic, ...]  # warnings only: errors raise ProviderDiagnosticsError
     new_identity: bytes | None
-    # Wire bytes (tag, length, payload per record) of every occurrence of the undeclared field 6 of
-    # ReadResource.Response: the ADR's repeated AttributePath of dynamic sensitive paths. Usually b"".
-    unknown_field_6: bytes
+    # The undeclared field 6 of ReadResource.Response: the ADR's repeated AttributePath of dynamic
+    # sensitive paths, in the order sent. Usually empty.
+    sensitive_paths: tuple[AttributePath, ...] = ()
     deferred_reason: int | None = None
 
 
@@ -126,9 +126,7 @@ class GrpcProviderClient(ProviderClient):
         self._rpc_configure = self._unary(self._d.configure, getattr(pb, self._d.configure).Response.FromString)
         self._rpc_upgrade = self._unary("UpgradeResourceState", pb.UpgradeResourceState.Response.FromString)
         self._rpc_stop = self._unary(self._d.stop, getattr(pb, self._d.stop).Response.FromString)
-        # Raw bytes come back so the undeclared field 6 can be cut out without a second parse.
-        self._rpc_read = self._unary("ReadResource", None)
-        self._read_response = pb.ReadResource.Response.FromString
+        self._rpc_read = self._unary("ReadResource", pb.ReadResource.Response.FromString)
         self._caps = pb.ClientCapabilities(deferral_allowed=False, write_only_attributes_allowed=True)
 
     @property
@@ -233,8 +231,7 @@ class GrpcProviderClient(ProviderClient):
             req.provider_meta.msgpack = provider_meta
         if current_identity is not None:
             req.current_identity.identity_data.msgpack = current_identity
-        raw = self._call("ReadResource", self._rpc_read, req, timeout)
-        resp = self._read_response(raw)
+        resp = self._call("ReadResource", self._rpc_read, req, timeout)
         diags = self._check("ReadResource", f" {type_name}", convert.diagnostics(resp.diagnostics)) if resp.diagnostics else ()
         identity = None
         if resp.HasField("new_identity") and resp.new_identity.HasField("identity_data"):
@@ -244,9 +241,15 @@ class GrpcProviderClient(ProviderClient):
             private=resp.private,
             diagnostics=diags,
             new_identity=identity,
-            unknown_field_6=unknown_field_records(raw, _SENSITIVE_PATHS_FIELD),
+            sensitive_paths=self._sensitive_paths(resp),
             deferred_reason=resp.deferred.reason if resp.HasField("deferred") else None,
         )
+
+    def _sensitive_paths(self, resp: Any) -> tuple[AttributePath, ...]:
+        try:
+            return convert.undeclared_attribute_paths(undeclared_field_payloads(resp, _SENSITIVE_PATHS_FIELD), self._d.pb.AttributePath)
+        except ValueError as exc:
+            raise ProviderCallError(f"provider {self.name}: ReadResource: malformed sensitive paths (field 6): {exc}") from None
 
     def _dynamic(self, msg: Any, field: str, rpc: str) -> bytes | None:
         try:

@@ -30,7 +30,7 @@ from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_std
 from kilolock.provider.certs import der_to_pem, process_client_certificate
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.process import LaunchSpec, PluginProcess
-from kilolock.redact import KNOWN as KNOWN_SECRETS
+from kilolock.redact import Redactor
 
 _log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class PluginConnection:
             self._stdio_call = call
             for item in call:
                 channel = "stderr" if item.channel == grpc_stdio_pb2.StdioData.STDERR else "stdout"
-                text = KNOWN_SECRETS.redact(item.data.decode("utf-8", "replace").rstrip())
+                text = self.process.spec.secrets.redact(item.data.decode("utf-8", "replace").rstrip())
                 self.process.logger.info("plugin %s: %s", channel, text)
         except grpc.RpcError as exc:
             # UNIMPLEMENTED from old go-plugin servers, CANCELLED/UNAVAILABLE at close: all normal.
@@ -145,11 +145,14 @@ def _probe(channel: grpc.Channel) -> grpc.RpcError | None:
 _tls_failed: set[str] = set()
 
 
-def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT) -> PluginConnection:
-    """Launch ``binary`` and return a working connection (TLS unless disabled or impossible)."""
+def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+            secrets: Redactor | None = None) -> PluginConnection:
+    """Launch ``binary`` and return a working connection (TLS unless disabled or impossible).
+    ``secrets`` are masked in whatever the plugin writes (None: it knows no secrets)."""
+    secrets = Redactor() if secrets is None else secrets
     want_tls = (not tls_disabled_by_env() and binary not in _tls_failed) if tls is None else tls
     cert_pem = process_client_certificate().cert_pem if want_tls else None
-    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout))
+    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout, secrets))
     try:
         hs = process.handshake
         assert hs is not None
@@ -179,5 +182,5 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
             binary,
             detail,
         )
-        return connect(binary, name, tls=False, start_timeout=start_timeout)
+        return connect(binary, name, tls=False, start_timeout=start_timeout, secrets=secrets)
     raise PluginStartError(f"{binary} completed the handshake but does not answer gRPC ({process.exit_description()}): {detail}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from google.protobuf.message import DecodeError
+
 from kilolock.provider.diagnostics import Diagnostic, Severity
 from kilolock.schema import (
     Attribute,
@@ -37,6 +39,26 @@ def attribute_path(msg: Any) -> AttributePath:
         else:  # Terraform stops at a step it cannot represent; so do we
             break
     return tuple(steps)
+
+
+def undeclared_attribute_paths(payloads: Iterable[bytes], message_type: Any) -> tuple[AttributePath, ...]:
+    """AttributePaths sent in a field the protocol does not declare (ReadResource.Response field 6,
+    the ADR's dynamic sensitive paths), parsed with the generated ``message_type``.
+
+    Stricter than ``attribute_path``: a diagnostic's path may end early at a step Terraform cannot
+    represent, but a sensitive path cut short would mark more, or a step-less one the whole object,
+    so such a step is malformed. Raises ValueError with what is wrong.
+    """
+    paths = []
+    for payload in payloads:
+        try:
+            msg = message_type.FromString(payload)
+        except DecodeError as exc:
+            raise ValueError(str(exc)) from None
+        if any(step.WhichOneof("selector") is None for step in msg.steps):
+            raise ValueError("AttributePath.Step without a selector")
+        paths.append(attribute_path(msg))
+    return tuple(paths)
 
 
 def diagnostics(msgs: Iterable[Any]) -> tuple[Diagnostic, ...]:

@@ -6,6 +6,7 @@ import re
 
 from kilolock.provider.client import GrpcProviderClient, ProviderClient
 from kilolock.provider.connection import DEFAULT_START_TIMEOUT, connect
+from kilolock.redact import Redactor
 
 _NAME = re.compile(r"terraform-provider-([A-Za-z0-9-]+)")
 
@@ -24,8 +25,10 @@ def launch_provider(
     tls: bool | None = None,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     rpc_timeout: float | None = None,
+    secrets: Redactor | None = None,
 ) -> ProviderClient:
     """Launch, handshake, connect; ``tls=None`` follows KL_DISABLE_PLUGIN_TLS (AutoMTLS by default).
-    ``rpc_timeout`` is the deadline of every call the client makes, in seconds (None: no deadline)."""
-    conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout)
+    ``rpc_timeout`` is the deadline of every call the client makes, in seconds (None: no deadline).
+    ``secrets``: the run's redactor, masking what the plugin logs and what errors quote of it."""
+    conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout, secrets=secrets)
     return GrpcProviderClient(conn, rpc_timeout=rpc_timeout)

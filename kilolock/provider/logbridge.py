@@ -1,7 +1,7 @@
 """Provider stderr (hclog JSON lines, or ``[LEVEL]``-prefixed text from old SDKs) → Python logging.
 
-Values kl knows to be secret (kilolock.redact) are masked in every line it logs: providers echo
-tokens and attribute values in their logs and panics.
+Values the refresh run knows to be secret (its kilolock.redact.Redactor) are masked in every line
+it logs: providers echo tokens and attribute values in their logs and panics.
 
 Each provider logs under ``kilolock.provider.<name>``. A log line is plugin chatter, not protocol
 payload, so decoding it here does not break the rule that the wire layer never parses values.
@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Mapping
 
-from kilolock.redact import KNOWN as KNOWN_SECRETS
+from kilolock.redact import Redactor
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -37,8 +37,9 @@ def provider_logger(name: str) -> logging.Logger:
 class StderrLogBridge:
     """Feeds one provider's stderr lines into its logger; tracks Go panics as Terraform does."""
 
-    def __init__(self, logger: logging.Logger) -> None:
+    def __init__(self, logger: logging.Logger, secrets: Redactor | None = None) -> None:
         self._logger = logger
+        self._secrets = Redactor() if secrets is None else secrets  # None: no secrets to mask
         self._in_panic = False
 
     def line(self, raw: str) -> None:
@@ -48,14 +49,14 @@ class StderrLogBridge:
         if text.startswith(("panic: ", "fatal error: ")):
             self._in_panic = True
         if self._in_panic:
-            self._logger.error("%s", KNOWN_SECRETS.redact(text))
+            self._logger.error("%s", self._secrets.redact(text))
             return
         if not self._logger.isEnabledFor(TRACE) and not self._logger.isEnabledFor(logging.WARNING):
             return
         level, message = self._parse(text)
         if self._logger.isEnabledFor(level):
             # Redacted after parsing: hclog escapes values in JSON, the message shows them decoded.
-            self._logger.log(level, "%s", KNOWN_SECRETS.redact(message))
+            self._logger.log(level, "%s", self._secrets.redact(message))
 
     @staticmethod
     def _parse(text: str) -> tuple[int, str]:

@@ -25,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
 from kilolock.provider.logbridge import StderrLogBridge, provider_logger, quiet_plugin_log_env
-from kilolock.redact import KNOWN as KNOWN_SECRETS
+from kilolock.redact import Redactor
 
 MAGIC_COOKIE_KEY = "TF_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "d602bf8f470bc67ca7faa0386276bbdd4330efaf76d1a219cb4d6991ca9872b2"
@@ -120,6 +120,9 @@ class LaunchSpec:
     name: str  # the provider type, used for logger names and messages
     client_cert_pem: bytes | None
     start_timeout: float
+    # The launching run's secrets: masked in the plugin's log lines and in the stderr tail that
+    # error messages quote. A plugin launched outside a refresh knows none.
+    secrets: Redactor = field(default_factory=Redactor)
 
 
 # hclog's JSON lines below WARN: a provider at TRACE writes dozens per call, and they would push
@@ -242,7 +245,7 @@ class PluginProcess:
                     first = False
                     self._first_line.put(text)
                 else:
-                    self.logger.debug("stdout: %s", KNOWN_SECRETS.redact(text.rstrip()))
+                    self.logger.debug("stdout: %s", self.spec.secrets.redact(text.rstrip()))
         except (OSError, ValueError):
             pass
         finally:
@@ -252,7 +255,7 @@ class PluginProcess:
     def _drain_stderr(self) -> None:
         stream = self.popen.stderr
         assert stream is not None
-        bridge = StderrLogBridge(self.logger)
+        bridge = StderrLogBridge(self.logger, self.spec.secrets)
         try:
             for raw in iter(stream.readline, b""):
                 text = raw.decode("utf-8", errors="replace")
@@ -280,7 +283,7 @@ class PluginProcess:
 
     def stderr_tail(self) -> list[str]:
         """The last stderr lines, known secrets masked: the tail goes into error messages."""
-        return [KNOWN_SECRETS.redact(line) for line in self._stderr_tail]
+        return [self.spec.secrets.redact(line) for line in self._stderr_tail]
 
     def _tail_suffix(self) -> str:
         lines = [line for line in self.stderr_tail() if line][-8:]

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 _NIL = b"\xc0"  # msgpack nil: a null object
+_LENGTH_DELIMITED = 2  # protobuf wire type of messages, strings and bytes
 
 
 class DynamicNull(Exception):
@@ -23,49 +26,12 @@ def dynamic_value_bytes(dv: Any) -> bytes:
     raise DynamicNull()
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+def undeclared_field_payloads(msg: Any, field_number: int) -> list[bytes]:
+    """The payloads of every length-delimited occurrence of a field MSG's type does not declare.
 
-
-def unknown_field_records(raw: bytes, field_number: int) -> bytes:
-    """Concatenated wire records (tag, length, payload) of one top-level length-delimited field.
-
-    Walks only the top level of the message (a handful of fields), skipping payloads by length.
-    Malformed input yields b"": the message itself already parsed, so this is best effort.
+    The generated message keeps such fields as unknown fields; other wire types at that number
+    are skipped, as protobuf skips a field whose wire type does not fit its declaration.
     """
-    out = bytearray()
-    pos, end = 0, len(raw)
-    try:
-        while pos < end:
-            start = pos
-            key, pos = _varint(raw, pos)
-            number, wire_type = key >> 3, key & 7
-            if wire_type == 0:
-                _, pos = _varint(raw, pos)
-            elif wire_type == 1:
-                pos += 8
-            elif wire_type == 2:
-                length, pos = _varint(raw, pos)
-                pos += length
-            elif wire_type == 5:
-                pos += 4
-            else:  # groups (3/4) are not used by these protocols
-                return b""
-            if pos > end:
-                return b""
-            if number == field_number and wire_type == 2:
-                out += raw[start:pos]
-    except ValueError:
-        return b""
-    return bytes(out)
+    fields = UnknownFieldSet(msg)
+    found = (fields[i] for i in range(len(fields)))  # the set is indexable, not (typed as) iterable
+    return [bytes(f.data) for f in found if f.field_number == field_number and f.wire_type == _LENGTH_DELIMITED]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kilolock.errors import KlError
+from kilolock.redact import Redactor
 from kilolock.schema import AttributePath, Schema
 
 
@@ -61,5 +62,7 @@ class ResourceClient(Protocol):
 
 
 class ClientFactory(Protocol):
-    def open(self, source: str, alias: str) -> ResourceClient:
-        """Discover, launch, fetch (or reuse) the schema, configure; raise KlError on failure."""
+    def open(self, source: str, alias: str, secrets: Redactor) -> ResourceClient:
+        """Discover, launch, fetch (or reuse) the schema, configure; raise KlError on failure.
+        ``secrets`` is the run's redactor: the provider masks it in what it logs, and the factory
+        adds the secrets it learns on the way (resolved env references, sensitive config)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kilolock import codec
+from kilolock import codec, sensitive
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
@@ -82,18 +82,12 @@ class EncodingClient:
             raise ResourceError(str(exc)) from None
         if res.deferred_reason is not None:
             raise ResourceError(f"provider {self._raw.name}: deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
-        sensitive: list[AttributePath] = []
-        if res.unknown_field_6:
-            try:
-                sensitive = list(codec.decode_attribute_paths(res.unknown_field_6))
-            except codec.CodecError as exc:
-                raise ResourceError(f"provider {self._raw.name}: ReadResource: malformed sensitive paths (field 6): {exc}") from None
         if res.new_state is None:
             return ReadOutcome(new_state=None)
         return ReadOutcome(
             new_state=self._decode(type_name, res.new_state, "ReadResource"),
             private=res.private,
-            sensitive_paths=tuple(sensitive),
+            sensitive_paths=res.sensitive_paths,
         )
 
     def _decode(self, type_name: str, wire: bytes, rpc: str) -> bytes:
@@ -106,8 +100,8 @@ class EncodingClient:
         # Most resource types have no sensitive attribute at all; skip parsing the value for them.
         has = self._has_sensitive.get(type_name)
         if has is None:
-            has = self._has_sensitive.setdefault(type_name, codec.block_contains_sensitive(self.resource_schema(type_name).block))
-        return codec.sensitive_paths(self.resource_schema(type_name).block, value) if has else []
+            has = self._has_sensitive.setdefault(type_name, sensitive.block_contains_sensitive(self.resource_schema(type_name).block))
+        return sensitive.sensitive_paths(self.resource_schema(type_name).block, value) if has else []
 
     def stop(self) -> None:
         self._raw.stop()

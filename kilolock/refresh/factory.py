@@ -2,6 +2,8 @@
 
 One factory lives for one run. Schemas are cached in provider_schemas across runs and in the
 factory within a run (two groups of one provider share a fetch); nothing is cached process-wide.
+The run's secrets come with every ``open``: resolved env references and sensitive config values
+are added to them, and the launched provider masks them in what it logs.
 """
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ from kilolock import codec
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient, launch_provider
 from kilolock.provider.discovery import find_provider
-from kilolock.redact import KNOWN as KNOWN_SECRETS
-from kilolock.redact import values_at
+from kilolock.redact import Redactor
 from kilolock.refresh.client import OpenedProvider
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.schema import ProviderSchema
+from kilolock.sensitive import sensitive_paths, values_at
 from kilolock.store import provider_configs, provider_schemas
 
 log = logging.getLogger("kilolock.refresh.factory")
@@ -31,7 +33,7 @@ class ProviderConfigError(KlError):
     pass
 
 
-def resolve_env_refs(value: Any, where: str = "config") -> Any:
+def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config") -> Any:
     """Replace every {"env": "NAME"} with the variable's value; the stored config keeps the reference."""
     if isinstance(value, dict):
         if set(value) == {"env"} and isinstance(value["env"], str):
@@ -39,11 +41,11 @@ def resolve_env_refs(value: Any, where: str = "config") -> Any:
             if name not in os.environ:
                 raise ProviderConfigError(f"{where}: environment variable {name} is not set")
             # A value kept out of the store is a secret: mask it wherever a provider echoes it.
-            KNOWN_SECRETS.add(os.environ[name])
+            secrets.add(os.environ[name])
             return os.environ[name]
-        return {k: resolve_env_refs(v, f"{where}.{k}") for k, v in value.items()}
+        return {k: resolve_env_refs(v, secrets, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
-        return [resolve_env_refs(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [resolve_env_refs(v, secrets, f"{where}[{i}]") for i, v in enumerate(value)]
     return value
 
 
@@ -58,16 +60,17 @@ class ProductionFactory:
         self._lock = threading.Lock()
         self.get_schema_calls = 0
 
-    def open(self, source: str, alias: str) -> EncodingClient:
+    def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
         stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
         found = find_provider(source, stored.pinned_version if stored else None, self._search_paths)
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
-        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout)
+        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets)
         try:
             schema, cached = self._schema(source, found.version, raw)
-            config = resolve_env_refs(stored.config if stored else {}, f"provider {source}" + (f".{alias}" if alias else "") + " config")
-            self._configure(raw, schema, config, source)
+            config = resolve_env_refs(stored.config if stored else {}, secrets,
+                                      f"provider {source}" + (f".{alias}" if alias else "") + " config")
+            self._configure(raw, schema, config, source, secrets)
             info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached)
             return EncodingClient(raw, schema, info)
         except BaseException:
@@ -90,13 +93,14 @@ class ProductionFactory:
                 self._schemas[key] = (schema, False)
             return schema, False
 
-    def _configure(self, raw: ProviderClient, schema: ProviderSchema, config: dict[str, Any], source: str) -> None:
+    def _configure(self, raw: ProviderClient, schema: ProviderSchema, config: dict[str, Any], source: str,
+                   secrets: Redactor) -> None:
         try:
             wire = codec.compile_block(schema.provider.block).encode(json.dumps(config).encode())
         except codec.CodecError as exc:
             raise ProviderConfigError(f"provider {source} config does not fit its schema: {exc}") from None
         # Before the provider sees them, so its log lines and diagnostics about them come out masked.
-        for value in values_at(config, codec.sensitive_paths(schema.provider.block, config)):
-            KNOWN_SECRETS.add_value(value)
+        for value in values_at(config, sensitive_paths(schema.provider.block, config)):
+            secrets.add_value(value)
         raw.validate_config(wire)
         raw.configure(wire)

@@ -2,8 +2,11 @@
 
 run() loads the state's current version, groups managed instances by (provider source, alias),
 opens one client per group through the factory, reads every instance, and commits a new version
-with source='refresh' only when commit_decision() says so. The refresh_runs row is begun before
-any work and finished on every path.
+with source='refresh' only when commit_decision() says so (kilolock.refresh.commit writes it). The
+refresh_runs row is begun before any work and finished on every path.
+
+Each run has its own secrets (a kilolock.redact.Redactor): what it learns is secret is masked in
+its providers' logs and in its failure messages, and never in another run's.
 """
 from __future__ import annotations
 
@@ -14,19 +17,21 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import psycopg
 
-import kilolock
-from kilolock import redact, tfstate
+from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.redact import Redactor
 from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
+from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath
+from kilolock.sensitive import marked_paths, values_at
 from kilolock.store import locks, refresh_runs, versions
-from kilolock.store.db import first_line, reconnect
+from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -121,7 +126,8 @@ def _mass_removal(groups: dict[GroupKey, list[_Entry]], options: RefreshOptions)
     return None
 
 
-def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, prior_json: bytes | None = None) -> InstanceUpdate:
+def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
+                 prior_json: bytes | None = None) -> InstanceUpdate:
     schema = client.resource_schema(inst.type)
     recorded, live = inst.schema_version, schema.version
     if recorded > live:
@@ -130,7 +136,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"{client.info.source} {client.info.version} has {live})"
         )
     raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
-    _remember_secrets(client, inst.type, raw_prior, redact.marked_paths(inst.obj.get("sensitive_attributes") or ()))
+    _remember_secrets(client, inst.type, raw_prior, marked_paths(inst.obj.get("sensitive_attributes")), secrets)
     canonical_prior = client.canonicalize(inst.type, raw_prior)
     # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
     # schema version moved or the stored JSON does not fit the live schema (or when asked to).
@@ -144,8 +150,8 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         return InstanceUpdate(removed=True, changed=True)
     sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
     if sensitive:
-        for value in redact.values_at(json.loads(outcome.new_state), sensitive):
-            redact.KNOWN.add_value(value)
+        for value in values_at(json.loads(outcome.new_state), sensitive):
+            secrets.add_value(value)
     return InstanceUpdate(
         removed=False,
         changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
@@ -157,14 +163,15 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     )
 
 
-def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath]) -> None:
+def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath],
+                      secrets: Redactor) -> None:
     """Feed the prior object's sensitive values (marked, or sensitive in the live schema) to the
     redactor before the provider sees them: its logs and errors about them then come out masked."""
     try:
         paths = marks + client.sensitive_paths(type_name, raw_prior)
         if paths:
-            for value in redact.values_at(json.loads(raw_prior), paths):
-                redact.KNOWN.add_value(value)
+            for value in values_at(json.loads(raw_prior), paths):
+                secrets.add_value(value)
     except (KlError, ValueError, TypeError):
         pass  # a prior that does not parse or fit is the read's to report; masking is best effort
 
@@ -172,8 +179,10 @@ def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, 
 class _Run:
     """State shared by the threads of one run."""
 
-    def __init__(self, factory: ClientFactory, options: RefreshOptions, progress: ProgressFn | None, cancel: Cancellation) -> None:
+    def __init__(self, factory: ClientFactory, options: RefreshOptions, progress: ProgressFn | None, cancel: Cancellation,
+                 secrets: Redactor) -> None:
         self.factory = factory
+        self.secrets = secrets
         self.options = options
         self.progress = progress
         self.cancel = cancel
@@ -183,7 +192,7 @@ class _Run:
     def record_failure(self, entry: _Entry, message: str) -> None:
         # Failure messages are printed, stored in refresh_runs and quoted in cancel reasons;
         # providers' diagnostics and stderr may quote secret values in them.
-        message = redact.KNOWN.redact(message)
+        message = self.secrets.redact(message)
         entry.error = message
         if self.options.fail_fast:
             self.cancel.cancel(f"fail-fast: {entry.inst.address}: {message}")
@@ -194,7 +203,7 @@ class _Run:
         if self.cancel.cancelled:
             return
         try:
-            client = self.factory.open(source, alias)
+            client = self.factory.open(source, alias, self.secrets)
         except KlError as exc:
             for e in entries:
                 self.record_failure(e, f"provider {label}: {exc}")
@@ -216,7 +225,7 @@ class _Run:
                 if entry is None:
                     return
                 try:
-                    entry.update = _refresh_one(client, entry.inst, self.options, entry.prior_json)
+                    entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
                 except KlError as exc:
                     if not self.cancel.cancelled:
                         self.record_failure(entry, str(exc))
@@ -260,9 +269,12 @@ def run(
     *,
     progress: ProgressFn | None = None,
     cancel: Cancellation | None = None,
+    secrets: Redactor | None = None,
 ) -> Result:
+    """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given)."""
     started = time.monotonic()
     cancel = cancel or Cancellation()
+    secrets = Redactor() if secrets is None else secrets
     result = Result(state=name, dry_run=options.dry_run)
 
     try:
@@ -290,7 +302,7 @@ def run(
 
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
-        shared = _Run(factory, options, progress, cancel)
+        shared = _Run(factory, options, progress, cancel, secrets)
         timer = None
         if options.timeout:
             timer = threading.Timer(options.timeout, cancel.cancel, args=(f"timed out after {options.timeout:g}s",))
@@ -329,74 +341,24 @@ def run(
             new_doc, moved = build_refreshed_state(doc, updates, serial=current.serial + 1, parser=parser)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved}
-            to_version_id, result.to_serial = _commit(conn, name, sid, new_doc, parser, current, options.actor,
-                                                      result.run_id, touched)
+            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
+                                                             result.run_id, touched)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
     except KlError as exc:
-        result.status, result.error = "failed", redact.KNOWN.redact(str(exc))
+        result.status, result.error = "failed", secrets.redact(str(exc))
     except psycopg.OperationalError as exc:
         # The database went away (restart, a cut connection): a fault to report, not a bug. Only
-        # _commit writes a version, and it settles its own outcome, so nothing was committed.
+        # commit_refresh writes a version, and it settles its own outcome, so nothing was committed.
         result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
     except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
-        result.status, result.error = "failed", redact.KNOWN.redact(f"internal error: {type(exc).__name__}: {exc}")
+        result.status, result.error = "failed", secrets.redact(f"internal error: {type(exc).__name__}: {exc}")
         raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)
         _finish(conn, result, to_version_id)
     return result
-
-
-def _commit(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
-            start: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]]) -> tuple[str, int]:
-    """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile."""
-    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
-    # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
-    # any stored version out as Terraform does.
-    raw = parser.dumps_compact(doc).encode()
-    # A connection that died during the reads fails here, before anything is sent, so that case is
-    # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
-    conn.execute("SELECT 1")
-    landed: tuple[str, int] | None = None
-    try:
-        try:
-            locks.acquire(conn, sid, name, info, actor)
-        except locks.StateLocked as exc:
-            raise KlError(f"{exc}; refresh not committed") from None
-        try:
-            written = versions.write_version(
-                conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
-                expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
-            )
-            landed = written.version.id, written.version.serial
-        finally:
-            locks.release(conn, sid, info["ID"], actor)
-    except psycopg.OperationalError as exc:
-        landed = _settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
-    return landed
-
-
-def _settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
-                        raw: bytes, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
-    """The connection died inside the commit. Its transaction may or may not have committed (the
-    answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
-    every writer: ask the database on a fresh connection, and release the lock there."""
-    why = first_line(exc)
-    try:
-        with reconnect(conn) as fresh:
-            locks.release(fresh, sid, lock_id, actor)
-            if landed is None:
-                found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
-                landed = (found.id, found.serial) if found else None
-    except (KlError, psycopg.OperationalError):
-        raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
-                      f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
-                      f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
-    if landed is None:
-        raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
-    return landed
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
@@ -408,20 +370,6 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
     if result.failures:
         first = result.failures[0]
         summary = f"{summary}; first: {first.address}: {first.message}"
-    kwargs = dict(status=result.status if result.status != "running" else "failed", checked=result.checked,
-                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)
-    try:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.rollback()
-        refresh_runs.finish(conn, result.run_id, **kwargs)
-    except psycopg.OperationalError:
-        # The connection died mid-run: finish the audit row on a fresh one.
-        try:
-            with reconnect(conn) as fresh:
-                refresh_runs.finish(fresh, result.run_id, **kwargs)
-        except (KlError, psycopg.OperationalError) as exc:
-            # No database to write to: the row stays `running`, its advisory lock gone with the
-            # connection, which is exactly what `kl runs --stale` finishes later.
-            raise KlError(f"refresh {result.status}: {result.error or summary}; the audit row of run {result.run_id} "
-                          f"could not be finished ({first_line(exc)}): run `kl runs {result.state} --stale` once the "
-                          f"database is back") from None
+    finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
+                 status=result.status if result.status != "running" else "failed", checked=result.checked,
+                 changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)

@@ -7,6 +7,7 @@ from typing import Any
 
 from kilolock import schema as sch
 from kilolock import tfstate
+from kilolock.sensitive import merged_marks
 
 
 @dataclass
@@ -18,38 +19,6 @@ class InstanceUpdate:
     identity: bytes | None = None
     schema_version: int = 0
     sensitive_paths: list[sch.AttributePath] = field(default_factory=list)
-
-
-def _path_exists(value: Any, path: sch.AttributePath) -> bool:
-    for step in path:
-        if isinstance(step, sch.GetAttr):
-            if not isinstance(value, dict) or step.name not in value:
-                return False
-            value = value[step.name]
-        elif isinstance(step.key, str):
-            if not isinstance(value, dict) or step.key not in value:
-                return False
-            value = value[step.key]
-        else:
-            if not isinstance(value, list) or not 0 <= step.key < len(value):
-                return False
-            value = value[step.key]
-    return True
-
-
-def merged_sensitive_paths(prior: list[Any], new: list[sch.AttributePath], value: Any) -> list[Any]:
-    """Prior marks ∪ new paths, kept only where the new value has them, sorted as Terraform sorts
-    them (by their printed form), in state JSON shape."""
-    paths: dict[str, sch.AttributePath] = {}
-    for raw in prior:
-        try:
-            p = sch.path_from_state_json(raw)
-        except (KeyError, TypeError, ValueError):
-            continue  # a malformed prior mark cannot be re-applied; Terraform would fail, we drop it
-        paths[sch.path_display(p)] = p
-    for p in new:
-        paths[sch.path_display(p)] = p
-    return [sch.path_to_state_json(paths[k]) for k in sorted(paths) if _path_exists(value, paths[k])]
 
 
 # What the lifecycle index hashes (kilolock.store.versions): an object that differs in none of
@@ -86,7 +55,7 @@ def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], In
             # else: equal in canonical form, so the stored value (cty JSON as Terraform wrote it) stays
             value = obj["attributes"]
             obj["schema_version"] = upd.schema_version
-            obj["sensitive_attributes"] = merged_sensitive_paths(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
+            obj["sensitive_attributes"] = merged_marks(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
             if upd.private:
                 obj["private"] = base64.b64encode(upd.private).decode("ascii")
             else:

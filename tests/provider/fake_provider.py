@@ -3,7 +3,7 @@
 
 Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per ReadResource:
   modes: serve (default), hang, garbage, not-plugin, exit-early, wrong-cookie, netrpc, proto4
-  types: fake_echo, fake_sensitive (adds field 6), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
+  types: fake_echo, fake_sensitive (adds field 6; FAKE_SENSITIVE_GARBAGE=1: a malformed one), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
          fake_error, fake_gone, and bad answers: fake_garbage (not msgpack), fake_unknown (an
          unknown value), fake_wrongtype (a number where the schema says string), fake_flood
          (FAKE_FLOOD_MB of stderr before a good answer)
@@ -213,7 +213,9 @@ def serve() -> None:
             for _ in range(int(float(os.environ.get("FAKE_FLOOD_MB", "20")) * 1024)):
                 os.write(2, line)
         raw = resp.SerializeToString()
-        if t == "fake_sensitive":
+        if t == "fake_sensitive" and os.environ.get("FAKE_SENSITIVE_GARBAGE"):
+            raw += b"\x32\x02\x0a\x00"  # field 6 holding an AttributePath whose one step has no selector
+        elif t == "fake_sensitive":
             for steps in (("secret",), ("tags", "k")):
                 path = pb.AttributePath()
                 path.steps.add(attribute_name=steps[0])

@@ -75,14 +75,21 @@ def test_fake_round_trip_both_protocols(fake_binary, proto: int, tls: bool) -> N
         assert result.new_state == state and result.private == b"p+read"
 
 
-def test_unknown_field_6_is_handed_over_raw(fake_binary) -> None:
-    with launch_provider(fake_binary(), tls=False) as client:
+@pytest.mark.parametrize("proto", [5, 6])
+def test_unknown_field_6_is_handed_over_as_paths(fake_binary, proto: int) -> None:
+    with launch_provider(fake_binary(proto=proto), tls=False) as client:
         result = client.read_resource("fake_sensitive", msgpack.packb({"id": "1"}))
-    # Two records: tag 0x32 (field 6, length-delimited), length, AttributePath bytes.
-    secret = b"\x0a\x08\x0a\x06secret"  # steps{attribute_name:"secret"}
-    tags = b"\x0a\x06\x0a\x04tags\x0a\x03\x12\x01k"  # steps{attribute_name:"tags"} steps{element_key_string:"k"}
-    assert result.unknown_field_6 == b"\x32" + bytes([len(secret)]) + secret + b"\x32" + bytes([len(tags)]) + tags
+    # Two field 6 records: steps{attribute_name:"secret"}, then steps{attribute_name:"tags"} steps{element_key_string:"k"}.
+    assert result.sensitive_paths == ((GetAttr("secret"),), (GetAttr("tags"), Index("k")))
     assert result.new_state is not None
+
+
+def test_garbage_in_field_6_fails_the_read_naming_the_provider(fake_binary) -> None:
+    with launch_provider(fake_binary(FAKE_SENSITIVE_GARBAGE="1"), tls=False) as client:
+        with pytest.raises(ProviderCallError) as err:
+            client.read_resource("fake_sensitive", msgpack.packb({"id": "1"}))
+        assert str(err.value) == "provider fake: ReadResource: malformed sensitive paths (field 6): AttributePath.Step without a selector"
+        assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).sensitive_paths == ()  # the provider lives on
 
 
 def test_error_diagnostics_raise_one_exception_type(fake_binary) -> None:

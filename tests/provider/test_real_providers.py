@@ -104,7 +104,7 @@ def test_configure_upgrade_read_stop_close(real_provider: RealProvider, tmp_path
         result = client.read_resource(type_name, upgraded, b"")
         assert result.new_state is not None
         assert msgpack.unpackb(result.new_state) == state
-        assert result.diagnostics == () and result.unknown_field_6 == b""
+        assert result.diagnostics == () and result.sensitive_paths == ()
         assert client.get_identity_schemas() == {}  # none of these providers has identities
         client.stop()
     finally:

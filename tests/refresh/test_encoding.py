@@ -25,7 +25,7 @@ class EchoProvider:
 
     def read_resource(self, type_name: str, current_state: bytes, private: bytes = b"", **_: Any) -> ReadResult:
         self.sent.append(current_state)
-        return ReadResult(current_state, private, (), None, b"")
+        return ReadResult(current_state, private, (), None, ())
 
 
 class CountingType:

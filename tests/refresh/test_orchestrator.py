@@ -11,6 +11,7 @@ import pytest
 from kilolock import schema as sch
 from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.redact import MASK, Redactor
 from kilolock.refresh import orchestrator
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
 from kilolock.refresh.options import RefreshOptions, parse_duration
@@ -104,8 +105,10 @@ class FakeFactory:
         self.opened: list[tuple[str, str]] = []
         self.stopped = threading.Event()
         self.fail_open: Exception | None = None
+        self.secrets: list[Redactor] = []
 
-    def open(self, source, alias):
+    def open(self, source, alias, secrets):
+        self.secrets.append(secrets)
         if self.fail_open:
             raise self.fail_open
         self.opened.append((source, alias))
@@ -164,6 +167,19 @@ def test_changed_and_removed_objects(conn, make_state):
     assert raw["resources"][1]["instances"][0]["attributes"]["triggers"] == {"k": "drifted"}
     kinds = dict(conn.execute("SELECT address, drift_kind FROM current_resource_drift").fetchall())
     assert kinds == {"null_resource.r1": "changed", "null_resource.r3": "deleted"}
+
+
+def test_secrets_belong_to_the_run_that_learned_them(conn, make_state):
+    seed(conn, make_state, attrs(2, secret="s3cr3t-of-this-run"))
+    f = FakeFactory(world={"id1": ResourceError("provider said s3cr3t-of-this-run")})
+    mine, other = Redactor(), Redactor()
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester"), secrets=mine)
+    assert f.secrets == [mine]  # handed down to the factory, which hands it to the provider
+    assert [x.message for x in res.failures] == [f"provider said {MASK}"]
+    assert mine.redact("s3cr3t-of-this-run") == MASK and not other  # nothing process-wide
+    f2 = FakeFactory()
+    orchestrator.run(conn, "prod", f2, RefreshOptions(actor="tester", dry_run=True))
+    assert len(f2.secrets) == 1 and f2.secrets[0] is not mine  # every run gets its own
 
 
 def test_one_failure_among_many_commits_nothing(conn, make_state):

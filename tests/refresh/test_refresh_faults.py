@@ -126,6 +126,20 @@ def test_sensitive_paths_from_field_6_are_persisted_and_never_printed(run_kl, db
     assert state["resources"][0]["instances"][0]["private"]  # the fake appends "+read" to private
 
 
+def test_garbage_sensitive_paths_in_field_6_fail_that_instance_naming_the_provider(run_kl, db_url, fake_cache):
+    make, _ = fake_cache
+    cache = make(FAKE_SENSITIVE_GARBAGE="1")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_sensitive"])).returncode == 0
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["status"] == "failed" and out["resources_checked"] == 2, out
+    assert out["failures"] == [{"address": "fake_sensitive.r1",
+                                "message": "provider fake: ReadResource: malformed sensitive paths (field 6): "
+                                           "AttributePath.Step without a selector"}], out["failures"]
+    assert b"Traceback" not in r.stderr and b"hunter2" not in r.stdout + r.stderr
+    assert serials(db_url) == [1] and audit(db_url)[0] == "failed"
+
+
 def test_provider_config_env_reference_is_resolved_at_run_time_and_never_stored(run_kl, db_url, fake_cache):
     make, events = fake_cache
     cache = make()

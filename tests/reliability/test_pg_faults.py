@@ -306,7 +306,7 @@ def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
     way. (In-process: no fault injection can lose exactly the answer to COMMIT.)"""
     from kilolock import tfstate
     from kilolock.errors import KlError
-    from kilolock.refresh.orchestrator import _settle_lost_commit
+    from kilolock.refresh.commit import settle_lost_commit
     from kilolock.store import db, locks, versions
 
     with db.connect(db_url) as setup:
@@ -324,11 +324,11 @@ def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
             with pytest.raises(psycopg.OperationalError) as cut:
                 dead.execute("SELECT 1")
             if landed:
-                vid, serial = _settle_lost_commit(dead, "prod", sid, info["ID"], "t", 2, raw, None, cut.value)
+                vid, serial = settle_lost_commit(dead, "prod", sid, info["ID"], "t", 2, raw, None, cut.value)
                 assert serial == 2 and vid == versions.find_version(setup, sid, 2, versions.content_hash(raw)).id
             else:  # serial 3 with these bytes was never written
                 with pytest.raises(KlError, match="during the commit .*; nothing committed"):
-                    _settle_lost_commit(dead, "prod", sid, info["ID"], "t", 3, raw, None, cut.value)
+                    settle_lost_commit(dead, "prod", sid, info["ID"], "t", 3, raw, None, cut.value)
             dead.close()
             assert locks.current(setup, sid) is None, attempt
 

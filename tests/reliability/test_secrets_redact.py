@@ -8,7 +8,8 @@ import pytest
 
 from kilolock import schema as sch
 from kilolock.provider.logbridge import StderrLogBridge
-from kilolock.redact import MASK, Redactor, marked_paths, values_at
+from kilolock.redact import MASK, Redactor
+from kilolock.sensitive import marked_paths, values_at
 
 
 def test_masks_every_occurrence_longest_first_and_leaves_the_rest():
@@ -53,15 +54,12 @@ def test_values_at_marked_and_schema_paths():
     assert r.redact("got value-in-a-list") == f"got {MASK}"
 
 
-def test_log_bridge_masks_json_fields_messages_and_panics(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch):
-    import kilolock.provider.logbridge as logbridge
-
+def test_log_bridge_masks_json_fields_messages_and_panics(caplog: pytest.LogCaptureFixture):
     r = Redactor()
     r.add("tok-123456")
-    monkeypatch.setattr(logbridge, "KNOWN_SECRETS", r)
     logger = logging.getLogger("kilolock.provider.redacttest")
     caplog.set_level(logging.DEBUG, logger=logger.name)
-    bridge = StderrLogBridge(logger)
+    bridge = StderrLogBridge(logger, r)
     bridge.line('{"@level":"debug","@message":"using tok-123456","token":"tok-123456"}\n')
     bridge.line("[DEBUG] token tok-123456\n")
     bridge.line("panic: bad token tok-123456\n")

@@ -1,83 +1,10 @@
-"""AttributePath decoding from raw protobuf bytes, and schema-sensitive paths."""
+"""Schema-sensitive paths and their state JSON form (kilolock.sensitive)."""
 from __future__ import annotations
 
 import json
 
-import pytest
-
-from kilolock.codec import CodecError, decode_attribute_paths, sensitive_attributes_json, sensitive_paths
 from kilolock.schema import Attribute, Block, GetAttr, Index, NestedBlock, NestedObject, NestingMode
-
-
-# --- protobuf, hand-assembled from the wire format (tag = field << 3 | wire type) -----------------
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _step_attr(name: str) -> bytes:
-    return _len_field(1, _len_field(1, name.encode()))
-
-
-def _step_key(key: str) -> bytes:
-    return _len_field(1, _len_field(2, key.encode()))
-
-
-def _step_int(i: int) -> bytes:
-    return _len_field(1, _varint(3 << 3 | 0) + _varint(i))
-
-
-def test_decodes_repeated_paths_at_field_6_and_skips_other_fields() -> None:
-    path1 = _step_attr("password")
-    path2 = _step_attr("tags") + _step_key("secret")
-    path3 = _step_attr("rule") + _step_int(3) + _step_attr("token")
-    raw = (
-        _varint(1 << 3 | 0) + _varint(150)          # an unrelated varint field 1
-        + _len_field(6, path1)
-        + _varint(7 << 3 | 5) + b"\x00\x00\x80\x3f"  # fixed32 field 7
-        + _len_field(6, path2)
-        + _varint(8 << 3 | 1) + b"\x00" * 8          # fixed64 field 8
-        + _len_field(6, path3)
-    )
-    assert decode_attribute_paths(raw) == [
-        (GetAttr("password"),),
-        (GetAttr("tags"), Index("secret")),
-        (GetAttr("rule"), Index(3), GetAttr("token")),
-    ]
-
-
-def test_negative_int64_index_and_empty_input() -> None:
-    assert decode_attribute_paths(_len_field(6, _step_int(-2))) == [(Index(-2),)]
-    assert decode_attribute_paths(b"") == []
-
-
-@pytest.mark.parametrize(("raw", "message"), [
-    (b"\x32\x05\x0a", "claims 5 bytes"),                       # truncated length-delimited
-    (b"\x32", "truncated varint"),                            # field 6, no length
-    (b"\x30\x01", "field 6 has wire type 0"),                 # field 6 as a varint
-    (b"\x33", "unsupported wire type 3"),                     # group start
-    (b"\x32\x02\x0a\x00", "Step without a selector"),         # empty step
-    (_len_field(6, _len_field(1, _len_field(1, b"\xff"))), "not valid UTF-8"),
-    (b"\x08" + b"\xff" * 11, "longer than 10 bytes"),
-    (b"\x00", "field number 0"),
-    (_len_field(6, _len_field(1, _varint(3 << 3 | 2) + b"\x00")), "wire type 2"),
-])
-def test_garbage_is_a_codec_error(raw: bytes, message: str) -> None:
-    with pytest.raises(CodecError, match=message):
-        decode_attribute_paths(raw)
+from kilolock.sensitive import sensitive_attributes_json, sensitive_paths
 
 
 # --- schema-sensitive paths -----------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Sensitive attribute paths: decoded from protobuf bytes, and derived from a schema.
+"""Sensitive attribute paths: which parts of a resource object are secret, and where they are.
 
-``decode_attribute_paths`` reads repeated ``AttributePath`` messages out of a message's raw
-unknown-field bytes (field 6 of ReadResource.Response, as the ADR describes). The protobuf wire
-format is parsed here directly, so a provider sending garbage gives a ``CodecError``, never a crash.
+One module for every walk over sensitivity, whatever asks: the refresh (which paths to record, and
+which values to feed the run's redactor), the state splice (which marks still apply) and drift
+(which changes to mask). Paths are ``kilolock.schema.AttributePath``; provider wire messages never
+get here (kilolock.provider converts ReadResource's sensitive paths before handing them over).
 
 ``sensitive_paths`` mirrors Terraform's ``configschema`` ``Block.SensitivePaths`` (>= 1.8), which
 is what Terraform actually records after a refresh: every ``sensitive`` attribute, through nested
@@ -17,9 +18,8 @@ That is the conservative reading too: no sensitive value inside a set can escape
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
-from kilolock.codec.errors import CodecError
 from kilolock.schema import (
     AttributePath,
     Block,
@@ -28,103 +28,9 @@ from kilolock.schema import (
     NestedObject,
     NestingMode,
     path_display,
+    path_from_state_json,
     path_to_state_json,
 )
-
-_INT64 = 1 << 64
-_READ_RESPONSE_SENSITIVE_FIELD = 6
-
-
-# --- protobuf ------------------------------------------------------------------------------------
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = 0
-    for shift in range(0, 70, 7):
-        if pos >= len(data):
-            raise CodecError(f"protobuf: truncated varint at byte {pos}")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            if result >= _INT64:
-                raise CodecError(f"protobuf: varint overflows 64 bits at byte {pos - 1}")
-            return result, pos
-    raise CodecError(f"protobuf: varint longer than 10 bytes at byte {pos}")
-
-
-def _fields(data: bytes) -> list[tuple[int, int, Any]]:
-    """``(field number, wire type, value)`` for every field; length-delimited values as bytes."""
-    fields = []
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise CodecError(f"protobuf: field number 0 at byte {pos}")
-        if wire_type == 0:
-            value, pos = _varint(data, pos)
-        elif wire_type == 1 or wire_type == 5:
-            size = 8 if wire_type == 1 else 4
-            if pos + size > len(data):
-                raise CodecError(f"protobuf: truncated fixed{size * 8} field {number}")
-            value, pos = data[pos:pos + size], pos + size
-        elif wire_type == 2:
-            size, pos = _varint(data, pos)
-            if pos + size > len(data):
-                raise CodecError(f"protobuf: field {number} claims {size} bytes, {len(data) - pos} left")
-            value, pos = data[pos:pos + size], pos + size
-        else:
-            raise CodecError(f"protobuf: unsupported wire type {wire_type} for field {number}")
-        fields.append((number, wire_type, value))
-    return fields
-
-
-def _text(value: bytes, what: str) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CodecError(f"protobuf: {what} is not valid UTF-8") from None
-
-
-def _step(data: bytes) -> GetAttr | Index:
-    step: GetAttr | Index | None = None
-    for number, wire_type, value in _fields(data):
-        expected = 0 if number == 3 else 2
-        if number in (1, 2, 3) and wire_type != expected:
-            raise CodecError(f"protobuf: AttributePath.Step field {number} has wire type {wire_type}")
-        if number == 1:
-            step = GetAttr(_text(value, "attribute_name"))
-        elif number == 2:
-            step = Index(_text(value, "element_key_string"))
-        elif number == 3:
-            step = Index(value - _INT64 if value >= _INT64 >> 1 else value)  # int64 two's complement
-        # other fields: unknown to us, skipped as protobuf does; a oneof keeps the last one set
-    if step is None:
-        raise CodecError("protobuf: AttributePath.Step without a selector")
-    return step
-
-
-def decode_attribute_path(data: bytes) -> AttributePath:
-    steps = []
-    for number, wire_type, value in _fields(data):
-        if number == 1:
-            if wire_type != 2:
-                raise CodecError(f"protobuf: AttributePath.steps has wire type {wire_type}")
-            steps.append(_step(value))
-    return tuple(steps)
-
-
-def decode_attribute_paths(unknown_fields: bytes, field_number: int = _READ_RESPONSE_SENSITIVE_FIELD) -> list[AttributePath]:
-    """Every ``AttributePath`` at ``field_number`` in raw protobuf bytes (other fields skipped)."""
-    paths = []
-    for number, wire_type, value in _fields(bytes(unknown_fields)):
-        if number == field_number:
-            if wire_type != 2:
-                raise CodecError(f"protobuf: field {field_number} has wire type {wire_type}, expected a message")
-            paths.append(decode_attribute_path(value))
-    return paths
-
 
 # --- schema-sensitive paths ------------------------------------------------------------------------
 
@@ -224,7 +130,58 @@ def sensitive_paths(block: Block, value: Any) -> list[AttributePath]:
     return [unique[k] for k in sorted(unique)]
 
 
-def sensitive_attributes_json(paths: list[AttributePath]) -> list[list[dict[str, Any]]]:
+# --- marks as state JSON (``sensitive_attributes``) -------------------------------------------------
+
+
+def sensitive_attributes_json(paths: Iterable[AttributePath]) -> list[list[dict[str, Any]]]:
     """Paths in Terraform's state ``sensitive_attributes`` shape, deduplicated and sorted."""
     unique = {path_display(p): p for p in paths}
     return [path_to_state_json(unique[k]) for k in sorted(unique)]
+
+
+def marked_paths(marks: Iterable[Any] | None) -> list[AttributePath]:
+    """``sensitive_attributes`` of a state object as paths; malformed marks are skipped."""
+    out = []
+    for raw in marks or ():
+        try:
+            out.append(path_from_state_json(raw))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def merged_marks(prior: Iterable[Any], new: Iterable[AttributePath], value: Any) -> list[list[dict[str, Any]]]:
+    """Prior marks ∪ new paths, kept only where the new value has them, sorted as Terraform sorts
+    them (by their printed form), in state JSON shape. A malformed prior mark cannot be re-applied:
+    Terraform would fail on it, kl drops it."""
+    return sensitive_attributes_json(p for p in (*marked_paths(prior), *new) if _lookup(value, p)[0])
+
+
+# --- values at paths --------------------------------------------------------------------------------
+
+
+def _lookup(doc: Any, path: AttributePath) -> tuple[bool, Any]:
+    """(True, the value at PATH inside DOC, a decoded JSON object) or (False, None) when absent."""
+    value = doc
+    for step in path:
+        key = step.name if isinstance(step, GetAttr) else step.key
+        if isinstance(value, dict) and isinstance(key, str) and key in value:
+            value = value[key]
+        elif isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
+            value = value[key]
+        else:
+            return False, None
+    return True, value
+
+
+def values_at(doc: Any, paths: Iterable[AttributePath]) -> Iterator[Any]:
+    """The values at PATHS inside DOC (a decoded JSON object); paths that do not exist are skipped."""
+    for path in paths:
+        found, value = _lookup(doc, path)
+        if found:
+            yield value
+
+
+def covered(path: AttributePath, sensitive: Iterable[AttributePath]) -> bool:
+    """Whether the value at PATH is secret: it sits at or below a sensitive path, or holds one below it."""
+    return any(path[: len(s)] == s or s[: len(path)] == path for s in sensitive)

@@ -1,0 +1,92 @@
+"""A refresh run's writes, and their recovery when the database connection dies under them.
+
+The orchestrator decides whether to commit; this module does it: the compare-and-swap write of
+serial+1 under the state lock, the settling of a commit whose answer was lost (did it land? the
+lock row must not outlive it), and finishing the run's audit row even on a fresh connection.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import kilolock
+from kilolock import tfstate
+from kilolock.errors import KlError
+from kilolock.store import locks, refresh_runs, versions
+from kilolock.store.db import first_line, reconnect
+
+
+def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
+                   start: versions.VersionRow, actor: str, run_id: str | None,
+                   touched: set[tuple[str, str]]) -> tuple[str, int]:
+    """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
+    Returns the new version's (id, serial)."""
+    info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
+    # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
+    # any stored version out as Terraform does.
+    raw = parser.dumps_compact(doc).encode()
+    # A connection that died during the reads fails here, before anything is sent, so that case is
+    # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
+    conn.execute("SELECT 1")
+    landed: tuple[str, int] | None = None
+    try:
+        try:
+            locks.acquire(conn, sid, name, info, actor)
+        except locks.StateLocked as exc:
+            raise KlError(f"{exc}; refresh not committed") from None
+        try:
+            written = versions.write_version(
+                conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
+                expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
+            )
+            landed = written.version.id, written.version.serial
+        finally:
+            locks.release(conn, sid, info["ID"], actor)
+    except psycopg.OperationalError as exc:
+        landed = settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
+    return landed
+
+
+def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
+                       raw: bytes, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
+    """The connection died inside the commit. Its transaction may or may not have committed (the
+    answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
+    every writer: ask the database on a fresh connection, and release the lock there."""
+    why = first_line(exc)
+    try:
+        with reconnect(conn) as fresh:
+            locks.release(fresh, sid, lock_id, actor)
+            if landed is None:
+                found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
+                landed = (found.id, found.serial) if found else None
+    except (KlError, psycopg.OperationalError):
+        raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
+                      f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
+                      f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
+    if landed is None:
+        raise KlError(f"lost the database connection during the commit ({why}); nothing committed")
+    return landed
+
+
+def finish_audit(conn: psycopg.Connection, run_id: str, name: str, outcome: str, *, status: str, checked: int,
+                 changed: int, failed: int, error_summary: str | None, to_version_id: str | None) -> None:
+    """Finish the run's refresh_runs row, on a fresh connection when this one died mid-run.
+    ``outcome`` says how the run ended, for the error raised when no database can be reached at all."""
+    def write(on: psycopg.Connection) -> None:
+        refresh_runs.finish(on, run_id, status=status, checked=checked, changed=changed, failed=failed,
+                            error_summary=error_summary, to_version_id=to_version_id)
+
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        write(conn)
+    except psycopg.OperationalError:
+        try:
+            with reconnect(conn) as fresh:
+                write(fresh)
+        except (KlError, psycopg.OperationalError) as exc:
+            # No database to write to: the row stays `running`, its advisory lock gone with the
+            # connection, which is exactly what `kl runs --stale` finishes later.
+            raise KlError(f"{outcome}; the audit row of run {run_id} could not be finished ({first_line(exc)}): "
+                          f"run `kl runs {name} --stale` once the database is back") from None
