@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import psycopg
 from psycopg.rows import dict_row

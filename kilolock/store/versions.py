@@ -12,7 +12,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -338,8 +337,8 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     cur.execute(_SCOPE_TABLE)
     if touched is not None:
         with cur.copy("COPY kl_scope (address, deposed) FROM STDIN") as copy:
-            for key in touched:
-                copy.write_row(key)
+            for address_deposed in touched:
+                copy.write_row(address_deposed)
     with cur.copy(
         "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:

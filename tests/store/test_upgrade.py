@@ -27,7 +27,7 @@ from kilolock.store import summary
 from kilolock.store.migrate import apply_migrations, pending_migrations
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
-import upgradekit  # noqa: E402
+import upgradekit
 
 CASES = sorted(upgradekit.FIXTURES.glob("schema-*.sql"))
 

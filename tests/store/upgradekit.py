@@ -88,8 +88,8 @@ def row_counts(conn: psycopg.Connection, relations: list[str]) -> dict[str, int]
 
 
 def dump(conn: psycopg.Connection) -> str:
-    parts = ["-- Rows of a kl database; load on top of the migrations named by this file's schema number.\n"
-             "-- Written by tests/store/upgradekit.py; never edit or regenerate (see its docstring).\n"]
+    parts = [("-- Rows of a kl database; load on top of the migrations named by this file's schema number.\n"
+              "-- Written by tests/store/upgradekit.py; never edit or regenerate (see its docstring).\n")]
     for table in tables_in_load_order(conn):
         rows = [r[0] for r in conn.execute(
             sql.SQL("SELECT to_jsonb(t)::text FROM {} t ORDER BY ctid").format(sql.Identifier(table))).fetchall()]
@@ -155,7 +155,7 @@ def describe(conn: psycopg.Connection) -> dict[str, Any]:
             pulls.append({"state": name, "serial": serial, "via": "kl state pull", **digest(cli_pull(name, serial))})
         if is_current:
             pulls.append({"state": name, "serial": serial, "via": "GET", **digest(backend_get(conn, name))})
-    held = dict(conn.execute("SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id ORDER BY s.name").fetchall())
+    held: dict[str, Any] = dict(conn.execute("SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id ORDER BY s.name").fetchall())
     return {"counts": row_counts(conn, counted_relations(conn)), "pulls": pulls, "locks": held}
 
 
@@ -164,15 +164,16 @@ def describe(conn: psycopg.Connection) -> dict[str, Any]:
 
 def _precise_state(serial: int) -> bytes:
     # Written by hand: numbers that a float would round, unicode, a line separator, an empty key.
-    return ("""{"version": 4, "terraform_version": "1.5.7", "serial": %d, "lineage": "precise-lineage",
+    template = """{"version": 4, "terraform_version": "1.5.7", "serial": SERIAL, "lineage": "precise-lineage",
  "outputs": {"big": {"value": 123456789012345678901234567890, "type": "number"},
              "tiny": {"value": 0.1000000000000000055511151231257827021181583404541015625, "type": "number"},
              "exp": {"value": 1.5e300, "type": "number"},
              "text": {"value": "naïve ✓ \\u2028 \\"quoted\\" \\\\ tab\\t", "type": "string", "sensitive": true}},
- "resources": [{"mode": "managed", "type": "null_resource", "name": "n", "provider": %s,
-   "instances": [{"schema_version": 0, "attributes": {"id": "%d", "triggers": {"": "empty key", "k": "ünï"}},
+ "resources": [{"mode": "managed", "type": "null_resource", "name": "n", "provider": PROVIDER,
+   "instances": [{"schema_version": 0, "attributes": {"id": "SERIAL", "triggers": {"": "empty key", "k": "ünï"}},
                   "sensitive_attributes": [], "private": "bnVsbA=="}]}]}
-""" % (serial, json.dumps(_NULL), serial)).encode()
+"""
+    return template.replace("SERIAL", str(serial)).replace("PROVIDER", json.dumps(_NULL)).encode()
 
 
 def populate(conn: psycopg.Connection) -> None:
@@ -182,7 +183,13 @@ def populate(conn: psycopg.Connection) -> None:
     from kilolock import schema as sch
     from kilolock import tfstate
     from kilolock.server import store_ops
-    from kilolock.store import locks, provider_configs, provider_schemas, refresh_runs, versions
+    from kilolock.store import (
+        locks,
+        provider_configs,
+        provider_schemas,
+        refresh_runs,
+        versions,
+    )
 
     def import_file(name: str, raw: bytes, source: str) -> versions.WriteResult:
         return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="fixture@cli")
