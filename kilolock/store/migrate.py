@@ -1,4 +1,9 @@
-"""Applies migrations/NNNN_*.sql in order, each in its own transaction, recorded with a checksum."""
+"""Applies migrations/NNNN_*.sql in order, each in its own transaction, recorded with a checksum.
+
+Released migrations (0001-0006 and every later one once released) are never edited: databases
+record their checksums. A schema change is a new file, and comes with an upgrade fixture
+(tests/store/test_upgrade.py says how) proving that existing data survives it.
+"""
 from __future__ import annotations
 
 import hashlib
