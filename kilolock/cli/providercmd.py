@@ -81,20 +81,22 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_configs
+    from kilolock.store import db, provider_configs, provider_schemas
 
     with db.open_store() as conn:
         rows = provider_configs.list_all(conn)
-        schemas = conn.execute("SELECT source, version, protocol_version, fetched_at FROM provider_schemas ORDER BY source, version").fetchall()
+        schemas = provider_schemas.list_cached(conn)
     if args.format == "json":
         render.emit_json({"version": 1,
                           "configs": [{"state": s, "source": c.source, "alias": c.alias, "config_keys": sorted(c.config),
                                        "pinned_version": c.pinned_version} for s, c in rows],
-                          "cached_schemas": [{"source": r[0], "version": r[1], "protocol": r[2], "fetched_at": r[3]} for r in schemas]})
+                          "cached_schemas": [{"source": c.source, "version": c.version, "protocol": c.protocol_version,
+                                              "fetched_at": c.fetched_at} for c in schemas]})
         return 0
     render.table(["source", "alias", "state", "pinned", "config"],
                  [(c.source, c.alias or "-", s or "(all)", c.pinned_version, _describe_secret_free(c.config)) for s, c in rows])
     if schemas:
         print()
-        render.table(["cached schema", "version", "protocol", "fetched"], schemas)
+        render.table(["cached schema", "version", "protocol", "fetched"],
+                     [(c.source, c.version, c.protocol_version, c.fetched_at) for c in schemas])
     return 0

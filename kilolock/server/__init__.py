@@ -2,5 +2,5 @@
 
 Modules, in the order a request flows through them: ``http`` (sockets, framing, limits) →
 ``auth`` (who is asking) → ``kilolock.names`` (which state) → ``backend`` / ``api`` (what the protocol
-means) → ``store_ops`` (the few writes the store does not already offer) → kilolock.store.
+means) → ``store_ops`` (each request as one transaction on the store) → kilolock.store.
 """

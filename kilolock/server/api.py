@@ -7,20 +7,14 @@ import psycopg
 
 from kilolock import drift
 from kilolock.server.backend import Response, json_body, text
+from kilolock.store import db, locks, summary
 from kilolock.store import drift as drift_store
-from kilolock.store import summary
-from kilolock.store.versions import StateNotFound, state_id
-
-_LOCKS = "SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id"
-
-_VERSIONS = """
-SELECT serial, lineage, source, terraform_version, actor, created_at, content_hash, encrypted
-FROM state_versions WHERE state_id = %s ORDER BY serial
-"""
+from kilolock.store import versions as versions_store
+from kilolock.store.versions import StateNotFound
 
 
 def states(conn: psycopg.Connection) -> Response:
-    held = {name: info for name, info in conn.execute(_LOCKS).fetchall()}
+    held = locks.held(conn)
     rows = summary.list_states(conn)
     for r in rows:
         r["lock"] = held.get(r["name"])
@@ -29,11 +23,12 @@ def states(conn: psycopg.Connection) -> Response:
 
 def versions(conn: psycopg.Connection, name: str) -> Response:
     try:
-        sid = state_id(conn, name)
+        found = versions_store.list_versions(conn, name)
     except StateNotFound as exc:
         return text(404, str(exc))
-    keys = ("serial", "lineage", "source", "terraform_version", "actor", "created_at", "content_hash", "encrypted")
-    rows = [dict(zip(keys, r)) for r in conn.execute(_VERSIONS, (sid,)).fetchall()]
+    rows = [{"serial": v.serial, "lineage": v.lineage, "source": v.source, "terraform_version": v.terraform_version,
+             "actor": v.actor, "created_at": v.created_at, "content_hash": v.content_hash, "encrypted": v.encrypted}
+            for v in found]
     return json_body(200, {"version": 1, "state": name, "versions": rows})
 
 
@@ -55,5 +50,5 @@ def drift_report(conn: psycopg.Connection, name: str) -> Response:
 
 
 def health(conn: psycopg.Connection) -> Response:
-    conn.execute("SELECT 1").fetchone()
+    db.ping(conn)
     return json_body(200, {"status": "ok"})

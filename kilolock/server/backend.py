@@ -19,6 +19,7 @@ import psycopg
 from kilolock import jsondoc, tfstate
 from kilolock.server import store_ops
 from kilolock.server.auth import Principal
+from kilolock.store.locks import StateLocked
 from kilolock.store.versions import VersionConflict
 
 
@@ -46,7 +47,7 @@ def _content_md5(body: bytes) -> str:
     return base64.b64encode(hashlib.md5(body).digest()).decode()
 
 
-def _holder(exc: store_ops.LockConflict) -> Response:
+def _holder(exc: StateLocked) -> Response:
     return json_body(423, exc.holder)
 
 
@@ -89,7 +90,7 @@ def put_state(conn: psycopg.Connection, name: str, body: bytes, lock_id: str | N
         return bad
     try:
         written = store_ops.write_state(conn, name, body, lock_id, principal.name)
-    except store_ops.LockConflict as exc:
+    except StateLocked as exc:
         return _holder(exc)
     except (store_ops.LockNotHeld, VersionConflict) as exc:
         return text(409, str(exc))
@@ -104,7 +105,7 @@ def put_state(conn: psycopg.Connection, name: str, body: bytes, lock_id: str | N
 def delete_state(conn: psycopg.Connection, name: str, lock_id: str | None) -> Response:
     try:
         gone = store_ops.delete_state(conn, name, lock_id)
-    except store_ops.LockConflict as exc:
+    except StateLocked as exc:
         return _holder(exc)
     # 200 either way: the client accepts only 200, and a retried DELETE must not fail.
     return text(200, f"{name}: deleted" if gone else f"{name}: no such state; nothing to delete")
@@ -135,7 +136,7 @@ def lock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Prin
         return text(400, info)
     try:
         store_ops.lock(conn, name, info, principal.name)
-    except store_ops.LockConflict as exc:
+    except StateLocked as exc:
         return _holder(exc)
     return json_body(200, info)
 
@@ -155,6 +156,6 @@ def unlock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Pr
     forced = not info.get("Who") and not info.get("Operation")
     try:
         store_ops.unlock(conn, name, info["ID"], principal.name, forced)
-    except store_ops.LockConflict as exc:
+    except StateLocked as exc:
         return _holder(exc)
     return text(200, f"{name}: unlocked")

@@ -104,6 +104,11 @@ def open_store(migrate: bool | None = None) -> psycopg.Connection:
     return conn
 
 
+def ping(conn: psycopg.Connection) -> None:
+    """A round trip to the server: raises psycopg.OperationalError when the connection is dead."""
+    conn.execute("SELECT 1").fetchone()
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of a driver error: psycopg appends the query and a caret on later lines."""
     text = str(exc).strip()

@@ -21,7 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from kilolock.errors import KlError
 
@@ -96,7 +96,7 @@ class EmbeddedCluster:
 
     def _run(self, args: list[str], what: str, timeout: float = 120) -> str:
         account = _service_account()
-        kwargs: dict = {}
+        kwargs: dict[str, Any] = {}
         if account is not None:
             kwargs = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
@@ -108,7 +108,7 @@ class EmbeddedCluster:
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise EmbeddedError(f"embedded PostgreSQL: {what} failed: {' / '.join(tail) or 'exit ' + str(proc.returncode)}")
-        return proc.stdout
+        return str(proc.stdout)
 
     def _prepare_dir(self) -> None:
         account = _service_account()

@@ -8,16 +8,21 @@ from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from kilolock.errors import KlError
 
 
 class StateLocked(KlError):
-    def __init__(self, name: str, holder: dict[str, Any]) -> None:
+    """Someone else holds the state's lock; ``holder`` is their LockInfo (what Terraform prints,
+    and the body of the backend's 423). ``hint`` says what the refused request should have done."""
+
+    def __init__(self, name: str, holder: dict[str, Any], hint: str | None = None) -> None:
         who = holder.get("Who") or "someone"
         op = holder.get("Operation") or "an operation"
         since = holder.get("Created") or "?"
-        super().__init__(f"state {name!r} is locked by {who} ({op}, lock {holder.get('ID')}, since {since})")
+        message = f"state {name!r} is locked by {who} ({op}, lock {holder.get('ID')}, since {since})"
+        super().__init__(f"{message}; {hint}" if hint else message)
         self.holder = holder
 
 
@@ -34,9 +39,28 @@ def lock_info(operation: str, who: str, version: str, info: str = "") -> dict[st
             "Version": version, "Created": created, "Path": ""}
 
 
+_HOLDER = "SELECT info FROM state_locks WHERE state_id = %s"
+_HELD = "SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id"
+_INSERT_LOCK = """
+INSERT INTO state_locks (state_id, lock_id, operation, who, info) VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (state_id) DO NOTHING RETURNING lock_id
+"""
+_DELETE_OWN_LOCK = "DELETE FROM state_locks WHERE state_id = %s AND lock_id = %s RETURNING lock_id, who, info"
+_DELETE_ANY_LOCK = """
+DELETE FROM state_locks WHERE state_id = %s AND (%s::text IS NULL OR info ->> 'Info' = %s)
+RETURNING lock_id, who, info
+"""
+_EVENT = "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, %s, %s, %s, %s, %s)"
+
+
 def current(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | None:
-    row = conn.execute("SELECT info FROM state_locks WHERE state_id = %s", (state_id,)).fetchone()
+    row = conn.execute(_HOLDER, (state_id,)).fetchone()
     return row[0] if row else None
+
+
+def held(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+    """The LockInfo of every locked state, by state name."""
+    return {r["name"]: r["info"] for r in conn.cursor(row_factory=dict_row).execute(_HELD).fetchall()}
 
 
 def acquire(conn: psycopg.Connection, state_id: str, name: str, info: dict[str, Any], actor: str | None) -> None:
@@ -44,31 +68,20 @@ def acquire(conn: psycopg.Connection, state_id: str, name: str, info: dict[str, 
     Terraform sees the holder while it is held."""
     with conn.transaction():
         row = conn.execute(
-            """INSERT INTO state_locks (state_id, lock_id, operation, who, info) VALUES (%s, %s, %s, %s, %s)
-               ON CONFLICT (state_id) DO NOTHING RETURNING lock_id""",
-            (state_id, info["ID"], info.get("Operation"), info.get("Who"), json.dumps(info)),
+            _INSERT_LOCK, (state_id, info["ID"], info.get("Operation"), info.get("Who"), json.dumps(info))
         ).fetchone()
         if row is None:
-            holder = current(conn, state_id) or {}
-            raise StateLocked(name, holder)
-        conn.execute(
-            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'lock', %s, %s, %s, %s)",
-            (state_id, info["ID"], info.get("Who"), actor, json.dumps(info)),
-        )
+            raise StateLocked(name, current(conn, state_id) or {})
+        conn.execute(_EVENT, (state_id, "lock", info["ID"], info.get("Who"), actor, json.dumps(info)))
 
 
 def release(conn: psycopg.Connection, state_id: str, lock_id: str, actor: str | None) -> bool:
     """Release our own lock; False if it was no longer ours (force-unlocked meanwhile)."""
     with conn.transaction():
-        row = conn.execute(
-            "DELETE FROM state_locks WHERE state_id = %s AND lock_id = %s RETURNING who, info", (state_id, lock_id)
-        ).fetchone()
+        row = conn.cursor(row_factory=dict_row).execute(_DELETE_OWN_LOCK, (state_id, lock_id)).fetchone()
         if row is None:
             return False
-        conn.execute(
-            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'unlock', %s, %s, %s, %s)",
-            (state_id, lock_id, row[0], actor, json.dumps(row[1])),
-        )
+        conn.execute(_EVENT, (state_id, "unlock", lock_id, row["who"], actor, json.dumps(row["info"])))
     return True
 
 
@@ -76,14 +89,8 @@ def force_release(conn: psycopg.Connection, state_id: str, actor: str | None, *,
     """Release whatever lock is held, for someone other than its holder (force-unlock, or a dead
     run's lock); ``only_info`` releases it only if its LockInfo ``Info`` is that. The released LockInfo."""
     with conn.transaction():
-        row = conn.execute(
-            "DELETE FROM state_locks WHERE state_id = %s AND (%s::text IS NULL OR info ->> 'Info' = %s) RETURNING lock_id, who, info",
-            (state_id, only_info, only_info),
-        ).fetchone()
+        row = conn.cursor(row_factory=dict_row).execute(_DELETE_ANY_LOCK, (state_id, only_info, only_info)).fetchone()
         if row is None:
             return None
-        conn.execute(
-            "INSERT INTO lock_events (state_id, event, lock_id, who, actor, info) VALUES (%s, 'force_unlock', %s, %s, %s, %s)",
-            (state_id, row[0], row[1], actor, json.dumps(row[2])),
-        )
-    return dict(row[2])
+        conn.execute(_EVENT, (state_id, "force_unlock", row["lock_id"], row["who"], actor, json.dumps(row["info"])))
+    return dict(row["info"])

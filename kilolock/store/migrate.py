@@ -1,11 +1,18 @@
-"""Applies migrations/NNNN_*.sql in order, each in its own transaction, recorded with a checksum."""
+"""Applies migrations/NNNN_*.sql in order, each in its own transaction, recorded with a checksum.
+
+Released migrations (0001-0006 and every later one once released) are never edited: databases
+record their checksums. A schema change is a new file, and comes with an upgrade fixture
+(tests/store/test_upgrade.py says how) proving that existing data survives it.
+"""
 from __future__ import annotations
 
 import hashlib
 import importlib.resources
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.rows import dict_row
 
 from kilolock.errors import KlError
 
@@ -19,6 +26,10 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 )
 """
+_TABLE_EXISTS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
+_APPLIED = "SELECT name, checksum FROM schema_migrations"
+_RECORD = "INSERT INTO schema_migrations (name, checksum) VALUES (%s, %s)"
+_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
 
 class MigrationError(KlError):
@@ -46,13 +57,13 @@ def bundled_migrations() -> list[Migration]:
 
 
 def _applied(conn: psycopg.Connection) -> dict[str, str]:
-    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()
+    exists = conn.execute(_TABLE_EXISTS).fetchone()
     if not exists or not exists[0]:
         return {}
-    return dict(conn.execute("SELECT name, checksum FROM schema_migrations").fetchall())
+    return {r["name"]: r["checksum"] for r in conn.cursor(row_factory=dict_row).execute(_APPLIED).fetchall()}
 
 
-def _check(applied: dict[str, str], bundled: list[Migration]) -> list[Migration]:
+def _check(applied: dict[str, str], bundled: Sequence[Migration]) -> list[Migration]:
     known = {m.name: m for m in bundled}
     for name, checksum in sorted(applied.items()):
         if name not in known:
@@ -70,17 +81,21 @@ def pending_migrations(conn: psycopg.Connection) -> list[str]:
         return [m.name for m in _check(_applied(conn), bundled_migrations())]
 
 
-def apply_migrations(conn: psycopg.Connection) -> list[str]:
-    """Apply what is pending; return the names applied (empty when already current)."""
-    bundled = bundled_migrations()
+def apply_migrations(conn: psycopg.Connection, migrations: Sequence[Migration] | None = None) -> list[str]:
+    """Apply what is pending; return the names applied (empty when already current).
+
+    ``migrations`` (default: the bundled ones) lets the upgrade tests build a database as an older
+    kl left it: the bundled list cut after the last migration of that release.
+    """
+    bundled = bundled_migrations() if migrations is None else list(migrations)
     done: list[str] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
+        conn.execute(_LOCK, (_ADVISORY_KEY,))
         conn.execute(_CREATE_TABLE)
     # Re-read under the lock in each step so two concurrent migrators apply each file once.
     while True:
         with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_KEY,))
+            conn.execute(_LOCK, (_ADVISORY_KEY,))
             pending = _check(_applied(conn), bundled)
             if not pending:
                 return done
@@ -89,5 +104,5 @@ def apply_migrations(conn: psycopg.Connection) -> list[str]:
                 conn.execute(m.sql.encode())
             except psycopg.Error as exc:
                 raise MigrationError(f"migration {m.name} failed: {str(exc).strip().splitlines()[0]}") from None
-            conn.execute("INSERT INTO schema_migrations (name, checksum) VALUES (%s, %s)", (m.name, m.checksum))
+            conn.execute(_RECORD, (m.name, m.checksum))
             done.append(m.name)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import psycopg
+from psycopg.rows import class_row
 
 from kilolock.store import locks
 
@@ -33,6 +33,19 @@ class RunRow:
 # connection) that is gone: that is what `kl runs --stale` finishes as failed.
 _RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
 
+_BEGIN = "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id::text"
+_RUNNING = "SELECT id::text FROM refresh_runs WHERE state_id = %s AND status = 'running'"
+_FAIL_STALE = """
+UPDATE refresh_runs SET status = 'failed', finished_at = now(),
+    error_summary = 'stale: the run never finished (its process or database connection died); marked failed by ' || %s
+WHERE id = %s AND status = 'running'
+"""
+_FINISH = """
+UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
+    resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s
+WHERE id = %s
+"""
+
 
 def lock_note(run_id: str | None) -> str:
     """The LockInfo `Info` of the state lock a run takes for its commit: how a stale run's lock is
@@ -42,29 +55,23 @@ def lock_note(run_id: str | None) -> str:
 
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
     with conn.transaction():
-        row = conn.execute(
-            "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id",
-            (state_id, from_version_id, actor),
-        ).fetchone()
-        conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (str(row[0]),))
-    return str(row[0])
+        row = conn.execute(_BEGIN, (state_id, from_version_id, actor)).fetchone()
+        assert row is not None  # INSERT … RETURNING
+        run_id = str(row[0])
+        conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
+    return run_id
 
 
 def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> list[str]:
     """Mark as failed every `running` run of the state whose refresh is no longer alive."""
-    done = []
-    running = conn.execute("SELECT id FROM refresh_runs WHERE state_id = %s AND status = 'running'", (state_id,)).fetchall()
-    for (run_id,) in running:
-        run_id = str(run_id)
+    done: list[str] = []
+    running = [str(r[0]) for r in conn.execute(_RUNNING, (state_id,)).fetchall()]
+    for run_id in running:
         with conn.transaction():
-            if not conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()[0]:
+            free = conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()
+            if not (free and free[0]):
                 continue  # its process still holds the lock: it is running
-            updated = conn.execute(
-                """UPDATE refresh_runs SET status = 'failed', finished_at = now(),
-                       error_summary = 'stale: the run never finished (its process or database connection died); marked failed by ' || %s
-                   WHERE id = %s AND status = 'running'""",
-                (actor or "kl", run_id),
-            ).rowcount
+            updated = conn.execute(_FAIL_STALE, (actor or "kl", run_id)).rowcount
             if updated:
                 # A run killed inside its commit leaves the state lock it took (a row committed on
                 # its own), refusing every apply and refresh; its process is gone, so release it here.
@@ -88,35 +95,26 @@ def finish(
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
     with conn.transaction():
-        conn.execute(
-            """UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
-                   resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s
-               WHERE id = %s""",
-            (status, checked, changed, failed, error_summary, to_version_id, run_id),
-        )
+        conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id, run_id))
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 
 
 _SELECT = """
-SELECT rr.id, s.name, rr.status, f.serial, t.serial, rr.started_at, rr.finished_at, rr.resources_checked,
-       rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor
+SELECT rr.id::text AS id, s.name AS state, rr.status, f.serial AS from_serial, t.serial AS to_serial, rr.started_at,
+       rr.finished_at, rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor
 FROM refresh_runs rr
 JOIN states s ON s.id = rr.state_id
 JOIN state_versions f ON f.id = rr.from_version_id
 LEFT JOIN state_versions t ON t.id = rr.to_version_id
 """
-
-
-def _row(r: tuple[Any, ...]) -> RunRow:
-    return RunRow(str(r[0]), *r[1:])
+_GET = _SELECT + "WHERE rr.id = %s"
+_LIST = _SELECT + "WHERE rr.state_id = %s ORDER BY rr.started_at DESC LIMIT %s"
 
 
 def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:
-    r = conn.execute(_SELECT + " WHERE rr.id = %s", (run_id,)).fetchone()
-    return _row(r) if r else None
+    return conn.cursor(row_factory=class_row(RunRow)).execute(_GET, (run_id,)).fetchone()
 
 
 def list_runs(conn: psycopg.Connection, state_id: str, limit: int = 50) -> list[RunRow]:
-    rows = conn.execute(_SELECT + " WHERE rr.state_id = %s ORDER BY rr.started_at DESC LIMIT %s", (state_id, limit)).fetchall()
-    return [_row(r) for r in rows]
+    return conn.cursor(row_factory=class_row(RunRow)).execute(_LIST, (state_id, limit)).fetchall()

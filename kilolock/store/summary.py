@@ -4,35 +4,33 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
 
-from kilolock.store.versions import state_id
+from kilolock.store.versions import current_version_of, state_id
 
-_LIST = """
+_LIST = sql.SQL("""
 SELECT s.name, v.serial, (SELECT count(*) FROM state_versions x WHERE x.state_id = s.id) AS versions,
        (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources,
-       v.created_at
+       v.created_at AS updated_at
 FROM states s
-LEFT JOIN LATERAL (
-    SELECT serial, created_at FROM state_versions WHERE state_id = s.id ORDER BY serial DESC LIMIT 1
-) v ON true
+LEFT JOIN LATERAL ({current}) v ON true
 ORDER BY s.name
-"""
+""").format(current=current_version_of(sql.SQL("s.id")))
 
-_STATUS = """
+_STATUS = sql.SQL("""
 SELECT v.serial, v.lineage, v.terraform_version,
-       (SELECT count(*) FROM state_versions x WHERE x.state_id = %(sid)s),
-       (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'managed'),
-       (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'data'),
-       (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = %(sid)s),
-       (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s)
+       (SELECT count(*) FROM state_versions x WHERE x.state_id = %(sid)s) AS versions,
+       (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'managed') AS managed,
+       (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'data') AS data,
+       (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = %(sid)s) AS open_drift,
+       (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s) AS locked_by
 FROM (SELECT 1) one
-LEFT JOIN LATERAL (
-    SELECT serial, lineage, terraform_version FROM state_versions WHERE state_id = %(sid)s ORDER BY serial DESC LIMIT 1
-) v ON true
-"""
+LEFT JOIN LATERAL ({current}) v ON true
+""").format(current=current_version_of(sql.Placeholder("sid")))
 
 _LAST_REFRESH = """
-SELECT f.serial, t.serial, rr.status, rr.started_at, rr.id
+SELECT f.serial AS from_serial, t.serial AS to_serial, rr.status, rr.started_at, rr.id::text AS run_id
 FROM refresh_runs rr
 JOIN state_versions f ON f.id = rr.from_version_id
 LEFT JOIN state_versions t ON t.id = rr.to_version_id
@@ -42,27 +40,13 @@ ORDER BY rr.started_at DESC LIMIT 1
 
 
 def list_states(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    return [
-        {"name": r[0], "serial": r[1], "versions": r[2], "resources": r[3], "updated_at": r[4]}
-        for r in conn.execute(_LIST).fetchall()
-    ]
+    return conn.cursor(row_factory=dict_row).execute(_LIST).fetchall()
 
 
 def state_status(conn: psycopg.Connection, name: str) -> dict[str, Any]:
     sid = state_id(conn, name)
-    serial, lineage, tfv, nversions, managed, data, drift, locked_by = conn.execute(_STATUS, {"sid": sid}).fetchone()
-    last = conn.execute(_LAST_REFRESH, (sid,)).fetchone()
-    return {
-        "state": name,
-        "serial": serial,
-        "lineage": lineage,
-        "terraform_version": tfv,
-        "versions": nversions,
-        "managed": managed,
-        "data": data,
-        "open_drift": drift,
-        "locked_by": locked_by,
-        "last_refresh": None
-        if last is None
-        else {"from_serial": last[0], "to_serial": last[1], "status": last[2], "started_at": last[3], "run_id": str(last[4])},
-    }
+    cur = conn.cursor(row_factory=dict_row)
+    status = cur.execute(_STATUS, {"sid": sid}).fetchone()
+    assert status is not None  # FROM (SELECT 1): always one row
+    last = cur.execute(_LAST_REFRESH, (sid,)).fetchone()
+    return {"state": name, **status, "last_refresh": last}

@@ -1,8 +1,10 @@
-"""State versions and the lifecycle index written with them.
+"""States, their versions, and the lifecycle index written with each version.
 
 `write_version` is the one path by which a version enters the database (import, the HTTP
-backend's apply writes, refresh commits): the version row and its lifecycle rows in one
-transaction, with the serial and lineage rules checked under a row lock on the state.
+backend's apply writes, OpenTofu-encrypted envelopes, refresh commits): the version row and its
+lifecycle rows in one transaction, with the serial and lineage rules checked under a row lock on
+the state. `current_version` (and `current_text`) is the one definition of a state's current
+version: the one with the highest serial.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.rows import class_row, dict_row
 
 from kilolock import tfstate
 from kilolock.errors import KlError
@@ -40,6 +43,7 @@ class VersionRow:
     terraform_version: str | None = None
     actor: str | None = None
     created_at: datetime | None = None
+    encrypted: bool = False  # an OpenTofu-encrypted envelope: no resources kl can see
 
 
 @dataclass(frozen=True)
@@ -57,60 +61,113 @@ def content_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-# --- reads -------------------------------------------------------------------------------------
+# --- states ------------------------------------------------------------------------------------
+
+_STATE_ID = "SELECT id::text FROM states WHERE name = %s"
+_ENSURE_STATE = "INSERT INTO states (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
+_LOCK_STATE_ROW = "SELECT id::text FROM states WHERE name = %s FOR UPDATE"
+_DELETE_STATE = "DELETE FROM states WHERE id = %s"
 
 
 def state_id(conn: psycopg.Connection, name: str) -> str:
-    row = conn.execute("SELECT id FROM states WHERE name = %s", (name,)).fetchone()
+    row = conn.execute(_STATE_ID, (name,)).fetchone()
     if row is None:
         raise StateNotFound(name)
     return str(row[0])
 
 
-_VERSION_COLS = "id, serial, lineage, source, content_hash, terraform_version, actor, created_at"
+def lock_state_row(conn: psycopg.Connection, name: str, *, create: bool) -> str | None:
+    """Lock the ``states`` row of NAME (created first when ``create``) for the rest of the caller's
+    transaction, and return its id; None when there is no such state. Every write and lock change
+    on a state is serialised on this row lock."""
+    if create:
+        conn.execute(_ENSURE_STATE, (name,))
+    row = conn.execute(_LOCK_STATE_ROW, (name,)).fetchone()
+    return str(row[0]) if row else None
 
 
-def _version(row: tuple[Any, ...]) -> VersionRow:
-    return VersionRow(str(row[0]), int(row[1]), row[2], row[3], row[4], row[5], row[6], row[7])
+def delete_state(conn: psycopg.Connection, sid: str) -> None:
+    """The state, its versions, lifecycles, lock and runs (all cascade from the states row)."""
+    conn.execute(_DELETE_STATE, (sid,))
+
+
+# --- reads -------------------------------------------------------------------------------------
+
+_VERSION_COLS = "id::text AS id, serial, lineage, source, content_hash, terraform_version, actor, created_at, encrypted"
+
+# The current version of a state is its highest serial. This is the only place that says so:
+# every query that needs a state's current version is built from it, as a subquery whose state id
+# is a parameter, a correlated column (s.id in a LATERAL join) or a lookup by name.
+_CURRENT_VERSION_OF = "SELECT * FROM state_versions WHERE state_id = {state_id} ORDER BY serial DESC LIMIT 1"
+
+
+def current_version_of(state_id_expr: sql.Composable) -> sql.Composed:
+    """The current-version subquery for the state whose id is ``state_id_expr``."""
+    return sql.SQL(_CURRENT_VERSION_OF).format(state_id=state_id_expr)
+
+
+_CURRENT_VERSION = sql.SQL("SELECT {cols} FROM ({current}) v").format(
+    cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.Placeholder()))
+
+_CURRENT_TEXT = sql.SQL("SELECT {cols}, raw_state::text AS text FROM ({current}) v").format(
+    cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.SQL("(SELECT id FROM states WHERE name = %s)")))
+
+_FIND_VERSION = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s"
+_LIST_VERSIONS = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial"
+_VERSION_TEXT = "SELECT raw_state::text FROM state_versions WHERE state_id = %s AND serial = %s"
+_HAS_OPEN_RESOURCES = "SELECT EXISTS (SELECT 1 FROM resources WHERE state_id = %s AND delete_serial IS NULL)"
+_OPEN_ATTRIBUTES = """
+SELECT address, deposed, attributes::text AS attributes FROM resources
+WHERE state_id = %s AND delete_serial IS NULL AND mode = 'managed'
+"""
+
+
+def _versions(conn: psycopg.Connection) -> psycopg.Cursor[VersionRow]:
+    return conn.cursor(row_factory=class_row(VersionRow))
 
 
 def current_version(conn: psycopg.Connection, sid: str) -> VersionRow | None:
-    row = conn.execute(
-        f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial DESC LIMIT 1", (sid,)
-    ).fetchone()
-    return _version(row) if row else None
+    return _versions(conn).execute(_CURRENT_VERSION, (sid,)).fetchone()
+
+
+def current_text(conn: psycopg.Connection, name: str) -> tuple[VersionRow, str] | None:
+    """The current version of state NAME and its stored JSON text, in one query; None when there is
+    no such state or it has no version yet."""
+    row = conn.cursor(row_factory=dict_row).execute(_CURRENT_TEXT, (name,)).fetchone()
+    if row is None:
+        return None
+    text = row.pop("text")
+    return VersionRow(**row), str(text)
 
 
 def find_version(conn: psycopg.Connection, sid: str, serial: int, hash_: str) -> VersionRow | None:
     """The version at SERIAL if it holds exactly the bytes hashed to HASH_ (did our write land?)."""
-    row = conn.execute(
-        f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s",
-        (sid, serial, hash_),
-    ).fetchone()
-    return _version(row) if row else None
+    return _versions(conn).execute(_FIND_VERSION, (sid, serial, hash_)).fetchone()
 
 
 def list_versions(conn: psycopg.Connection, name: str) -> list[VersionRow]:
     sid = state_id(conn, name)
-    rows = conn.execute(f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial", (sid,)).fetchall()
-    return [_version(r) for r in rows]
+    return _versions(conn).execute(_LIST_VERSIONS, (sid,)).fetchall()
 
 
 def raw_state_text(conn: psycopg.Connection, name: str, serial: int | None = None) -> str:
-    sid = state_id(conn, name)
     if serial is None:
-        row = conn.execute(
-            "SELECT raw_state::text FROM state_versions WHERE state_id = %s ORDER BY serial DESC LIMIT 1", (sid,)
-        ).fetchone()
-        if row is None:
+        found = current_text(conn, name)
+        if found is None:
+            state_id(conn, name)  # raises StateNotFound when that is why
             raise KlError(f"state {name!r} has no versions")
-    else:
-        row = conn.execute(
-            "SELECT raw_state::text FROM state_versions WHERE state_id = %s AND serial = %s", (sid, serial)
-        ).fetchone()
-        if row is None:
-            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
+        return found[1]
+    sid = state_id(conn, name)
+    row = conn.execute(_VERSION_TEXT, (sid, serial)).fetchone()
+    if row is None:
+        raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
     return str(row[0])
+
+
+def has_open_resources(conn: psycopg.Connection, sid: str) -> bool:
+    """Whether the current version has any resource instance kl indexed (none when encrypted)."""
+    row = conn.execute(_HAS_OPEN_RESOURCES, (sid,)).fetchone()
+    return bool(row and row[0])
 
 
 def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str], bytes]:
@@ -119,16 +176,11 @@ def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str],
     The open lifecycle rows hold exactly the current version's objects (written in the same
     transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
     """
-    rows = conn.execute(
-        "SELECT address, deposed, attributes::text FROM resources WHERE state_id = %s AND delete_serial IS NULL AND mode = 'managed'",
-        (sid,),
-    ).fetchall()
-    return {(a, d): t.encode() for a, d, t in rows if t is not None}
+    rows = conn.cursor(row_factory=dict_row).execute(_OPEN_ATTRIBUTES, (sid,)).fetchall()
+    return {(r["address"], r["deposed"]): r["attributes"].encode() for r in rows if r["attributes"] is not None}
 
 
 # --- the write path ----------------------------------------------------------------------------
-
-_ENSURE_STATE = "INSERT INTO states (name) VALUES (%s) ON CONFLICT (name) DO NOTHING"
 
 _DESCRIPTORS_TABLE = """
 CREATE TEMP TABLE kl_descriptors (
@@ -187,6 +239,12 @@ WHERE NOT EXISTS (
 """
 
 
+_INSERT_VERSION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
+VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
+"""
+
+
 def _check_advance(name: str, cur: VersionRow, new: tfstate.State, new_hash: str, force: bool) -> bool:
     """The serial and lineage rules. True: the write is a retry of the current version."""
     if new_hash == cur.content_hash:
@@ -207,7 +265,7 @@ def _check_advance(name: str, cur: VersionRow, new: tfstate.State, new_hash: str
 def write_version(
     conn: psycopg.Connection,
     name: str,
-    state: tfstate.State,
+    state: tfstate.State | None,
     raw: bytes,
     *,
     source: str,
@@ -216,45 +274,58 @@ def write_version(
     expect_serial: int | None = None,
     expect_lineage: str | None = None,
     touched: set[tuple[str, str]] | None = None,
+    origin: str = "state",
 ) -> WriteResult:
     """Store ``raw`` (already parsed into ``state``) as the next version of state ``name``.
 
+    ``state`` None means ``raw`` is an OpenTofu-encrypted envelope, kept opaque: it hides serial,
+    lineage and resources, so it is numbered after the current version, keeps the lineage kl knew
+    (the serial order of versions stays the order of writes) and indexes no lifecycles.
     ``expect_serial``/``expect_lineage`` make it a compare-and-swap: the write happens only if the
     current version is still the one the caller started from (the refresh commit uses it).
     ``touched`` (only with ``expect_serial``) lists the (address, deposed) objects that may differ
     from that version, removed ones included; the caller guarantees every other object is
     unchanged, so the lifecycle index looks at the touched ones only and a refresh commit costs
-    what drifted, not what exists.
+    what drifted, not what exists. ``origin`` names the input in error messages.
     """
     if touched is not None and expect_serial is None:
         raise ValueError("touched needs expect_serial: it describes a change against a known version")
+    if state is None and expect_serial is not None:
+        raise ValueError("an encrypted envelope has no serial to compare and swap on")
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
     new_hash = content_hash(raw)
     try:
         raw_text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise tfstate.StateError("state: not UTF-8 text") from None
+        raise tfstate.StateError(f"{origin}: not UTF-8 text") from None
     with conn.transaction():
-        conn.execute(_ENSURE_STATE, (name,))
-        sid = str(conn.execute("SELECT id FROM states WHERE name = %s FOR UPDATE", (name,)).fetchone()[0])
+        sid = lock_state_row(conn, name, create=True)
+        assert sid is not None  # created above, and deletes wait for the row lock we hold
         cur = current_version(conn, sid)
         if expect_serial is not None and (cur is None or cur.serial != expect_serial or cur.lineage != expect_lineage):
             now = f"serial {cur.serial}, lineage {cur.lineage}" if cur else "no version"
             raise VersionConflict(
                 f"state {name!r} changed while this run was in progress (started from serial {expect_serial}, now {now}); nothing was written"
             )
-        if cur is not None and _check_advance(name, cur, state, new_hash, force):
-            return WriteResult(state_id=sid, version=cur, created=False)
+        if state is None:
+            if cur is not None and cur.content_hash == new_hash:
+                return WriteResult(state_id=sid, version=cur, created=False)
+            serial, lineage, terraform_version = (cur.serial + 1 if cur else 1), (cur.lineage if cur else ""), None
+        else:
+            if cur is not None and _check_advance(name, cur, state, new_hash, force):
+                return WriteResult(state_id=sid, version=cur, created=False)
+            serial, lineage, terraform_version = state.serial, state.lineage, state.terraform_version or None
         try:
-            row = conn.execute(
-                f"""INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor)
-                    VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s) RETURNING {_VERSION_COLS}""",
-                (sid, state.serial, state.lineage, state.terraform_version or None, source, raw_text, new_hash, actor),
+            version = _versions(conn).execute(
+                _INSERT_VERSION,
+                (sid, serial, lineage, terraform_version, source, raw_text, new_hash, actor, state is None),
             ).fetchone()
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
-            raise tfstate.StateError(f"state: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
-        version = _version(row)
+            raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
+        assert version is not None
+        if state is None:
+            return WriteResult(state_id=sid, version=version, created=True)
         opened, closed, unchanged = _index_lifecycles(conn, sid, version, state, touched)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed, unchanged=unchanged)
 
@@ -266,8 +337,8 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     cur.execute(_SCOPE_TABLE)
     if touched is not None:
         with cur.copy("COPY kl_scope (address, deposed) FROM STDIN") as copy:
-            for key in touched:
-                copy.write_row(key)
+            for address_deposed in touched:
+                copy.write_row(address_deposed)
     with cur.copy(
         "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:

@@ -1,0 +1,292 @@
+"""Upgrade fixtures: a database as a released kl left it, frozen as data, and what it pulled to.
+
+A fixture for schema NNNN (the last migration of a release) is two files in fixtures/:
+
+- ``schema-NNNN.sql``: the rows of every table, one ``INSERT … jsonb_populate_recordset`` per
+  table in foreign-key order, to be loaded on top of migrations 0001…NNNN (applied by the real
+  runner, so schema_migrations holds their real checksums). jsonb's own text is written verbatim,
+  so numbers, key order inside jsonb and unicode come back exactly.
+- ``schema-NNNN.json``: what that kl said about it: the row count of every table and view, the
+  sha256 of ``kl state pull --serial N`` for every plain version and of the backend's GET body for
+  every state's current version, and the held locks.
+
+Run ``python tests/store/upgradekit.py`` after adding migration NNNN (and the code that uses it)
+to write the fixture for the new head schema with the code of that time; extend ``populate`` so
+that the new tables and columns hold data. ``KL_FIXTURE_CODE=/path/to/checkout`` makes it import
+kilolock from another checkout (the released one) instead of this one. A fixture is never regenerated afterwards: the code
+that made it is gone by the time it matters. tests/store/test_upgrade.py loads each one and
+migrates it with the current code.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
+STATES = REPO / "tests" / "fixtures" / "states"
+
+# Dollar-quoting tag around the JSON in the .sql files: no escaping, so the file stays readable.
+_TAG = "$rows$"
+
+_NULL = 'provider["registry.terraform.io/hashicorp/null"]'
+
+
+def released_migrations(upto: str) -> list[Any]:
+    """The bundled migrations a release whose last migration is ``upto`` (e.g. "0006") had."""
+    from kilolock.store.migrate import bundled_migrations
+
+    released = [m for m in bundled_migrations() if m.name[:4] <= upto]
+    if not released or not released[-1].name.startswith(upto):
+        raise AssertionError(f"no bundled migration {upto}_*.sql: the fixture's schema is not a released one")
+    return released
+
+
+def tables_in_load_order(conn: psycopg.Connection) -> list[str]:
+    """The public base tables (schema_migrations aside), every table after those it references."""
+    names = [r[0] for r in conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname <> 'schema_migrations' ORDER BY c.relname"
+    ).fetchall()]
+    refs: dict[str, set[str]] = {n: set() for n in names}
+    for child, parent in conn.execute(
+        "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint WHERE contype = 'f'"
+    ).fetchall():
+        if child in refs and parent != child:
+            refs[child].add(parent)
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and refs[n] <= set(ordered)]
+        if not ready:
+            raise AssertionError(f"foreign keys form a cycle among {sorted(set(names) - set(ordered))}")
+        ordered.extend(ready)
+    return ordered
+
+
+def counted_relations(conn: psycopg.Connection) -> list[str]:
+    """Every table and view whose row count an upgrade must keep."""
+    views = [r[0] for r in conn.execute(
+        "SELECT table_name FROM information_schema.views WHERE table_schema = 'public' ORDER BY table_name").fetchall()]
+    return tables_in_load_order(conn) + views
+
+
+def row_counts(conn: psycopg.Connection, relations: list[str]) -> dict[str, int]:
+    out = {}
+    for rel in relations:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(rel))).fetchone()
+        out[rel] = int(row[0]) if row else 0
+    return out
+
+
+def dump(conn: psycopg.Connection) -> str:
+    parts = [("-- Rows of a kl database; load on top of the migrations named by this file's schema number.\n"
+              "-- Written by tests/store/upgradekit.py; never edit or regenerate (see its docstring).\n")]
+    for table in tables_in_load_order(conn):
+        rows = [r[0] for r in conn.execute(
+            sql.SQL("SELECT to_jsonb(t)::text FROM {} t ORDER BY ctid").format(sql.Identifier(table))).fetchall()]
+        if not rows:
+            continue
+        if any(_TAG in r for r in rows):
+            raise AssertionError(f"a row of {table} contains {_TAG}; pick another dollar-quoting tag")
+        body = ",\n".join(rows)
+        parts.append(f"\nINSERT INTO {table} SELECT * FROM jsonb_populate_recordset(NULL::{table}, {_TAG}[\n{body}\n]{_TAG});\n")
+    return "".join(parts)
+
+
+def load(conn: psycopg.Connection, fixture_sql: str) -> None:
+    with conn.transaction():
+        conn.execute(fixture_sql.encode())
+
+
+def digest(data: bytes) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def cli_pull(state: str, serial: int) -> bytes:
+    """`kl state pull STATE --serial SERIAL`, in-process (KL_DATABASE_URL names the database)."""
+    from kilolock import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["state", "pull", state, "--serial", str(serial)])
+    if code != 0:
+        raise AssertionError(f"kl state pull {state} --serial {serial} failed ({code}): {err.getvalue().strip()}")
+    return out.getvalue().encode("utf-8")
+
+
+def backend_get(conn: psycopg.Connection, state: str) -> bytes:
+    """The body Terraform's GET /states/STATE receives."""
+    from kilolock.server import backend
+
+    resp = backend.get_state(conn, state)
+    if resp.status != 200:
+        raise AssertionError(f"GET {state}: {resp.status} {resp.body!r}")
+    return resp.body
+
+
+def held_locks(conn: psycopg.Connection) -> dict[str, Any]:
+    from kilolock.store import locks
+
+    return locks.held(conn)
+
+
+def describe(conn: psycopg.Connection) -> dict[str, Any]:
+    """What kl says about the database: counts, pull digests, locks (the fixture's .json).
+
+    Which versions exist is read with this schema's SQL (this runs only when the fixture is made);
+    what they pull to goes through kl itself.
+    """
+    pulls = []
+    listed = conn.execute(
+        """SELECT s.name, v.serial, v.encrypted, v.serial = max(v.serial) OVER (PARTITION BY s.id) AS is_current
+           FROM states s JOIN state_versions v ON v.state_id = s.id ORDER BY s.name, v.serial"""
+    ).fetchall()
+    for name, serial, encrypted, is_current in listed:
+        if not encrypted:  # kl state pull refuses an encrypted version; the backend serves it
+            pulls.append({"state": name, "serial": serial, "via": "kl state pull", **digest(cli_pull(name, serial))})
+        if is_current:
+            pulls.append({"state": name, "serial": serial, "via": "GET", **digest(backend_get(conn, name))})
+    held: dict[str, Any] = dict(conn.execute("SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id ORDER BY s.name").fetchall())
+    return {"counts": row_counts(conn, counted_relations(conn)), "pulls": pulls, "locks": held}
+
+
+# --- the data (the code of the time writes it) ----------------------------------------------------
+
+
+def _precise_state(serial: int) -> bytes:
+    # Written by hand: numbers that a float would round, unicode, a line separator, an empty key.
+    template = """{"version": 4, "terraform_version": "1.5.7", "serial": SERIAL, "lineage": "precise-lineage",
+ "outputs": {"big": {"value": 123456789012345678901234567890, "type": "number"},
+             "tiny": {"value": 0.1000000000000000055511151231257827021181583404541015625, "type": "number"},
+             "exp": {"value": 1.5e300, "type": "number"},
+             "text": {"value": "naïve ✓ \\u2028 \\"quoted\\" \\\\ tab\\t", "type": "string", "sensitive": true}},
+ "resources": [{"mode": "managed", "type": "null_resource", "name": "n", "provider": PROVIDER,
+   "instances": [{"schema_version": 0, "attributes": {"id": "SERIAL", "triggers": {"": "empty key", "k": "ünï"}},
+                  "sensitive_attributes": [], "private": "bnVsbA=="}]}]}
+"""
+    return template.replace("SERIAL", str(serial)).replace("PROVIDER", json.dumps(_NULL)).encode()
+
+
+def populate(conn: psycopg.Connection) -> None:
+    """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
+    drift), refresh runs in each end state, held and released locks, provider configs and schemas."""
+    import kilolock
+    from kilolock import schema as sch
+    from kilolock import tfstate
+    from kilolock.server import store_ops
+    from kilolock.store import (
+        locks,
+        provider_configs,
+        provider_schemas,
+        refresh_runs,
+        versions,
+    )
+
+    def import_file(name: str, raw: bytes, source: str) -> versions.WriteResult:
+        return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="fixture@cli")
+
+    # prod: real Terraform states, then a refresh that changed one object and lost another.
+    import_file("prod", (STATES / "varied.tfstate").read_bytes(), "import")
+    v2 = import_file("prod", (STATES / "varied-v2.tfstate").read_bytes(), "apply").version
+    parser = tfstate.ExactJSON()
+    doc = parser.loads(versions.raw_state_text(conn, "prod"))
+    doc["serial"] = v2.serial + 1
+    for res in doc["resources"]:
+        if res["mode"] == "managed" and res["name"] == "changing":
+            res["instances"][0]["attributes"]["triggers"] = {"drifted": "yes"}
+        if res["mode"] == "managed" and res["name"] == "many":
+            res["instances"] = res["instances"][:2]
+    raw = parser.dumps_compact(doc).encode()
+    prod_id = versions.state_id(conn, "prod")
+    run_id = refresh_runs.begin(conn, prod_id, v2.id, "fixture@cli")
+    info = locks.lock_info("OperationTypeRefresh", "fixture@cli", f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
+    locks.acquire(conn, prod_id, "prod", info, "fixture@cli")
+    v3 = versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="fixture@cli",
+                                expect_serial=v2.serial, expect_lineage=v2.lineage).version
+    locks.release(conn, prod_id, info["ID"], "fixture@cli")
+    refresh_runs.finish(conn, run_id, status="succeeded", checked=24, changed=2, failed=0, error_summary=None,
+                        to_version_id=v3.id)
+    failed = refresh_runs.begin(conn, prod_id, v3.id, "fixture@cli")
+    refresh_runs.finish(conn, failed, status="failed", checked=3, changed=0, failed=1,
+                        error_summary="null_resource.plain: provider exited", to_version_id=None)
+    refresh_runs.begin(conn, prod_id, v3.id, "fixture@cli")  # left running: its process "died"
+
+    # precise: hand-written JSON whose bytes only survive if jsonb and the layout stay exact.
+    import_file("precise", _precise_state(1), "import")
+    import_file("precise", _precise_state(2), "apply")
+
+    # tofu: a plain version, then OpenTofu-encrypted envelopes, through the HTTP backend's path.
+    store_ops.write_state(conn, "tofu", _precise_state(7).replace(b"precise-lineage", b"tofu-lineage"), None, "alice")
+    for data in ("QUJD", "REVG", "REVG"):  # the last one is a byte-identical retry: no new version
+        env = json.dumps({"meta": {"key_provider.pbkdf2.k": "eyJzYWx0Ijoi"}, "encrypted_data": data,
+                          "encryption_version": "v0"}).encode()
+        store_ops.write_state(conn, "tofu", env, None, "alice")
+
+    # Locks: a lock and unlock, a force-unlock, a lock still held, and a state that only a LOCK made.
+    def lock_body(who: str) -> dict[str, Any]:
+        return locks.lock_info("OperationTypeApply", who, "1.5.7")
+
+    first = lock_body("bob@host")
+    store_ops.lock(conn, "precise", first, "bob")
+    store_ops.unlock(conn, "precise", first["ID"], "bob", forced=False)
+    store_ops.lock(conn, "precise", lock_body("carol@host"), "carol")
+    store_ops.force_unlock(conn, "precise", "admin")
+    store_ops.lock(conn, "prod", lock_body("dave@host"), "dave")
+    store_ops.lock(conn, "only-locked", lock_body("erin@host"), "erin")
+
+    # Provider configuration: global, per state, pinned, with an env reference.
+    provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "", config={"region": "eu"})
+    provider_configs.upsert(conn, prod_id, "registry.terraform.io/hashicorp/null", "",
+                            config={"token": {"env": "NULL_TOKEN"}}, pinned_version="3.2.1")
+    provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "west", pinned_version="2.1.2")
+    provider_schemas.put(conn, "registry.terraform.io/hashicorp/null", "2.1.2", sch.provider_schema_from_json({
+        "protocol_version": 5,
+        "provider": {"version": 0, "block": {}},
+        "resource_schemas": {"null_resource": {"version": 0, "block": {"attributes": {
+            "id": {"type": "string", "computed": True},
+            "triggers": {"type": ["map", "string"], "optional": True}}}}},
+        "data_source_schemas": {},
+    }))
+
+
+def main() -> int:
+    """Write fixtures/schema-<head>.{sql,json} from a fresh database at the current head schema."""
+    import tempfile
+
+    from kilolock.store.embedded import EmbeddedCluster
+    from kilolock.store.migrate import apply_migrations, bundled_migrations
+
+    head = bundled_migrations()[-1].name[:4]
+    out_sql, out_json = FIXTURES / f"schema-{head}.sql", FIXTURES / f"schema-{head}.json"
+    if out_sql.exists() or out_json.exists():
+        print(f"{out_sql.name} exists: fixtures are frozen once written; nothing done", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="kl-upgrade-fixture-") as tmp:
+        os.chmod(tmp, 0o755)
+        cluster = EmbeddedCluster(Path(tmp) / "pg")
+        os.environ["KL_DATABASE_URL"] = cluster.ensure_running()
+        try:
+            with psycopg.connect(os.environ["KL_DATABASE_URL"], autocommit=True) as conn:
+                apply_migrations(conn)
+                populate(conn)
+                FIXTURES.mkdir(exist_ok=True)
+                out_sql.write_text(dump(conn), encoding="utf-8")
+                out_json.write_text(json.dumps(describe(conn), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        finally:
+            cluster.stop()
+    print(f"wrote {out_sql.relative_to(REPO)} and {out_json.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.environ.get("KL_FIXTURE_CODE") or str(REPO))
+    raise SystemExit(main())
