@@ -13,7 +13,7 @@ from kilolock.codec.errors import PathError
 from kilolock.codec.pure.numbers import parse_number
 
 
-class JsonObject(list):
+class JsonObject(list[tuple[str, object]]):
     """A JSON object as its ``(key, value)`` pairs, in document order."""
 
     __slots__ = ()

@@ -159,7 +159,7 @@ def marshal_set(value: object, t: CtyType, out: bytearray, depth: int) -> None:
 def marshal_primitive_set(items: list[object], elem: CtyType, out: bytearray) -> None:
     """cty's order for sets of primitives: strings by UTF-8 bytes, numbers numerically,
     false before true, nulls last; duplicates collapse."""
-    keyed: dict[object, object] = {}
+    keyed: dict[object, bytes] = {}
     has_null = False
     for i, item in enumerate(items):
         try:
@@ -168,7 +168,7 @@ def marshal_primitive_set(items: list[object], elem: CtyType, out: bytearray) ->
             elif elem.kind == STRING:
                 buf = bytearray()
                 marshal_string(item, elem, buf, 0)
-                keyed.setdefault(item.encode(), bytes(buf))  # type: ignore[union-attr]
+                keyed.setdefault(item.encode(), bytes(buf))  # type: ignore[attr-defined]
             elif elem.kind == NUMBER:
                 dec = _number_dec(item)
                 buf = bytearray()
@@ -183,7 +183,7 @@ def marshal_primitive_set(items: list[object], elem: CtyType, out: bytearray) ->
             raise
     write_array_header(out, len(keyed) + has_null)
     for key in sorted(keyed):  # type: ignore[type-var]
-        out += keyed[key]  # type: ignore[operator]
+        out += keyed[key]
     if has_null:
         out.append(0xC0)
 

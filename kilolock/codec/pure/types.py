@@ -3,6 +3,8 @@ sorted keys), and inferred from plain JSON at dynamic positions (twin of codec_r
 same error texts)."""
 from __future__ import annotations
 
+from typing import cast
+
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
 from kilolock.codec.pure.jsontext import JsonObject, parse_json, quote
 from kilolock.codec.pure.numbers import Dec
@@ -114,4 +116,4 @@ def infer_type(value: object, depth: int) -> CtyType:
                 raise PathError(f"duplicate key {quote(key)}")
             attrs[key] = infer_type(item, depth + 1)
         return CtyType(OBJECT, attrs=attrs)
-    return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in value))  # list
+    return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in cast("list[object]", value)))
