@@ -39,7 +39,7 @@ impl AttrSet {
 /// sorted (state JSON and go-cty both write them so): a repeat is then caught by comparing with
 /// the last key alone, and a hash set of the keys is built only from the first key out of order.
 pub struct MapEntries<K> {
-    pub entries: Vec<(K, Span)>,
+    entries: Vec<(K, Span)>,
     keyset: Option<HashSet<K>>,
 }
 

@@ -3,9 +3,10 @@ backend, the Rust extension ``kilolock._codec_rs`` and the pure-Python ``kiloloc
 provides, so callers and ``kilolock.codec`` type-check against one interface."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class CodecType(Protocol):
     """A compiled cty type: ``_codec_rs.CodecType`` or ``pure.CodecType``."""
 
@@ -23,6 +24,7 @@ class CodecType(Protocol):
         ...
 
 
+@runtime_checkable
 class Backend(Protocol):
     """A codec backend module."""
 
