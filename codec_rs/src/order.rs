@@ -126,3 +126,53 @@ impl Reordered {
         self.spans[i].map(|(s, e)| &self.buf[s..e])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_set_marks_once_below_and_beyond_128() {
+        for n in [3, 128, 300] {
+            let mut seen = AttrSet::new(n);
+            assert!(!seen.test_set(0));
+            assert!(!seen.test_set(n - 1));
+            assert!(seen.test_set(n - 1));
+            assert!(seen.test_set(0));
+        }
+    }
+
+    #[test]
+    fn map_entries_catch_repeats_sorted_or_not() {
+        let mut m: MapEntries<&str> = MapEntries::new();
+        for (i, k) in ["a", "b", "d"].into_iter().enumerate() {
+            assert!(!m.is_duplicate(&k));
+            m.push(k, (i, i + 1));
+        }
+        assert!(m.is_duplicate(&"d"));
+        assert!(m.is_duplicate(&"a")); // out of order: found through the key set
+        assert!(!m.is_duplicate(&"c"));
+        m.push("c", (3, 4));
+        let sorted = m.unsorted().expect("arrived unsorted");
+        assert_eq!(sorted.iter().map(|e| e.0).collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+        assert_eq!(sorted[2].1, (3, 4));
+
+        let mut in_order: MapEntries<&str> = MapEntries::new();
+        in_order.push("x", (0, 1));
+        assert!(!in_order.is_duplicate(&"y"));
+        assert!(in_order.unsorted().is_none());
+    }
+
+    #[test]
+    fn reordered_keeps_spans_relative_to_the_region() {
+        let mut out = b"{AAbb".to_vec();
+        let mut side = Reordered::start(&mut out, 1, &[(1, 3)], 3);
+        assert_eq!(out, b"{");
+        let s = side.buf.len();
+        side.buf.extend_from_slice(b"cc");
+        side.set(2, (s, side.buf.len()));
+        assert_eq!(side.value(0), Some(&b"AA"[..]));
+        assert_eq!(side.value(1), None);
+        assert_eq!(side.value(2), Some(&b"cc"[..]));
+    }
+}
