@@ -1,5 +1,5 @@
 """Typed interface of the native codec (codec_rs/, built by maturin). Same API as
-kilolock.codec.pure; errors are kilolock.codec.errors.CodecError."""
+kilolock.codec.pure, both typed by kilolock.codec.abc; errors are kilolock.codec.errors.CodecError."""
 from typing import final
 
 __version__: str

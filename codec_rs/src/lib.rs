@@ -1,19 +1,22 @@
 //! Native backend of `kilolock.codec`: cty JSON <-> cty msgpack, byte-identical to the
-//! pure-Python backend (kilolock/codec/pure.py), whose functions these mirror one for one.
+//! pure-Python backend (kilolock/codec/pure/), laid out alike: each module here has a twin there
+//! of the same name (errors.rs is kilolock/codec/errors.py), with the same function names and
+//! error texts. order.rs alone has none: Python does that bookkeeping with dicts and sorted().
 
-pub mod error;
-pub mod json;
+pub mod errors;
+pub mod jsontext;
 pub mod marshal;
 pub mod mp;
-pub mod number;
+pub mod numbers;
+pub mod order;
 pub mod types;
 pub mod unmarshal;
 
-pub use error::{CodecErr, MAX_DEPTH};
-pub use types::Ty;
+pub use errors::{PathError, MAX_DEPTH};
+pub use types::CtyType;
 
 /// Compile a JSON type specification.
-pub fn compile(type_json: &[u8]) -> Result<Ty, CodecErr> {
+pub fn compile(type_json: &[u8]) -> Result<CtyType, PathError> {
     types::parse_type(type_json)
 }
 
@@ -30,7 +33,7 @@ mod python {
     static CODEC_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
 
     /// The one `CodecError` class, defined in Python (kilolock.codec.errors) and raised from here.
-    fn codec_error(py: Python<'_>, e: &CodecErr) -> PyErr {
+    fn codec_error(py: Python<'_>, e: &PathError) -> PyErr {
         match CODEC_ERROR.import(py, "kilolock.codec.errors", "CodecError") {
             Ok(cls) => PyErr::from_type(cls.clone(), e.render()),
             Err(import_error) => import_error,
@@ -42,11 +45,11 @@ mod python {
     fn with_bytes<T: Send>(
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
-        f: impl FnOnce(&[u8]) -> Result<T, CodecErr> + Send,
-    ) -> PyResult<Result<T, CodecErr>> {
+        f: impl FnOnce(&[u8]) -> Result<T, PathError> + Send,
+    ) -> PyResult<Result<T, PathError>> {
         let f = |b: &[u8]| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(b)))
-                .unwrap_or_else(|_| Err(CodecErr::new("internal codec error (a bug: please report it)")))
+                .unwrap_or_else(|_| Err(PathError::new("internal codec error (a bug: please report it)")))
         };
         if let Ok(b) = data.downcast::<PyBytes>() {
             let slice = b.as_bytes();
@@ -60,13 +63,13 @@ mod python {
             return Ok(f(&owned));
         }
         let name = data.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into());
-        Err(codec_error(py, &CodecErr::new(format!("expected bytes, got {}", name))))
+        Err(codec_error(py, &PathError::new(format!("expected bytes, got {}", name))))
     }
 
     /// A compiled type with the codec's two operations.
     #[pyclass(frozen, module = "kilolock._codec_rs", name = "CodecType")]
     pub struct CodecType {
-        ty: Ty,
+        ty: CtyType,
     }
 
     #[pymethods]

@@ -1,18 +1,19 @@
 //! marshal: cty JSON -> msgpack, streaming through the JSON text with the type in hand (twin of
-//! the `marshal*` functions in kilolock/codec/pure.py). Input already in the wire's order (state
-//! JSON is written with sorted keys) goes straight to the output; anything else is reordered.
+//! kilolock/codec/pure/marshal.py). Input already in the wire's order (state JSON is written with
+//! sorted keys) goes straight to the output; anything else is reordered.
 
-use crate::error::{too_deep, AtStep, CodecErr, Result, MAX_DEPTH};
-use crate::json::{quote, write_jval, JVal, Kind, Parser};
+use crate::errors::{too_deep, AtStep, PathError, Result, MAX_DEPTH};
+use crate::jsontext::{quote, write_jval, JVal, Kind, Parser};
 use crate::mp;
-use crate::number::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
-use crate::types::{infer_type, start_reordering, type_from_json, ObjectTy, Ty};
+use crate::numbers::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
+use crate::order::{AttrSet, MapEntries, Reordered, Span};
+use crate::types::{infer_type, type_from_json, CtyType, ObjectType};
 use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// Encode a whole JSON document.
-pub fn encode(data: &[u8], ty: &Ty) -> Result<Vec<u8>> {
+pub fn encode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     let mut p = Parser::new(data)?;
     let mut out = Vec::with_capacity(data.len() / 2 + 16);
     marshal(&mut p, ty, &mut out, 0)?;
@@ -21,11 +22,11 @@ pub fn encode(data: &[u8], ty: &Ty) -> Result<Vec<u8>> {
 }
 
 #[inline]
-fn expected(what: &str, kind: Kind) -> CodecErr {
-    CodecErr::new(format!("expected {}, got {}", what, kind.name()))
+fn expected(what: &str, kind: Kind) -> PathError {
+    PathError::new(format!("expected {}, got {}", what, kind.name()))
 }
 
-pub fn marshal(p: &mut Parser, ty: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+pub fn marshal(p: &mut Parser, ty: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let kind = p.peek_kind()?;
     if kind == Kind::Null {
         p.literal(b"null")?;
@@ -33,15 +34,15 @@ pub fn marshal(p: &mut Parser, ty: &Ty, out: &mut Vec<u8>, depth: usize) -> Resu
         return Ok(());
     }
     match ty {
-        Ty::String => marshal_string(p, kind, out),
-        Ty::Number => marshal_number(p, kind, out),
-        Ty::Bool => marshal_bool(p, kind, out),
-        Ty::List(elem) => marshal_list(p, kind, elem, out, depth),
-        Ty::Set(elem) => marshal_set(p, kind, elem, out, depth),
-        Ty::Map(elem) => marshal_map(p, kind, elem, out, depth),
-        Ty::Object(o) => marshal_object(p, kind, o, out, depth),
-        Ty::Tuple(elems) => marshal_tuple(p, kind, elems, out, depth),
-        Ty::Dynamic => marshal_dynamic(p, out, depth),
+        CtyType::String => marshal_string(p, kind, out),
+        CtyType::Number => marshal_number(p, kind, out),
+        CtyType::Bool => marshal_bool(p, kind, out),
+        CtyType::List(elem) => marshal_list(p, kind, elem, out, depth),
+        CtyType::Set(elem) => marshal_set(p, kind, elem, out, depth),
+        CtyType::Map(elem) => marshal_map(p, kind, elem, out, depth),
+        CtyType::Object(o) => marshal_object(p, kind, o, out, depth),
+        CtyType::Tuple(elems) => marshal_tuple(p, kind, elems, out, depth),
+        CtyType::Dynamic => marshal_dynamic(p, out, depth),
     }
 }
 
@@ -55,7 +56,7 @@ fn marshal_string(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
 }
 
 fn number_dec(text: &[u8]) -> Result<Dec> {
-    parse_number(text).map_err(|e| CodecErr::invalid_json(if e == OUT_OF_RANGE { OUT_OF_RANGE } else { e }))
+    parse_number(text).map_err(|e| PathError::invalid_json(if e == OUT_OF_RANGE { OUT_OF_RANGE } else { e }))
 }
 
 fn write_number(d: &Dec, out: &mut Vec<u8>) {
@@ -104,7 +105,7 @@ fn open(p: &mut Parser, kind: Kind, want: Kind, what: &str, depth: usize) -> Res
     Ok(())
 }
 
-fn marshal_list(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn marshal_list(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     open(p, kind, Kind::Array, "list", depth)?;
     let start = out.len();
     let mut count = 0usize;
@@ -130,18 +131,15 @@ fn fnv(bytes: &[u8]) -> u64 {
     h
 }
 
-/// Drops byte-equal repeats of the elements written since `start`, keeping first occurrences.
-pub struct Dedup {
-    seen: HashMap<u64, Vec<(usize, usize)>>,
+/// Drops byte-equal repeats of the set elements written so far, keeping first occurrences.
+#[derive(Default)]
+struct Dedup {
+    seen: HashMap<u64, Vec<Span>>,
 }
 
 impl Dedup {
-    pub fn new() -> Self {
-        Dedup { seen: HashMap::new() }
-    }
-
     /// The element at `out[s..]` was just written: keep it (true) or drop it (false).
-    pub fn keep(&mut self, out: &mut Vec<u8>, s: usize) -> bool {
+    fn keep(&mut self, out: &mut Vec<u8>, s: usize) -> bool {
         let e = out.len();
         let h = fnv(&out[s..e]);
         let spans = self.seen.entry(h).or_default();
@@ -154,7 +152,7 @@ impl Dedup {
     }
 }
 
-fn marshal_set(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn marshal_set(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     open(p, kind, Kind::Array, "set", depth)?;
     if elem.is_primitive() {
         return marshal_primitive_set(p, elem, out);
@@ -163,7 +161,7 @@ fn marshal_set(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: 
     // send back, so it is kept. Equal elements collapse, as they would in a cty set.
     let start = out.len();
     let mut count = 0usize;
-    let mut dedup = Dedup::new();
+    let mut dedup = Dedup::default();
     if !p.empty_close(b']') {
         let mut i = 0usize;
         loop {
@@ -184,7 +182,7 @@ fn marshal_set(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: 
 
 /// cty's order for sets of primitives: strings by UTF-8 bytes, numbers numerically, false before
 /// true, nulls last; duplicates collapse.
-fn marshal_primitive_set(p: &mut Parser, elem: &Ty, out: &mut Vec<u8>) -> Result<()> {
+fn marshal_primitive_set(p: &mut Parser, elem: &CtyType, out: &mut Vec<u8>) -> Result<()> {
     let mut strings: Vec<Cow<str>> = Vec::new();
     let mut numbers: Vec<Dec> = Vec::new();
     let mut bools = [false, false];
@@ -200,13 +198,13 @@ fn marshal_primitive_set(p: &mut Parser, elem: &Ty, out: &mut Vec<u8>) -> Result
                     return Ok(());
                 }
                 match elem {
-                    Ty::String => {
+                    CtyType::String => {
                         if kind != Kind::String {
                             return Err(expected("string", kind));
                         }
                         strings.push(p.string()?);
                     }
-                    Ty::Number => {
+                    CtyType::Number => {
                         if kind != Kind::Number {
                             return Err(expected("number", kind));
                         }
@@ -253,7 +251,7 @@ fn marshal_primitive_set(p: &mut Parser, elem: &Ty, out: &mut Vec<u8>) -> Result
     Ok(())
 }
 
-fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[Ty], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[CtyType], out: &mut Vec<u8>, depth: usize) -> Result<()> {
     open(p, kind, Kind::Array, "tuple", depth)?;
     // The length is checked before any element, as a whole-value walk would.
     let body = p.pos;
@@ -268,7 +266,7 @@ fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[Ty], out: &mut Vec<u8>, de
         }
     }
     if count != elems.len() {
-        return Err(CodecErr::new(format!("expected tuple of {} elements, got {}", elems.len(), count)));
+        return Err(PathError::new(format!("expected tuple of {} elements, got {}", elems.len(), count)));
     }
     p.pos = body;
     mp::write_array_header(out, count);
@@ -285,96 +283,53 @@ fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[Ty], out: &mut Vec<u8>, de
     Ok(())
 }
 
-fn marshal_map(p: &mut Parser, kind: Kind, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn marshal_map(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     open(p, kind, Kind::Object, "map", depth)?;
     let start = out.len();
-    // (key, entry start, entry end): entries go out in document order, reordered at the end
-    // only when the keys did not arrive sorted.
-    let mut entries: Vec<(Cow<str>, usize, usize)> = Vec::new();
-    let mut sorted = true;
-    let mut keyset: Option<HashSet<String>> = None;
+    // Entries go out in document order, reordered at the end only when the keys did not arrive sorted.
+    let mut entries: MapEntries<Cow<str>> = MapEntries::new();
     if !p.empty_close(b'}') {
         loop {
             let key = p.key()?;
-            let duplicate = match (&mut keyset, entries.last()) {
-                (Some(set), _) => !set.insert(key.to_string()),
-                (None, Some((last, _, _))) => match key.as_bytes().cmp(last.as_bytes()) {
-                    Ordering::Greater => false,
-                    Ordering::Equal => true,
-                    Ordering::Less => {
-                        sorted = false;
-                        let mut set: HashSet<String> = entries.iter().map(|e| e.0.to_string()).collect();
-                        let dup = !set.insert(key.to_string());
-                        keyset = Some(set);
-                        dup
-                    }
-                },
-                (None, None) => false,
-            };
-            if duplicate {
-                return Err(CodecErr::new(format!("duplicate key {}", quote(&key))));
+            if entries.is_duplicate(&key) {
+                return Err(PathError::new(format!("duplicate key {}", quote(&key))));
             }
             let s = out.len();
             mp::write_str(out, key.as_bytes());
             marshal(p, elem, out, depth + 1).at(|| format!("[{}]", quote(&key)))?;
-            entries.push((key, s, out.len()));
+            entries.push(key, (s, out.len()));
             if !p.next_or_close(b'}')? {
                 break;
             }
         }
     }
-    if !sorted {
+    let n = entries.len();
+    if let Some(sorted) = entries.unsorted() {
         let written = out.split_off(start);
-        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        for (_, s, e) in &entries {
+        for (_, (s, e)) in &sorted {
             out.extend_from_slice(&written[s - start..e - start]);
         }
     }
-    mp::insert_header(out, start, entries.len(), true);
+    mp::insert_header(out, start, n, true);
     Ok(())
 }
 
-/// Which attributes a JSON object has named so far.
-struct Seen {
-    small: u128,
-    large: Vec<bool>,
-}
-
-impl Seen {
-    fn new(n: usize) -> Self {
-        Seen { small: 0, large: if n > 128 { vec![false; n] } else { Vec::new() } }
-    }
-
-    /// Marks `i`; true if it was already marked.
-    #[inline]
-    fn test_set(&mut self, i: usize) -> bool {
-        if self.large.is_empty() {
-            let bit = 1u128 << i;
-            let was = self.small & bit != 0;
-            self.small |= bit;
-            was
-        } else {
-            std::mem::replace(&mut self.large[i], true)
-        }
-    }
-}
-
-fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectTy, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     open(p, kind, Kind::Object, "object", depth)?;
     let n = o.names.len();
     // Every attribute goes on the wire, absent ones as nil, in sorted order.
     mp::write_map_header(out, n);
     let region = out.len();
-    let mut seen = Seen::new(n);
+    let mut seen = AttrSet::new(n);
     let mut next = 0usize; // in order so far: attributes [0, next) are written (value or nil)
-    let mut spans: Vec<(usize, usize)> = Vec::new(); // their value spans in `out`
-    let mut reordered: Option<(Vec<u8>, Vec<Option<(usize, usize)>>)> = None;
+    let mut spans: Vec<Span> = Vec::new(); // their value spans in `out`
+    let mut reordered: Option<Reordered> = None;
     if !p.empty_close(b'}') {
         loop {
             let key = p.key()?;
-            let idx = o.lookup(&key).ok_or_else(|| CodecErr::new(format!("unknown attribute {}", quote(&key))))?;
+            let idx = o.lookup(&key).ok_or_else(|| PathError::new(format!("unknown attribute {}", quote(&key))))?;
             if seen.test_set(idx) {
-                return Err(CodecErr::new(format!("duplicate key {}", quote(&key))));
+                return Err(PathError::new(format!("duplicate key {}", quote(&key))));
             }
             let ty = &o.types[idx];
             match reordered.as_mut() {
@@ -391,10 +346,10 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectTy, out: &mut Vec<u8>, d
                     next = idx + 1;
                 }
                 _ => {
-                    let (temp, ranges) = reordered.get_or_insert_with(|| start_reordering(out, region, &spans, n));
-                    let s = temp.len();
-                    marshal(p, ty, temp, depth + 1).at(|| format!(".{}", o.names[idx]))?;
-                    ranges[idx] = Some((s, temp.len()));
+                    let side = reordered.get_or_insert_with(|| Reordered::start(out, region, &spans, n));
+                    let s = side.buf.len();
+                    marshal(p, ty, &mut side.buf, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                    side.set(idx, (s, side.buf.len()));
                 }
             }
             if !p.next_or_close(b'}')? {
@@ -404,16 +359,16 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectTy, out: &mut Vec<u8>, d
     }
     match reordered {
         None => {
-            for j in next..n {
-                out.extend_from_slice(&o.mp_keys[j]);
+            for key in &o.mp_keys[next..] {
+                out.extend_from_slice(key);
                 out.push(0xc0);
             }
         }
-        Some((temp, ranges)) => {
-            for j in 0..n {
-                out.extend_from_slice(&o.mp_keys[j]);
-                match ranges[j] {
-                    Some((s, e)) => out.extend_from_slice(&temp[s..e]),
+        Some(side) => {
+            for (j, key) in o.mp_keys.iter().enumerate() {
+                out.extend_from_slice(key);
+                match side.value(j) {
+                    Some(value) => out.extend_from_slice(value),
                     None => out.push(0xc0),
                 }
             }
@@ -445,8 +400,8 @@ fn marshal_dynamic(p: &mut Parser, out: &mut Vec<u8>, depth: usize) -> Result<()
         Some((spec, inner)) => (type_from_json(spec, 0)?, inner),
         None => (infer_type(&value, depth)?, &value), // the ADR's case: a plain value, type from its JSON
     };
-    if matches!(concrete, Ty::Dynamic) {
-        return Err(CodecErr::new("a dynamic value needs a concrete type, not \"dynamic\""));
+    if matches!(concrete, CtyType::Dynamic) {
+        return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
     }
     mp::write_array_header(out, 2);
     mp::write_bin(out, &concrete.json());

@@ -1,7 +1,8 @@
-//! msgpack primitives: the writer (most compact forms, as vmihailenco/msgpack's Encode* that
-//! go-cty calls) and a bounds-checked reader that never trusts a declared length.
+//! msgpack primitives (twin of kilolock/codec/pure/mp.py): the writer (most compact forms, as
+//! vmihailenco/msgpack's Encode* that go-cty calls) and a bounds-checked reader that never trusts
+//! a declared length.
 
-use crate::error::{CodecErr, Result};
+use crate::errors::{PathError, Result};
 
 #[inline]
 pub fn write_str(out: &mut Vec<u8>, s: &[u8]) {
@@ -163,8 +164,8 @@ pub struct Reader<'a> {
     pub pos: usize,
 }
 
-fn truncated(pos: usize) -> CodecErr {
-    CodecErr::new(format!("truncated msgpack at offset {}", pos))
+fn truncated(pos: usize) -> PathError {
+    PathError::new(format!("truncated msgpack at offset {}", pos))
 }
 
 impl<'a> Reader<'a> {
@@ -223,12 +224,12 @@ impl<'a> Reader<'a> {
             0xde => Head::Map(self.uint(2)? as usize),
             0xdf => Head::Map(self.uint(4)? as usize),
             0xd4..=0xd8 | 0xc7..=0xc9 => Head::Ext, // unknown value (ext 0, refined ext 12, any code)
-            _ => return Err(CodecErr::new(format!("invalid msgpack byte 0x{:02x} at offset {}", b, pos))),
+            _ => return Err(PathError::new(format!("invalid msgpack byte 0x{:02x} at offset {}", b, pos))),
         })
     }
 
     pub fn text(&mut self, n: usize) -> Result<&'a str> {
         let b = self.take(n)?;
-        std::str::from_utf8(b).map_err(|_| CodecErr::new("invalid UTF-8 in msgpack string"))
+        std::str::from_utf8(b).map_err(|_| PathError::new("invalid UTF-8 in msgpack string"))
     }
 }

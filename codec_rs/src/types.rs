@@ -1,29 +1,29 @@
 //! cty types: parsed from Terraform's JSON type syntax, printed back canonically, inferred from
-//! plain JSON at dynamic positions (twin of kilolock/codec/types.py, same error texts).
+//! plain JSON at dynamic positions (twin of kilolock/codec/pure/types.py, same error texts).
 
-use crate::error::{CodecErr, Result, MAX_DEPTH};
-use crate::json::{parse_document, quote, write_json_string, JVal};
+use crate::errors::{PathError, Result, MAX_DEPTH};
+use crate::jsontext::{parse_document, quote, write_json_string, JVal};
 use crate::mp;
 use std::collections::HashMap;
 
 #[derive(Debug)]
-pub enum Ty {
+pub enum CtyType {
     String,
     Number,
     Bool,
     Dynamic,
-    List(Box<Ty>),
-    Set(Box<Ty>),
-    Map(Box<Ty>),
-    Object(ObjectTy),
-    Tuple(Vec<Ty>),
+    List(Box<CtyType>),
+    Set(Box<CtyType>),
+    Map(Box<CtyType>),
+    Object(ObjectType),
+    Tuple(Vec<CtyType>),
 }
 
 #[derive(Debug)]
-pub struct ObjectTy {
+pub struct ObjectType {
     /// Attribute names sorted by their UTF-8 bytes: the wire and canonical-JSON order.
     pub names: Vec<String>,
-    pub types: Vec<Ty>,
+    pub types: Vec<CtyType>,
     pub optional: Vec<String>,
     /// Name -> index into `names`.
     pub index: HashMap<String, usize>,
@@ -33,8 +33,8 @@ pub struct ObjectTy {
     pub json_keys: Vec<Vec<u8>>,
 }
 
-impl ObjectTy {
-    pub fn new(mut attrs: Vec<(String, Ty)>, optional: Vec<String>) -> Self {
+impl ObjectType {
+    pub fn new(mut attrs: Vec<(String, CtyType)>, optional: Vec<String>) -> Self {
         attrs.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         let mut names = Vec::with_capacity(attrs.len());
         let mut types = Vec::with_capacity(attrs.len());
@@ -60,7 +60,7 @@ impl ObjectTy {
                 v
             })
             .collect();
-        ObjectTy { names, types, optional, index, mp_keys, json_keys }
+        ObjectType { names, types, optional, index, mp_keys, json_keys }
     }
 
     #[inline]
@@ -72,29 +72,29 @@ impl ObjectTy {
     }
 }
 
-impl Ty {
+impl CtyType {
     pub fn is_primitive(&self) -> bool {
-        matches!(self, Ty::String | Ty::Number | Ty::Bool)
+        matches!(self, CtyType::String | CtyType::Number | CtyType::Bool)
     }
 
     /// Canonical type JSON: compact, attribute names sorted.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         match self {
-            Ty::String => out.extend_from_slice(b"\"string\""),
-            Ty::Number => out.extend_from_slice(b"\"number\""),
-            Ty::Bool => out.extend_from_slice(b"\"bool\""),
-            Ty::Dynamic => out.extend_from_slice(b"\"dynamic\""),
-            Ty::List(e) | Ty::Set(e) | Ty::Map(e) => {
+            CtyType::String => out.extend_from_slice(b"\"string\""),
+            CtyType::Number => out.extend_from_slice(b"\"number\""),
+            CtyType::Bool => out.extend_from_slice(b"\"bool\""),
+            CtyType::Dynamic => out.extend_from_slice(b"\"dynamic\""),
+            CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e) => {
                 let name: &[u8] = match self {
-                    Ty::List(_) => b"[\"list\",",
-                    Ty::Set(_) => b"[\"set\",",
+                    CtyType::List(_) => b"[\"list\",",
+                    CtyType::Set(_) => b"[\"set\",",
                     _ => b"[\"map\",",
                 };
                 out.extend_from_slice(name);
                 e.write_json(out);
                 out.push(b']');
             }
-            Ty::Tuple(elems) => {
+            CtyType::Tuple(elems) => {
                 out.extend_from_slice(b"[\"tuple\",[");
                 for (i, e) in elems.iter().enumerate() {
                     if i > 0 {
@@ -104,7 +104,7 @@ impl Ty {
                 }
                 out.extend_from_slice(b"]]");
             }
-            Ty::Object(o) => {
+            CtyType::Object(o) => {
                 out.extend_from_slice(b"[\"object\",{");
                 for (i, t) in o.types.iter().enumerate() {
                     if i > 0 {
@@ -136,37 +136,36 @@ impl Ty {
     }
 }
 
-fn invalid(msg: impl AsRef<str>) -> CodecErr {
-    CodecErr::new(format!("invalid type: {}", msg.as_ref()))
+fn invalid(msg: impl AsRef<str>) -> PathError {
+    PathError::new(format!("invalid type: {}", msg.as_ref()))
 }
 
 /// Compile Terraform's JSON type syntax.
-pub fn parse_type(data: &[u8]) -> Result<Ty> {
+pub fn parse_type(data: &[u8]) -> Result<CtyType> {
     let spec = parse_document(data)?;
     type_from_json(&spec, 0)
 }
 
-pub fn type_from_json(spec: &JVal, depth: usize) -> Result<Ty> {
-    let items = match spec {
+pub fn type_from_json(spec: &JVal, depth: usize) -> Result<CtyType> {
+    let (name, items) = match spec {
         JVal::Str(s) => {
             return match s.as_str() {
-                "string" => Ok(Ty::String),
-                "number" => Ok(Ty::Number),
-                "bool" => Ok(Ty::Bool),
-                "dynamic" => Ok(Ty::Dynamic),
+                "string" => Ok(CtyType::String),
+                "number" => Ok(CtyType::Number),
+                "bool" => Ok(CtyType::Bool),
+                "dynamic" => Ok(CtyType::Dynamic),
                 _ => Err(invalid(format!("unknown type name {}", quote(s)))),
             }
         }
-        JVal::Arr(items) if matches!(items.first(), Some(JVal::Str(_))) => items,
+        JVal::Arr(items) => match items.first() {
+            Some(JVal::Str(name)) => (name.as_str(), items),
+            _ => return Err(invalid("expected a type name or [kind, ...] array")),
+        },
         _ => return Err(invalid("expected a type name or [kind, ...] array")),
     };
     if depth >= MAX_DEPTH {
         return Err(invalid(format!("nested deeper than {} levels", MAX_DEPTH)));
     }
-    let name = match &items[0] {
-        JVal::Str(s) => s.as_str(),
-        _ => unreachable!(),
-    };
     match name {
         "list" | "set" | "map" => {
             if items.len() != 2 {
@@ -174,9 +173,9 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<Ty> {
             }
             let elem = Box::new(type_from_json(&items[1], depth + 1)?);
             Ok(match name {
-                "list" => Ty::List(elem),
-                "set" => Ty::Set(elem),
-                _ => Ty::Map(elem),
+                "list" => CtyType::List(elem),
+                "set" => CtyType::Set(elem),
+                _ => CtyType::Map(elem),
             })
         }
         "tuple" => match (items.len(), items.get(1)) {
@@ -185,7 +184,7 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<Ty> {
                 for e in elems {
                     out.push(type_from_json(e, depth + 1)?);
                 }
-                Ok(Ty::Tuple(out))
+                Ok(CtyType::Tuple(out))
             }
             _ => Err(invalid("tuple takes an array of element types")),
         },
@@ -194,7 +193,7 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<Ty> {
                 (2 | 3, Some(JVal::Obj(m))) => m,
                 _ => return Err(invalid("object takes an object of attribute types")),
             };
-            let mut attrs: Vec<(String, Ty)> = Vec::with_capacity(members.len());
+            let mut attrs: Vec<(String, CtyType)> = Vec::with_capacity(members.len());
             let mut seen: HashMap<&str, ()> = HashMap::with_capacity(members.len());
             for (k, v) in members {
                 if seen.insert(k.as_str(), ()).is_some() {
@@ -220,59 +219,42 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<Ty> {
                 }
                 optional.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
             }
-            Ok(Ty::Object(ObjectTy::new(attrs, optional)))
+            Ok(CtyType::Object(ObjectType::new(attrs, optional)))
         }
         _ => Err(invalid(format!("unknown type kind {}", quote(name)))),
     }
 }
 
 /// The concrete type of a plain JSON value at a dynamic position (null stays dynamic).
-pub fn infer_type(v: &JVal, depth: usize) -> Result<Ty> {
+pub fn infer_type(v: &JVal, depth: usize) -> Result<CtyType> {
     match v {
-        JVal::Null => Ok(Ty::Dynamic),
-        JVal::Bool(_) => Ok(Ty::Bool),
-        JVal::Num(_) => Ok(Ty::Number),
-        JVal::Str(_) => Ok(Ty::String),
+        JVal::Null => Ok(CtyType::Dynamic),
+        JVal::Bool(_) => Ok(CtyType::Bool),
+        JVal::Num(_) => Ok(CtyType::Number),
+        JVal::Str(_) => Ok(CtyType::String),
         JVal::Obj(members) => {
             if depth >= MAX_DEPTH {
-                return Err(crate::error::too_deep());
+                return Err(crate::errors::too_deep());
             }
-            let mut attrs: Vec<(String, Ty)> = Vec::with_capacity(members.len());
+            let mut attrs: Vec<(String, CtyType)> = Vec::with_capacity(members.len());
             let mut seen: HashMap<&str, ()> = HashMap::with_capacity(members.len());
             for (k, item) in members {
                 if seen.insert(k.as_str(), ()).is_some() {
-                    return Err(CodecErr::new(format!("duplicate key {}", quote(k))));
+                    return Err(PathError::new(format!("duplicate key {}", quote(k))));
                 }
                 attrs.push((k.clone(), infer_type(item, depth + 1)?));
             }
-            Ok(Ty::Object(ObjectTy::new(attrs, Vec::new())))
+            Ok(CtyType::Object(ObjectType::new(attrs, Vec::new())))
         }
         JVal::Arr(items) => {
             if depth >= MAX_DEPTH {
-                return Err(crate::error::too_deep());
+                return Err(crate::errors::too_deep());
             }
             let mut elems = Vec::with_capacity(items.len());
             for item in items {
                 elems.push(infer_type(item, depth + 1)?);
             }
-            Ok(Ty::Tuple(elems))
+            Ok(CtyType::Tuple(elems))
         }
     }
-}
-
-/// Object attributes are written in sorted order as they arrive; when one arrives out of order,
-/// what was written so far (from `region` on) moves to a side buffer with each attribute's span,
-/// and the object is assembled from there in sorted order. Shared by both directions.
-pub(crate) fn start_reordering(
-    out: &mut Vec<u8>,
-    region: usize,
-    spans: &[(usize, usize)],
-    n: usize,
-) -> (Vec<u8>, Vec<Option<(usize, usize)>>) {
-    let temp = out.split_off(region);
-    let mut ranges = vec![None; n];
-    for (j, &(s, e)) in spans.iter().enumerate() {
-        ranges[j] = Some((s - region, e - region));
-    }
-    (temp, ranges)
 }

@@ -1,60 +1,50 @@
 //! unmarshal: msgpack -> canonical cty JSON (sorted keys, compact, exact numbers, dynamic values
-//! as `{"type":..,"value":..}`); twin of the `unmarshal*` functions in kilolock/codec/pure.py.
+//! as `{"type":..,"value":..}`); twin of kilolock/codec/pure/unmarshal.py.
 
-use crate::error::{too_deep, AtStep, CodecErr, Result, MAX_DEPTH};
-use crate::json::write_json_string;
+use crate::errors::{too_deep, AtStep, PathError, Result, MAX_DEPTH};
+use crate::jsontext::{quote, write_json_string};
 use crate::mp::{Head, Reader};
-use crate::number::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
-use crate::types::{parse_type, start_reordering, ObjectTy, Ty};
+use crate::numbers::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
+use crate::order::{AttrSet, MapEntries, Reordered, Span};
+use crate::types::{parse_type, CtyType, ObjectType};
 use std::cmp::Ordering;
-use std::collections::HashSet;
 
 const UNKNOWN: &str = "unknown value: a refreshed state must be wholly known";
 
 /// Decode a whole msgpack value.
-pub fn decode(data: &[u8], ty: &Ty) -> Result<Vec<u8>> {
+pub fn decode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     let mut r = Reader::new(data);
     let mut out = Vec::with_capacity(data.len() * 2 + 16);
     unmarshal(&mut r, ty, &mut out, 0)?;
     if r.pos != data.len() {
-        return Err(CodecErr::new(format!("trailing bytes after the msgpack value at offset {}", r.pos)));
+        return Err(PathError::new(format!("trailing bytes after the msgpack value at offset {}", r.pos)));
     }
     Ok(out)
 }
 
-fn got(what: &str, head: Head) -> CodecErr {
+fn got(what: &str, head: Head) -> PathError {
     if head == Head::Ext {
-        return CodecErr::new(UNKNOWN);
+        return PathError::new(UNKNOWN);
     }
-    CodecErr::new(format!("expected {}, got msgpack {}", what, head.family()))
+    PathError::new(format!("expected {}, got msgpack {}", what, head.family()))
 }
 
-pub fn unmarshal(r: &mut Reader, ty: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+pub fn unmarshal(r: &mut Reader, ty: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let head = r.head()?;
     if head == Head::Nil {
         out.extend_from_slice(b"null");
         return Ok(());
     }
     match ty {
-        Ty::String => unmarshal_string(r, head, out),
-        Ty::Number => {
-            let d = read_number(r, head)?;
-            write_number(&d, out);
-            Ok(())
-        }
-        Ty::Bool => match head {
-            Head::Bool(b) => {
-                out.extend_from_slice(if b { b"true" } else { b"false" });
-                Ok(())
-            }
-            _ => Err(got("bool", head)),
-        },
-        Ty::List(elem) => unmarshal_list(r, head, elem, out, depth),
-        Ty::Set(elem) => unmarshal_set(r, head, elem, out, depth),
-        Ty::Tuple(elems) => unmarshal_tuple(r, head, elems, out, depth),
-        Ty::Map(elem) => unmarshal_map(r, head, elem, out, depth),
-        Ty::Object(o) => unmarshal_object(r, head, o, out, depth),
-        Ty::Dynamic => unmarshal_dynamic(r, head, out, depth),
+        CtyType::String => unmarshal_string(r, head, out),
+        CtyType::Number => unmarshal_number(r, head, out),
+        CtyType::Bool => unmarshal_bool(head, out),
+        CtyType::List(elem) => unmarshal_list(r, head, elem, out, depth),
+        CtyType::Set(elem) => unmarshal_set(r, head, elem, out, depth),
+        CtyType::Tuple(elems) => unmarshal_tuple(r, head, elems, out, depth),
+        CtyType::Map(elem) => unmarshal_map(r, head, elem, out, depth),
+        CtyType::Object(o) => unmarshal_object(r, head, o, out, depth),
+        CtyType::Dynamic => unmarshal_dynamic(r, head, out, depth),
     }
 }
 
@@ -75,12 +65,12 @@ fn read_number(r: &mut Reader, head: Head) -> Result<Dec> {
         Head::Int(v) => Ok(from_i128(v)),
         Head::Float(f) => {
             let mut text = Vec::new();
-            float_text(f, &mut text).map_err(CodecErr::new)?;
-            Ok(parse_number(&text).expect("canonical text parses"))
+            float_text(f, &mut text).map_err(PathError::new)?;
+            parse_number(&text).map_err(PathError::new)
         }
         Head::Str(n) => {
             let s = r.text(n)?;
-            parse_number(s.as_bytes()).map_err(|e| CodecErr::new(format!("invalid number string: {}", e)))
+            parse_number(s.as_bytes()).map_err(|e| PathError::new(format!("invalid number string: {}", e)))
         }
         _ => Err(got("number", head)),
     }
@@ -88,6 +78,21 @@ fn read_number(r: &mut Reader, head: Head) -> Result<Dec> {
 
 fn write_number(d: &Dec, out: &mut Vec<u8>) {
     canonical_text(d, out);
+}
+
+fn unmarshal_number(r: &mut Reader, head: Head, out: &mut Vec<u8>) -> Result<()> {
+    write_number(&read_number(r, head)?, out);
+    Ok(())
+}
+
+fn unmarshal_bool(head: Head, out: &mut Vec<u8>) -> Result<()> {
+    match head {
+        Head::Bool(b) => {
+            out.extend_from_slice(if b { b"true" } else { b"false" });
+            Ok(())
+        }
+        _ => Err(got("bool", head)),
+    }
 }
 
 fn array_len(head: Head, what: &str, depth: usize) -> Result<usize> {
@@ -102,7 +107,7 @@ fn array_len(head: Head, what: &str, depth: usize) -> Result<usize> {
     }
 }
 
-fn unmarshal_list(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn unmarshal_list(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n = array_len(head, "list", depth)?;
     out.push(b'[');
     for i in 0..n {
@@ -115,7 +120,7 @@ fn unmarshal_list(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, dept
     Ok(())
 }
 
-fn unmarshal_set(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n = array_len(head, "set", depth)?;
     out.push(b'[');
     if elem.is_primitive() {
@@ -132,11 +137,11 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth
                     return Ok(());
                 }
                 match elem {
-                    Ty::String => match h {
+                    CtyType::String => match h {
                         Head::Str(len) => strings.push(r.text(len)?),
                         _ => return Err(got("string", h)),
                     },
-                    Ty::Number => numbers.push(read_number(r, h)?),
+                    CtyType::Number => numbers.push(read_number(r, h)?),
                     _ => match h {
                         Head::Bool(b) => bools[b as usize] = true,
                         _ => return Err(got("bool", h)),
@@ -199,10 +204,10 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth
     Ok(())
 }
 
-fn unmarshal_tuple(r: &mut Reader, head: Head, elems: &[Ty], out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn unmarshal_tuple(r: &mut Reader, head: Head, elems: &[CtyType], out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n = array_len(head, "tuple", depth)?;
     if n != elems.len() {
-        return Err(CodecErr::new(format!("expected tuple of {} elements, got {}", elems.len(), n)));
+        return Err(PathError::new(format!("expected tuple of {} elements, got {}", elems.len(), n)));
     }
     out.push(b'[');
     for (i, elem) in elems.iter().enumerate() {
@@ -234,33 +239,16 @@ fn map_key<'a>(r: &mut Reader<'a>) -> Result<&'a str> {
     }
 }
 
-fn unmarshal_map(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n = map_len(head, "map", depth)?;
     let start = out.len();
     out.push(b'{');
-    // (key, value span); written in wire order, reordered at the end only if it was unsorted.
-    let mut entries: Vec<(&str, usize, usize)> = Vec::new();
-    let mut keyset: Option<HashSet<&str>> = None;
-    let mut sorted = true;
+    // Written in wire order, reordered at the end only if the keys did not arrive sorted.
+    let mut entries: MapEntries<&str> = MapEntries::new();
     for _ in 0..n {
         let key = map_key(r)?;
-        let duplicate = match (&mut keyset, entries.last()) {
-            (Some(set), _) => !set.insert(key),
-            (None, Some(&(last, _, _))) => match key.as_bytes().cmp(last.as_bytes()) {
-                Ordering::Greater => false,
-                Ordering::Equal => true,
-                Ordering::Less => {
-                    sorted = false;
-                    let mut set: HashSet<&str> = entries.iter().map(|e| e.0).collect();
-                    let dup = !set.insert(key);
-                    keyset = Some(set);
-                    dup
-                }
-            },
-            (None, None) => false,
-        };
-        if duplicate {
-            return Err(CodecErr::new(format!("duplicate key {}", crate::json::quote(key))));
+        if entries.is_duplicate(&key) {
+            return Err(PathError::new(format!("duplicate key {}", quote(key))));
         }
         if !entries.is_empty() {
             out.push(b',');
@@ -268,14 +256,13 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth
         write_json_string(out, key.as_bytes());
         out.push(b':');
         let s = out.len();
-        unmarshal(r, elem, out, depth + 1).at(|| format!("[{}]", crate::json::quote(key)))?;
-        entries.push((key, s, out.len()));
+        unmarshal(r, elem, out, depth + 1).at(|| format!("[{}]", quote(key)))?;
+        entries.push(key, (s, out.len()));
     }
-    if !sorted {
+    if let Some(sorted) = entries.unsorted() {
         let written = out.split_off(start);
-        entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         out.push(b'{');
-        for (i, (key, s, e)) in entries.iter().enumerate() {
+        for (i, (key, (s, e))) in sorted.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
@@ -288,34 +275,20 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &Ty, out: &mut Vec<u8>, depth
     Ok(())
 }
 
-fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectTy, out: &mut Vec<u8>, depth: usize) -> Result<()> {
+fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n_wire = map_len(head, "object", depth)?;
     let n = o.names.len();
     out.push(b'{');
     let region = out.len();
-    let mut seen = vec![false; 0];
-    let mut seen_small: u128 = 0;
-    if n > 128 {
-        seen = vec![false; n];
-    }
+    let mut seen = AttrSet::new(n);
     let mut next = 0usize; // in order so far: attributes [0, next) are written
-    let mut spans: Vec<(usize, usize)> = Vec::new();
-    let mut reordered: Option<(Vec<u8>, Vec<Option<(usize, usize)>>)> = None;
+    let mut spans: Vec<Span> = Vec::new();
+    let mut reordered: Option<Reordered> = None;
     for _ in 0..n_wire {
         let key = map_key(r)?;
-        let idx = o
-            .lookup(key)
-            .ok_or_else(|| CodecErr::new(format!("unknown attribute {}", crate::json::quote(key))))?;
-        let dup = if n > 128 {
-            std::mem::replace(&mut seen[idx], true)
-        } else {
-            let bit = 1u128 << idx;
-            let was = seen_small & bit != 0;
-            seen_small |= bit;
-            was
-        };
-        if dup {
-            return Err(CodecErr::new(format!("duplicate key {}", crate::json::quote(key))));
+        let idx = o.lookup(key).ok_or_else(|| PathError::new(format!("unknown attribute {}", quote(key))))?;
+        if seen.test_set(idx) {
+            return Err(PathError::new(format!("duplicate key {}", quote(key))));
         }
         let ty = &o.types[idx];
         match reordered.as_mut() {
@@ -338,34 +311,31 @@ fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectTy, out: &mut Vec<u8>,
                 next = idx + 1;
             }
             _ => {
-                let (temp, ranges) = reordered.get_or_insert_with(|| start_reordering(out, region, &spans, n));
-                let s = temp.len();
-                unmarshal(r, ty, temp, depth + 1).at(|| format!(".{}", o.names[idx]))?;
-                ranges[idx] = Some((s, temp.len()));
+                let side = reordered.get_or_insert_with(|| Reordered::start(out, region, &spans, n));
+                let s = side.buf.len();
+                unmarshal(r, ty, &mut side.buf, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                side.set(idx, (s, side.buf.len()));
             }
         }
     }
     // Attributes missing on the wire decode as null, like absent ones in cty JSON.
     match reordered {
         None => {
-            for j in next..n {
+            for (j, key) in o.json_keys.iter().enumerate().skip(next) {
                 if j > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(&o.json_keys[j]);
+                out.extend_from_slice(key);
                 out.extend_from_slice(b"null");
             }
         }
-        Some((temp, ranges)) => {
-            for j in 0..n {
+        Some(side) => {
+            for (j, key) in o.json_keys.iter().enumerate() {
                 if j > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(&o.json_keys[j]);
-                match ranges[j] {
-                    Some((s, e)) => out.extend_from_slice(&temp[s..e]),
-                    None => out.extend_from_slice(b"null"),
-                }
+                out.extend_from_slice(key);
+                out.extend_from_slice(side.value(j).unwrap_or(b"null"));
             }
         }
     }
@@ -376,8 +346,8 @@ fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectTy, out: &mut Vec<u8>,
 fn unmarshal_dynamic(r: &mut Reader, head: Head, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     match head {
         Head::Array(2) => {}
-        Head::Ext => return Err(CodecErr::new(UNKNOWN)),
-        _ => return Err(CodecErr::new("expected a [type, value] pair for a dynamic value")),
+        Head::Ext => return Err(PathError::new(UNKNOWN)),
+        _ => return Err(PathError::new("expected a [type, value] pair for a dynamic value")),
     }
     let type_json = match r.head()? {
         Head::Str(n) | Head::Bin(n) => r.take(n)?,
@@ -387,8 +357,8 @@ fn unmarshal_dynamic(r: &mut Reader, head: Head, out: &mut Vec<u8>, depth: usize
         e.at_root = false; // a bad type inside the value is reported where it sits
         e
     })?;
-    if matches!(concrete, Ty::Dynamic) {
-        return Err(CodecErr::new("a dynamic value needs a concrete type, not \"dynamic\""));
+    if matches!(concrete, CtyType::Dynamic) {
+        return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
     }
     out.extend_from_slice(b"{\"type\":");
     concrete.write_json(out);

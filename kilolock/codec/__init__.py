@@ -1,8 +1,9 @@
 """The cty codec: cty JSON (as Terraform writes state) <-> cty msgpack (as providers speak it).
 
-Two backends with one API and byte-identical output: the Rust extension ``kilolock._codec_rs``
-and the pure-Python ``kilolock.codec.pure``. ``KL_CODEC=rust|python`` forces one (a forced backend
-that cannot load is an error that says why); unset, Rust is used when it imports.
+Two backends with one API (typed in ``kilolock.codec.abc``) and byte-identical output: the Rust
+extension ``kilolock._codec_rs`` and the pure-Python ``kilolock.codec.pure``, laid out alike (see
+its docstring). ``KL_CODEC=rust|python`` forces one (a forced backend that cannot load is an error
+that says why); unset, Rust is used when it imports.
 
     t = codec.compile_type(b'["object",{"id":"string"}]')
     t.encode(json_bytes) -> msgpack bytes;  t.decode(msgpack_bytes) -> canonical JSON bytes
@@ -19,21 +20,20 @@ Rust dev build (the .so is gitignored):
 from __future__ import annotations
 
 import os
-from types import ModuleType
-from typing import Any
 
+from kilolock.codec.abc import Backend, CodecType
 from kilolock.codec.blocks import block_type_json
 from kilolock.codec.errors import MAX_DEPTH, CodecError
 from kilolock.schema import Block
 
 
-def _load_rust() -> ModuleType:
+def _load_rust() -> Backend:
     from kilolock import _codec_rs
 
     return _codec_rs
 
 
-def _select() -> tuple[str, Any]:
+def _select() -> tuple[str, Backend]:
     forced = os.environ.get("KL_CODEC", "")
     if forced == "python":
         from kilolock.codec import pure
@@ -57,12 +57,12 @@ def _select() -> tuple[str, Any]:
 backend, __impl__ = _select()
 
 
-def compile_type(type_json: bytes) -> Any:
+def compile_type(type_json: bytes) -> CodecType:
     """Compile Terraform's JSON type syntax into a reusable codec type (``encode``/``decode``)."""
     return __impl__.compile_type(type_json)
 
 
-def compile_block(block: Block) -> Any:
+def compile_block(block: Block) -> CodecType:
     """Compile a provider schema block's implied type (nested blocks, nested attributes)."""
     return __impl__.compile_type(block_type_json(block))
 
@@ -70,6 +70,7 @@ def compile_block(block: Block) -> Any:
 __all__ = [
     "MAX_DEPTH",
     "CodecError",
+    "CodecType",
     "backend",
     "block_type_json",
     "compile_block",

@@ -35,3 +35,7 @@ class PathError(Exception):
     def to_codec_error(self) -> CodecError:
         path = "".join(reversed(self.segments)) or "(root)"
         return CodecError(f"{path}: {self.message}")
+
+
+def too_deep() -> PathError:
+    return PathError(f"nested deeper than {MAX_DEPTH} levels")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kilolock import codec
-from kilolock.codec import CodecError, MAX_DEPTH
+from kilolock.codec import CodecError, MAX_DEPTH, abc
 from kilolock.schema import Attribute, Block
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -69,6 +69,13 @@ def test_public_api_compiles_types_and_blocks() -> None:
     b = codec.compile_block(Block(attributes=(Attribute(name="id", type=b'"string"'),)))
     assert b.decode(b"\x81\xa2id\xa1x") == b'{"id":"x"}'
     assert b.type_json == b'["object",{"id":"string"}]'
+
+
+def test_both_backends_provide_the_typed_api(impl) -> None:  # type: ignore[no-untyped-def]
+    assert isinstance(impl, abc.Backend)
+    t = impl.compile_type(b'"string"')
+    assert isinstance(t, abc.CodecType)
+    assert type(t).__name__ == "CodecType"
 
 
 @pytest.mark.parametrize("bad", ["not bytes", 5, None])

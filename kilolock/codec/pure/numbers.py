@@ -83,7 +83,7 @@ def canonical_text(d: Dec) -> str:
     return "-" + text if d.neg else text
 
 
-def wire_form(d: Dec) -> tuple[int, object]:
+def wire_form(d: Dec) -> tuple[int, int | float | str]:
     """How go-cty puts the number on the wire: int64 range as int, else a value float64 holds
     exactly as float64, anything else as its decimal text."""
     digits = d.digits

@@ -1,4 +1,4 @@
-"""Strict JSON text in and canonical JSON text out, for the pure-Python backend.
+"""Strict JSON text in and canonical JSON text out (twin of codec_rs/src/jsontext.rs).
 
 Objects parse into ``JsonObject`` (a list of key/value pairs in document order) so duplicate keys
 are seen and reported instead of silently collapsing; numbers parse exactly (``numbers.Dec``,
@@ -10,10 +10,10 @@ import json
 from json.encoder import encode_basestring  # C-accelerated: escapes '"', '\\' and C0 controls
 
 from kilolock.codec.errors import PathError
-from kilolock.codec.numbers import parse_number
+from kilolock.codec.pure.numbers import parse_number
 
 
-class JsonObject(list):
+class JsonObject(list[tuple[str, object]]):
     """A JSON object as its ``(key, value)`` pairs, in document order."""
 
     __slots__ = ()
@@ -38,10 +38,8 @@ _decoder = json.JSONDecoder(
 
 def parse_json(data: bytes) -> object:
     """Parse JSON bytes (UTF-8 only); errors are ``PathError`` at the root."""
-    if not isinstance(data, (bytes, bytearray)):
-        raise PathError(f"expected bytes, got {type(data).__name__}")
     try:
-        text = bytes(data).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PathError(f"invalid JSON: invalid UTF-8 at byte {exc.start}") from None
     try:

@@ -1,9 +1,9 @@
 //! Strict JSON reading (a cursor the marshaller streams through, plus a small tree for dynamic
 //! values and type specs) and canonical JSON string writing, matching Python's `json` module:
-//! the same grammar, the same escapes on output.
+//! the same grammar, the same escapes on output (twin of kilolock/codec/pure/jsontext.py).
 
-use crate::error::{CodecErr, Result};
-use crate::number::{parse_number, scan_number, OUT_OF_RANGE};
+use crate::errors::{PathError, Result};
+use crate::numbers::{parse_number, scan_number, OUT_OF_RANGE};
 use std::borrow::Cow;
 
 /// Nesting limit of the JSON text itself (the value walk enforces the codec's own, smaller one).
@@ -47,21 +47,21 @@ pub struct Parser<'a> {
     pub pos: usize,
 }
 
-pub fn unpaired_surrogate() -> CodecErr {
-    CodecErr::new("invalid string: unpaired surrogate escape")
+pub fn unpaired_surrogate() -> PathError {
+    PathError::new("invalid string: unpaired surrogate escape")
 }
 
 impl<'a> Parser<'a> {
     /// A parser over UTF-8-checked JSON text.
     pub fn new(data: &'a [u8]) -> Result<Self> {
         if let Err(e) = std::str::from_utf8(data) {
-            return Err(CodecErr::invalid_json(format!("invalid UTF-8 at byte {}", e.valid_up_to())));
+            return Err(PathError::invalid_json(format!("invalid UTF-8 at byte {}", e.valid_up_to())));
         }
         Ok(Parser { s: data, pos: 0 })
     }
 
-    pub fn syntax(&self, what: &str) -> CodecErr {
-        CodecErr::invalid_json(format!("{} at byte {}", what, self.pos))
+    pub fn syntax(&self, what: &str) -> PathError {
+        PathError::invalid_json(format!("{} at byte {}", what, self.pos))
     }
 
     #[inline]
@@ -132,7 +132,7 @@ impl<'a> Parser<'a> {
         // Short integer literals are always in range; longer ones are checked exactly.
         if text.len() > 18 || text.iter().any(|&c| c == b'.' || c == b'e' || c == b'E') {
             if let Err(e) = parse_number(text) {
-                return Err(CodecErr::invalid_json(if e == OUT_OF_RANGE { OUT_OF_RANGE } else { e }));
+                return Err(PathError::invalid_json(if e == OUT_OF_RANGE { OUT_OF_RANGE } else { e }));
             }
         }
         Ok(text)
@@ -282,7 +282,7 @@ impl<'a> Parser<'a> {
 
     /// An unpaired surrogate is well-formed JSON that no UTF-8 string can hold: a value error at
     /// the current path (as in the Python backend), once the rest of the string is known valid.
-    fn surrogate_error(&mut self, from: usize) -> CodecErr {
+    fn surrogate_error(&mut self, from: usize) -> PathError {
         // Skip to the closing quote so syntax errors later in the string still win, as they do
         // in a whole-document parse.
         let s = self.s;
@@ -319,7 +319,7 @@ impl<'a> Parser<'a> {
             Kind::String => Ok(JVal::Str(self.string()?.into_owned())),
             Kind::Array => {
                 if depth >= JSON_NESTING_LIMIT {
-                    return Err(CodecErr::invalid_json("nesting too deep"));
+                    return Err(PathError::invalid_json("nesting too deep"));
                 }
                 self.bump();
                 let mut items = Vec::new();
@@ -335,7 +335,7 @@ impl<'a> Parser<'a> {
             }
             Kind::Object => {
                 if depth >= JSON_NESTING_LIMIT {
-                    return Err(CodecErr::invalid_json("nesting too deep"));
+                    return Err(PathError::invalid_json("nesting too deep"));
                 }
                 self.bump();
                 let mut members = Vec::new();
@@ -362,7 +362,7 @@ impl<'a> Parser<'a> {
             Kind::String => self.string().map(|_| ()),
             Kind::Array | Kind::Object => {
                 if depth >= JSON_NESTING_LIMIT {
-                    return Err(CodecErr::invalid_json("nesting too deep"));
+                    return Err(PathError::invalid_json("nesting too deep"));
                 }
                 let close = if self.s[self.pos] == b'[' { b']' } else { b'}' };
                 self.bump();

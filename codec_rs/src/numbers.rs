@@ -1,4 +1,4 @@
-//! Exact decimal numbers as cty keeps them (see kilolock/codec/numbers.py, its twin):
+//! Exact decimal numbers as cty keeps them (see kilolock/codec/pure/numbers.py, its twin):
 //! `±digits × 10^exp` with no leading or trailing zeros in `digits` (empty means zero).
 
 use std::cmp::Ordering;
@@ -190,7 +190,7 @@ fn div_small(digits: &[u8], divisor: u32) -> (Vec<u8>, u32) {
 fn split_twos(mut digits: Vec<u8>) -> (Vec<u8>, i64) {
     let mut twos = 0;
     while let Some(&last) = digits.last() {
-        if (last - b'0') % 2 != 0 {
+        if (last - b'0') & 1 == 1 {
             break;
         }
         digits = div_small(&digits, 2).0;

@@ -1,10 +1,13 @@
-"""cty types for the pure-Python backend: parsed from Terraform's JSON type syntax, printed back in
-canonical form (compact, sorted keys), and inferred from plain JSON at dynamic positions."""
+"""cty types: parsed from Terraform's JSON type syntax, printed back in canonical form (compact,
+sorted keys), and inferred from plain JSON at dynamic positions (twin of codec_rs/src/types.rs,
+same error texts)."""
 from __future__ import annotations
 
-from kilolock.codec.errors import MAX_DEPTH, PathError
-from kilolock.codec.jsontext import JsonObject, parse_json, quote
-from kilolock.codec.numbers import Dec
+from typing import cast
+
+from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
+from kilolock.codec.pure.jsontext import JsonObject, parse_json, quote
+from kilolock.codec.pure.numbers import Dec
 
 STRING, NUMBER, BOOL, DYNAMIC, LIST, SET, MAP, OBJECT, TUPLE = range(9)
 PRIMITIVE_KINDS = (STRING, NUMBER, BOOL)
@@ -16,7 +19,7 @@ _KIND_NAMES = {v: k for k, v in {**_PRIMITIVE_NAMES, **_COLLECTION_NAMES, "objec
 class CtyType:
     """One node of a compiled type; ``json`` is its canonical type-spec text."""
 
-    __slots__ = ("kind", "elem", "attrs", "names", "name_keys", "optional", "elems", "json")
+    __slots__ = ("kind", "elem", "attrs", "names", "mp_keys", "optional", "elems", "json")
 
     def __init__(self, kind: int, *, elem: CtyType | None = None, attrs: dict[str, CtyType] | None = None,
                  optional: tuple[str, ...] = (), elems: tuple[CtyType, ...] = ()) -> None:
@@ -25,14 +28,10 @@ class CtyType:
         self.attrs = attrs or {}
         # Attribute names in wire order: sorted by their UTF-8 bytes (== code point order).
         self.names = tuple(sorted(self.attrs))
-        self.name_keys: dict[str, bytes] = {}  # msgpack-encoded attribute names, filled by the codec
+        self.mp_keys: dict[str, bytes] = {}  # each name as a msgpack str, filled by marshal on first use
         self.optional = optional
         self.elems = elems
         self.json = _to_json(self)
-
-    @property
-    def kind_name(self) -> str:
-        return _KIND_NAMES[self.kind]
 
 
 def _to_json(t: CtyType) -> str:
@@ -109,7 +108,7 @@ def infer_type(value: object, depth: int) -> CtyType:
     if isinstance(value, str):
         return SIMPLE[STRING]
     if depth >= MAX_DEPTH:
-        raise PathError(f"nested deeper than {MAX_DEPTH} levels")
+        raise too_deep()
     if isinstance(value, JsonObject):
         attrs: dict[str, CtyType] = {}
         for key, item in value:
@@ -117,4 +116,4 @@ def infer_type(value: object, depth: int) -> CtyType:
                 raise PathError(f"duplicate key {quote(key)}")
             attrs[key] = infer_type(item, depth + 1)
         return CtyType(OBJECT, attrs=attrs)
-    return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in value))  # list
+    return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in cast("list[object]", value)))

@@ -1,8 +1,9 @@
-//! The codec's error: a message plus the path segments collected while it unwinds, rendered as
-//! `.rules[3].cidr: expected string, got number` — the same text the Python backend produces.
+//! The codec's path-collecting error (twin of PathError in kilolock/codec/errors.py): a message
+//! plus the path segments collected while it unwinds, rendered as
+//! `.rules[3].cidr: expected string, got number`, the same text the Python backend produces.
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct CodecErr {
+pub struct PathError {
     pub message: String,
     /// Innermost first; reversed when rendered.
     pub segments: Vec<String>,
@@ -11,15 +12,15 @@ pub struct CodecErr {
     pub at_root: bool,
 }
 
-pub type Result<T> = std::result::Result<T, CodecErr>;
+pub type Result<T> = std::result::Result<T, PathError>;
 
-impl CodecErr {
+impl PathError {
     pub fn new(message: impl Into<String>) -> Self {
-        CodecErr { message: message.into(), segments: Vec::new(), at_root: false }
+        PathError { message: message.into(), segments: Vec::new(), at_root: false }
     }
 
     pub fn invalid_json(detail: impl AsRef<str>) -> Self {
-        CodecErr { message: format!("invalid JSON: {}", detail.as_ref()), segments: Vec::new(), at_root: true }
+        PathError { message: format!("invalid JSON: {}", detail.as_ref()), segments: Vec::new(), at_root: true }
     }
 
     pub fn render(&self) -> String {
@@ -53,6 +54,6 @@ impl<T> AtStep<T> for Result<T> {
 
 pub const MAX_DEPTH: usize = 64;
 
-pub fn too_deep() -> CodecErr {
-    CodecErr::new(format!("nested deeper than {} levels", MAX_DEPTH))
+pub fn too_deep() -> PathError {
+    PathError::new(format!("nested deeper than {} levels", MAX_DEPTH))
 }
