@@ -29,7 +29,7 @@ def _walk(before: Any, after: Any, path: sch.AttributePath, out: list[tuple[sch.
             _walk(before.get(k), after.get(k), path + (step,), out)
         return
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        for i, (b, a) in enumerate(zip(before, after)):
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
             _walk(b, a, path + (sch.Index(i),), out)
         return
     out.append((path, before, after))

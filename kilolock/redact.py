@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 MASK = "(sensitive)"  # as kl drift shows sensitive values
 MIN_LENGTH = 4

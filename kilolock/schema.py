@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 
 class NestingMode(enum.IntEnum):
@@ -91,10 +91,10 @@ class GetAttr:
 class Index:
     """An element step; ``key`` is a str (map key) or an int (list index)."""
 
-    key: Union[str, int]
+    key: str | int
 
 
-PathStep = Union[GetAttr, Index]
+PathStep = GetAttr | Index
 AttributePath = tuple[PathStep, ...]
 
 
@@ -137,7 +137,7 @@ def path_display(path: AttributePath) -> str:
 
 # --- JSON form (``terraform providers schema -json``) ------------------------------------------
 
-_NESTING_NAMES = {m: m.name.lower() for m in NestingMode if m is not NestingMode.INVALID}
+_NESTING_NAMES: dict[NestingMode, str] = {m: m.name.lower() for m in NestingMode if m is not NestingMode.INVALID}
 _NESTING_BY_NAME = {v: k for k, v in _NESTING_NAMES.items()}
 
 

@@ -17,8 +17,10 @@ That is the conservative reading too: no sensitive value inside a set can escape
 """
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from kilolock.schema import (
     AttributePath,
@@ -77,7 +79,7 @@ def _block_paths(block: Block, value: Any, base: AttributePath, out: list[Attrib
         if nested.nesting in (NestingMode.SINGLE, NestingMode.GROUP):
             _block_paths(nested.block, child, path, out)
         elif nested.nesting == NestingMode.SET:
-            _set_paths(lambda elem, p, acc: _block_paths(nested.block, elem, p, acc), child, path, out)
+            _set_paths(functools.partial(_block_paths, nested.block), child, path, out)
         else:
             for key, elem in _elements(child):
                 _block_paths(nested.block, elem, path + (Index(key),), out)
@@ -165,7 +167,9 @@ def _lookup(doc: Any, path: AttributePath) -> tuple[bool, Any]:
     value = doc
     for step in path:
         key = step.name if isinstance(step, GetAttr) else step.key
-        if isinstance(value, dict) and isinstance(key, str) and key in value:
+        if isinstance(value, dict):
+            if not isinstance(key, str) or key not in value:
+                return False, None
             value = value[key]
         elif isinstance(value, list) and isinstance(key, int) and not isinstance(key, bool) and 0 <= key < len(value):
             value = value[key]

@@ -7,12 +7,13 @@ every error, and the addresses Terraform prints (``module.a["x"].null_resource.b
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Union
+from typing import Any
 
 from kilolock.errors import KlError
 
-InstanceKey = Union[None, int, str]
+InstanceKey = int | str | None
 
 
 class StateError(KlError):
@@ -202,7 +203,7 @@ def parse_provider(s: str, path: str = "provider") -> ProviderRef:
     """Parse an AbsProviderConfig string: ``[module.x.]provider["host/ns/type"][.alias]``."""
     head, sep, rest = s.partition('provider["')
     _expect(bool(sep), path, f'provider address {s!r} is not of the form provider["HOST/NAMESPACE/TYPE"]')
-    module = head[:-1] if head.endswith(".") else head
+    module = head.removesuffix(".")
     _expect(head == "" or head.endswith("."), path, f"provider address {s!r} has a malformed module prefix")
     source, sep, tail = rest.partition('"]')
     _expect(bool(sep) and source.count("/") == 2 and all(source.split("/")), path,

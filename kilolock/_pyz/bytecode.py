@@ -32,7 +32,7 @@ class CachingZipImporter(zipimport.zipimporter):
             inner = self.prefix + fullname.rpartition(".")[2] + ("/__init__.py" if ispkg else ".py")
             if inner in files:
                 return os.path.join(self.archive, inner)
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - any failure means: let zipimport answer as it would
             pass
         return super().get_filename(fullname)
 

@@ -13,7 +13,8 @@ import importlib.machinery
 import json
 import os
 import stat
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from kilolock._pyz.manifest import NATIVE_PREFIX, Manifest, NativeFile
 
@@ -90,7 +91,7 @@ def _prepare_root(root: str, how: str) -> None:
     os.makedirs(root, exist_ok=True)
 
 
-def _extract_into(archive: "zipfile.ZipFile", target: str, wanted: list[NativeFile]) -> None:
+def _extract_into(archive: zipfile.ZipFile, target: str, wanted: list[NativeFile]) -> None:
     import shutil
     import zipfile
 
@@ -127,9 +128,8 @@ def _extract_locked(archive_path: str, root: str, unit: str, wanted: list[Native
     # Only a cold start extracts: these imports stay off the warm path.
     import fcntl
     import shutil
-    import zipfile
-
     import tempfile
+    import zipfile
 
     final = os.path.join(root, unit)
     with open(os.path.join(root, f".{unit}.lock"), "a+b") as lock:

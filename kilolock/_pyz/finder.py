@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
+from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 from kilolock._pyz import cache
 from kilolock._pyz.manifest import Manifest, NativeFile, running_on, select
@@ -25,7 +26,7 @@ class NativeLoadError(ImportError, KlError):
 
 
 class _Loader(importlib.machinery.ExtensionFileLoader):
-    def __init__(self, fullname: str, path: str, finder: "NativeFinder") -> None:
+    def __init__(self, fullname: str, path: str, finder: NativeFinder) -> None:
         super().__init__(fullname, path)
         self._finder = finder
 

@@ -71,7 +71,7 @@ def add_format(parser: argparse.ArgumentParser) -> None:
 def default_actor() -> str:
     try:
         user = getpass.getuser()
-    except Exception:  # no passwd entry in some containers
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
         user = "unknown"
     return f"{user}@cli"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kilolock import drift
 from kilolock.cli import args as cli_args
@@ -21,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     with db.open_store() as conn:
         rows = drift_store.list_drift(conn, args.state, args.limit)
         total = drift_store.count_drift(conn, args.state)
-    items = []
+    items: list[tuple[dict[str, Any], list[drift.Change]]] = []
     for r in rows:
         if r["drift_kind"] == "deleted":  # every attribute "→ null" says nothing more than "deleted"
             items.append((r, []))

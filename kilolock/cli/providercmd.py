@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from kilolock import jsondoc
@@ -21,7 +20,7 @@ def normalize_source(text: str) -> str:
     raise UsageError(f"provider source {text!r} must be NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
 
 
-def _describe_secret_free(config: dict) -> str:
+def _describe_secret_free(config: dict[str, Any]) -> str:
     keys = sorted(config)
     return ", ".join(f"{k}=(env {config[k]['env']})" if isinstance(config[k], dict) and set(config[k]) == {"env"} else k for k in keys) or "(empty)"
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 
 def _text(v: Any) -> str:
@@ -24,9 +25,9 @@ def key_values(pairs: Sequence[tuple[str, Any]]) -> None:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[_text(c) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    print("  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip())
+    print("  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 def _default(v: Any) -> Any:

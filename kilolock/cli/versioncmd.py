@@ -14,7 +14,7 @@ def _codec_backend() -> str:
         from kilolock import codec
     except ImportError as exc:  # the codec package is optional until it lands everywhere
         return f"unavailable ({exc})"
-    except Exception as exc:  # a forced backend that cannot load says why
+    except Exception as exc:  # noqa: BLE001 - a forced backend that cannot load says why
         return f"error ({exc})"
     return str(getattr(codec, "backend", "unknown"))
 

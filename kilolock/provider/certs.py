@@ -150,8 +150,11 @@ def _time(moment: dt.datetime) -> bytes:
 
 
 def _name() -> bytes:
-    rdn = lambda oid, text: _tlv(0x31, _seq(_oid(oid), _tlv(0x0C, text.encode())))  # noqa: E731
-    return _seq(rdn(_OID_ORG, "HashiCorp"), rdn(_OID_CN, "localhost"))
+    return _seq(_rdn(_OID_ORG, "HashiCorp"), _rdn(_OID_CN, "localhost"))
+
+
+def _rdn(oid: str, text: str) -> bytes:
+    return _tlv(0x31, _seq(_oid(oid), _tlv(0x0C, text.encode())))
 
 
 def _extension(oid: str, critical: bool, value: bytes) -> bytes:
@@ -162,7 +165,8 @@ def _extension(oid: str, critical: bool, value: bytes) -> bytes:
 def _pem(label: str, der: bytes) -> bytes:
     body = base64.encodebytes(der).decode().replace("\n", "")
     lines = [body[i : i + 64] for i in range(0, len(body), 64)]
-    return ("-----BEGIN %s-----\n%s\n-----END %s-----\n" % (label, "\n".join(lines), label)).encode()
+    body_lines = "\n".join(lines)
+    return f"-----BEGIN {label}-----\n{body_lines}\n-----END {label}-----\n".encode()
 
 
 # --- the certificate ------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ It is safe to call from many threads at once (grpc channels are), which the refr
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -20,6 +21,9 @@ from kilolock.provider.diagnostics import Diagnostic, errors_of
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
 from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, undeclared_field_payloads
 from kilolock.schema import AttributePath, ProviderSchema, Schema
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs 3.11
 
 # Sent as Configure.terraform_version. Providers rarely look at it; we report the Terraform whose
 # refresh semantics kl follows (sensitive paths as of 1.8).
@@ -79,7 +83,7 @@ class ProviderClient(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
-    def __enter__(self) -> "ProviderClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,14 +137,14 @@ class GrpcProviderClient(ProviderClient):
     def connection(self) -> PluginConnection:
         return self._conn
 
-    def _unary(self, method: str, deserializer: Callable[[bytes], Any] | None) -> grpc.UnaryUnaryMultiCallable:
+    def _unary(self, method: str, deserializer: Callable[[bytes], Any] | None) -> grpc.UnaryUnaryMultiCallable[Any, Any]:
         return self._conn.channel.unary_unary(
             f"/{self._d.service}/{method}",
             request_serializer=_serialize,
             response_deserializer=deserializer,
         )
 
-    def _call(self, rpc: str, fn: grpc.UnaryUnaryMultiCallable, request: Any, timeout: float | None = None) -> Any:
+    def _call(self, rpc: str, fn: grpc.UnaryUnaryMultiCallable[Any, Any], request: Any, timeout: float | None = None) -> Any:
         timeout = self._rpc_timeout if timeout is None else timeout
         try:
             return fn(request, timeout=timeout)
@@ -148,8 +152,8 @@ class GrpcProviderClient(ProviderClient):
             raise self._call_error(rpc, exc, timeout) from None
 
     def _call_error(self, rpc: str, exc: grpc.RpcError, timeout: float | None = None) -> ProviderCallError:
-        code = exc.code()  # type: ignore[attr-defined]
-        details = exc.details()  # type: ignore[attr-defined]
+        code = exc.code()
+        details = exc.details()
         proc = self._conn.process
         proc.wait(0.2)  # a crash shows up as UNAVAILABLE just before the exit status does
         if not proc.alive():
@@ -183,7 +187,7 @@ class GrpcProviderClient(ProviderClient):
         try:
             resp = self._rpc_identity(self._d.pb.GetResourceIdentitySchemas.Request(), timeout=self._rpc_timeout)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return {}  # providers older than protocol 5.9/6.9, as Terraform treats them
             raise self._call_error("GetResourceIdentitySchemas", exc, self._rpc_timeout) from None
         self._check("GetResourceIdentitySchemas", "", convert.diagnostics(resp.diagnostics))
@@ -269,4 +273,4 @@ class GrpcProviderClient(ProviderClient):
 
 
 def _serialize(msg: Any) -> bytes:
-    return msg.SerializeToString()
+    return bytes(msg.SerializeToString())

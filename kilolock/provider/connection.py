@@ -17,14 +17,15 @@ import logging
 import os
 import threading
 import time
+from typing import Any
 
 # grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
 # below makes that routine; kl reports it through logging instead. Only a default: an operator's
 # own GRPC_VERBOSITY wins, and it must be set before grpc is first imported to take effect.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-import grpc  # noqa: E402
-from google.protobuf import empty_pb2  # noqa: E402
+import grpc
+from google.protobuf import empty_pb2
 
 from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
 from kilolock.provider.certs import der_to_pem, process_client_certificate
@@ -54,7 +55,7 @@ class PluginConnection:
         self.name = process.spec.name
         self._closed = False
         self._close_lock = threading.Lock()
-        self._stdio_call: grpc.Future | None = None
+        self._stdio_call: grpc.CallIterator[Any] | None = None
         self._stdio_thread = threading.Thread(target=self._drain_stdio, name=f"kl-{self.name}-stdio", daemon=True)
 
     def start_stdio(self) -> None:
@@ -75,7 +76,7 @@ class PluginConnection:
                 self.process.logger.info("plugin %s: %s", channel, text)
         except grpc.RpcError as exc:
             # UNIMPLEMENTED from old go-plugin servers, CANCELLED/UNAVAILABLE at close: all normal.
-            self.process.logger.debug("StreamStdio ended: %s", exc.code())  # type: ignore[attr-defined]
+            self.process.logger.debug("StreamStdio ended: %s", exc.code())
 
     def close(self) -> None:
         """Shutdown → close the channel → wait up to 2 s → SIGKILL; idempotent."""
@@ -94,7 +95,7 @@ class PluginConnection:
                 try:
                     shutdown(grpc_controller_pb2.Empty(), timeout=_SHUTDOWN_GRACE)
                 except grpc.RpcError as exc:
-                    code = exc.code()  # type: ignore[attr-defined]
+                    code = exc.code()
                     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                         self.process.logger.debug("Shutdown answered %s; killing", code)
         finally:
@@ -107,7 +108,7 @@ class PluginConnection:
 def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel:
     hs = process.handshake
     assert hs is not None
-    options = [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
@@ -134,7 +135,7 @@ def _probe(channel: grpc.Channel) -> grpc.RpcError | None:
     try:
         check(grpc_health_pb2.HealthCheckRequest(service="plugin"), timeout=_PROBE_TIMEOUT, wait_for_ready=False)
     except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
             return None
         return exc
     return None
@@ -170,7 +171,7 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
         return conn
     channel.close()
     alive = process.alive()
-    detail = failure.details()  # type: ignore[attr-defined]
+    detail = failure.details()
     process.kill()
     if use_tls and alive:
         _tls_failed.add(binary)

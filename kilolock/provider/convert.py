@@ -6,7 +6,8 @@ Values stay bytes: attribute types are the provider's own compact cty JSON type 
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from google.protobuf.message import DecodeError
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any
 
 from kilolock.provider.errors import ProviderNotFoundError
 
@@ -88,7 +89,7 @@ def search_dirs(cli_paths: Sequence[str] = (), env: Mapping[str, str] | None = N
     return out
 
 
-def version_key(version: str | None) -> tuple:
+def version_key(version: str | None) -> tuple[Any, ...]:
     """Semantic-version order; a pre-release sorts below its release; None below everything."""
     if version is None:
         return (-1,)
@@ -96,7 +97,7 @@ def version_key(version: str | None) -> tuple:
     if not m:
         return (-1,)
     pre = m.group(4)
-    pre_key: tuple = (1,) if pre is None else (0, *((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split(".")))
+    pre_key: tuple[Any, ...] = (1,) if pre is None else (0, *((0, int(x), "") if x.isdigit() else (1, 0, x) for x in pre.split(".")))
     return (int(m.group(1)), int(m.group(2)), int(m.group(3)), pre_key)
 
 

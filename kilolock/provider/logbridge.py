@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from kilolock.redact import Redactor
 

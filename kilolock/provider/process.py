@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
@@ -70,7 +71,7 @@ class _Spawner:
             fn, fut = self._jobs.get()
             try:
                 fut.set_result(fn())
-            except BaseException as exc:  # handed back to the caller's thread
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
                 fut.set_exception(exc)
 
 
@@ -96,7 +97,7 @@ def _preexec(parent_pid: int) -> Callable[[], None]:
 
 # --- the registry of live plugins -----------------------------------------------------------------
 
-_live: set["PluginProcess"] = set()
+_live: set[PluginProcess] = set()
 _live_lock = threading.Lock()
 
 
@@ -154,7 +155,7 @@ class PluginProcess:
     # -- start --
 
     @classmethod
-    def start(cls, spec: LaunchSpec) -> "PluginProcess":
+    def start(cls, spec: LaunchSpec) -> PluginProcess:
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
@@ -182,7 +183,7 @@ class PluginProcess:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_preexec(parent),
+                preexec_fn=_preexec(parent),  # noqa: PLW1509 - only prctl(PR_SET_PDEATHSIG), async-signal-safe
                 close_fds=True,
             )
 

@@ -6,7 +6,7 @@ JSON fakes; nothing here knows about msgpack or processes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from kilolock.errors import KlError

@@ -7,7 +7,6 @@ compared in one form and an unchanged object never looks drifted.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
@@ -21,7 +20,7 @@ class EncodingClient:
         self._raw = raw
         self._schema = schema
         self.info = info
-        self._types: dict[str, Any] = {}
+        self._types: dict[str, codec.CodecType] = {}
         self._has_sensitive: dict[str, bool] = {}
         self._lock = threading.Lock()
         # The orchestrator canonicalizes the prior and then, in the same thread, reads with that very
@@ -35,7 +34,7 @@ class EncodingClient:
         except KeyError:
             raise ResourceError(f"provider {self.info.source} {self.info.version} has no resource type {type_name!r}") from None
 
-    def _type(self, type_name: str) -> Any:
+    def _type(self, type_name: str) -> codec.CodecType:
         t = self._types.get(type_name)
         if t is None:
             compiled = codec.compile_block(self.resource_schema(type_name).block)
@@ -57,7 +56,7 @@ class EncodingClient:
         last = getattr(self._last_prior, "value", None)
         self._last_prior.value = None
         if last is not None and last[0] == type_name and last[1] is prior:
-            return last[2]
+            return bytes(last[2])
         return self._type(type_name).encode(prior)
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:

@@ -16,8 +16,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import psycopg
 
@@ -257,7 +257,7 @@ class _Run:
         for c in clients:
             try:
                 c.stop()
-            except Exception as exc:  # best effort: the process is closed right after
+            except Exception as exc:  # noqa: BLE001 - best effort: the process is closed right after
                 log.debug("StopProvider failed: %s", exc)
 
 

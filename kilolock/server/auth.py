@@ -9,6 +9,7 @@ import hmac
 import os
 import secrets
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,11 @@ ANONYMOUS = Principal("anonymous")
 def hash_password(password: str, *, n: int = _N, r: int = _R, p: int = _P) -> str:
     salt = secrets.token_bytes(16)
     digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=2**26, dklen=32)
-    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
-    return f"{_SCHEME}${n}${r}${p}${b64(salt)}${b64(digest)}"
+    return f"{_SCHEME}${n}${r}${p}${_b64(salt)}${_b64(digest)}"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 @dataclass(frozen=True)
@@ -118,10 +122,10 @@ class Authenticator:
         self._dummy = _parse_hash(hash_password(secrets.token_hex(8)), "dummy")
 
     @classmethod
-    def from_config(cls, users_file: str | None, env: dict[str, str] | None = None) -> "Authenticator":
-        env = os.environ if env is None else env
+    def from_config(cls, users_file: str | None, env: Mapping[str, str] | None = None) -> Authenticator:
+        source = os.environ if env is None else env
         users = load_users(Path(users_file)) if users_file else None
-        return cls(users, env.get(TOKEN_ENV) or None, env.get(ADMIN_TOKEN_ENV) or None)
+        return cls(users, source.get(TOKEN_ENV) or None, source.get(ADMIN_TOKEN_ENV) or None)
 
     @property
     def enabled(self) -> bool:
@@ -167,8 +171,8 @@ class Authenticator:
             return hit
         entry = self._users.get(user)
         # An unknown user costs the same scrypt as a known one: no user enumeration by timing.
-        ok = (entry.hash if entry else self._dummy).matches(password) and entry is not None
-        if not ok:
+        ok = (entry.hash if entry else self._dummy).matches(password)
+        if not ok or entry is None:
             return None
         principal = Principal(user, admin=entry.admin)
         with self._cache_lock:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
@@ -36,7 +36,7 @@ class ServerConfig:
     pool_size: int = 16
     pool_wait: float = 30.0
     max_connections: int = 256  # one thread each; beyond this, new connections get 503 at once
-    policy: backend.BackendPolicy = backend.BackendPolicy()
+    policy: backend.BackendPolicy = field(default_factory=backend.BackendPolicy)
 
 
 _BUSY_TEXT = b"server busy: too many open connections; retry\n"
@@ -88,8 +88,9 @@ class KilolockHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else host
+        address, port = self.server_address[:2]
+        host = address.decode() if isinstance(address, (bytes, bytearray)) else str(address)
+        host = f"[{host}]" if ":" in host else host
         return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
 
@@ -108,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def setup(self) -> None:
-        self.timeout = self.server.config.timeout
+        # Per server, so per handler instance; typeshed declares it a ClassVar.
+        self.timeout = self.server.config.timeout  # type: ignore[misc]
         super().setup()
         if isinstance(self.request, ssl.SSLSocket):
             try:
@@ -136,10 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             pass
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         log.info("%s %s", self.client_address[0], format % args)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_LOCK = do_UNLOCK = lambda self: self._dispatch()  # noqa: E731
+    do_GET = do_POST = do_PUT = do_DELETE = do_LOCK = do_UNLOCK = lambda self: self._dispatch()
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -276,7 +278,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _backend(self, method: str, name: str, query: str, principal: Principal) -> Response:
         body = self._read_body() if method in ("POST", "PUT", "LOCK", "UNLOCK") else b""
         params = parse_qs(query, keep_blank_values=True)
-        lock_id = (params.get("ID") or [None])[0] or None
+        lock_id = (params.get("ID") or [""])[0] or None
         with self.server.pool.connection() as conn:
             if method == "GET":
                 return backend.get_state(conn, name)

@@ -35,7 +35,7 @@ def _redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url
-    creds, at, host = rest.rpartition("@")
+    creds, _, host = rest.rpartition("@")
     if ":" in creds:
         creds = creds.split(":", 1)[0] + ":***"
     return f"{scheme}://{creds}@{host}"
@@ -82,7 +82,7 @@ def open_store(migrate: bool | None = None) -> psycopg.Connection:
     The embedded database is migrated automatically (it is kl's own); an external one must be
     migrated explicitly with `kl db migrate`, unless `migrate=True`.
     """
-    from kilolock.store.migrate import pending_migrations, apply_migrations
+    from kilolock.store.migrate import apply_migrations, pending_migrations
 
     target = resolve_target()
     conn = connect(target.url)

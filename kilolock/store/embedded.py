@@ -19,9 +19,10 @@ import pwd
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kilolock.errors import KlError
 
@@ -102,7 +103,7 @@ class EmbeddedCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
         env["LC_ALL"] = "C"
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd="/", **kwargs)
+            proc = subprocess.run(args, check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd="/", **kwargs)
         except subprocess.TimeoutExpired:
             raise EmbeddedError(f"embedded PostgreSQL: {what} did not finish within {timeout:.0f}s (see {self.log_file})") from None
         if proc.returncode != 0:

@@ -7,7 +7,7 @@ error unwinds.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
 from kilolock.codec.pure.jsontext import JsonObject, parse_json, quote
@@ -193,7 +193,7 @@ def marshal_tuple(value: object, t: CtyType, out: bytearray, depth: int) -> None
     if len(items) != len(t.elems):
         raise PathError(f"expected tuple of {len(t.elems)} elements, got {len(items)}")
     write_array_header(out, len(items))
-    for i, (item, elem) in enumerate(zip(items, t.elems)):
+    for i, (item, elem) in enumerate(zip(items, t.elems, strict=True)):
         try:
             marshal(item, elem, out, depth + 1)
         except PathError as exc:

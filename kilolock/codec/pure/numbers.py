@@ -28,7 +28,7 @@ WIRE_STR = 2
 
 
 class Dec:
-    __slots__ = ("neg", "digits", "exp")
+    __slots__ = ("digits", "exp", "neg")
 
     def __init__(self, neg: bool, digits: str, exp: int) -> None:
         self.neg = neg

@@ -19,7 +19,7 @@ _KIND_NAMES = {v: k for k, v in {**_PRIMITIVE_NAMES, **_COLLECTION_NAMES, "objec
 class CtyType:
     """One node of a compiled type; ``json`` is its canonical type-spec text."""
 
-    __slots__ = ("kind", "elem", "attrs", "names", "mp_keys", "optional", "elems", "json")
+    __slots__ = ("attrs", "elem", "elems", "json", "kind", "mp_keys", "names", "optional")
 
     def __init__(self, kind: int, *, elem: CtyType | None = None, attrs: dict[str, CtyType] | None = None,
                  optional: tuple[str, ...] = (), elems: tuple[CtyType, ...] = ()) -> None:

@@ -6,7 +6,7 @@ the head's family and argument, as the Rust ones get a ``Head``.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
 from kilolock.codec.pure.jsontext import quote
