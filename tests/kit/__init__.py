@@ -6,7 +6,7 @@ PYTHONPATH (scripts/chaos.sh). Fixtures stay in the conftest.py files (pytest fi
 only); what they do lives here.
 
 - paths: the repository, the test cache (real providers, Terraform) and the fake provider
-- procs: the process table (the one /proc scan for leftover providers)
+- procs: the process table (the one /proc scan for leftover providers), child signal dispositions
 - pg: the PostgreSQL server and per-test databases
 - kl: running `python -m kilolock` as a user would
 - states, faults: states for tests; the fault-injecting fake provider installed as a plugin

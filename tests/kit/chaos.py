@@ -205,8 +205,10 @@ class Chaos:
         before, runs_before = self.serials(target), len(self.runs(target))
         orphans_before = procs.marked_pids(self.mark, names=(b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock"))
 
+        # default_signals: the kill faults must land even when chaos.sh runs in the background (`&`
+        # starts it with SIGINT ignored, and kl's children would inherit that).
         proc = subprocess.Popen([sys.executable, "-m", "kilolock", *args], env={**self.env, **env}, cwd=str(cwd),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=procs.default_signals)
         delay = self.rng.uniform(0.3, 3.0)
         if fault in SIGNALS:
             timer = threading.Timer(delay, lambda: proc.poll() is None and proc.send_signal(SIGNALS[fault]))

@@ -1,4 +1,4 @@
-"""The process table, as the leak checks see it.
+"""The process table, as the leak checks see it, and the signal dispositions of the children tests signal.
 
 Every process a test session starts (kl, and through it the providers) carries the session's mark
 (KL_TEST_SESSION, set by tests/conftest.py) in its environment, so the checks count our own
@@ -7,6 +7,7 @@ processes only, not a neighbour's on the machine. This is the one /proc scan for
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Iterable
 
@@ -74,3 +75,17 @@ def assert_no_new_providers(before: set[int], grace: float = 5.0) -> None:
     left = settle_orphans(before, session_mark(), grace)
     assert not left, f"provider processes outlived the test: {sorted(left)}"
 
+
+# What a test signals its children with. A shell starting a job in the background (`cmd &`, so
+# `nohup bash .ci/run &`) runs it with SIGINT and SIGQUIT ignored, and an ignored disposition is
+# inherited across exec: a child would then never see the signal the test sends it (a Python child
+# does not even install its KeyboardInterrupt handler). Not subprocess's restore_signals: that
+# covers SIGPIPE, SIGXFZ and SIGXFSZ only. SIGHUP stays as inherited: nohup ignores it on purpose.
+SIGNALS_TESTS_SEND = (signal.SIGINT, signal.SIGTERM)
+
+
+def default_signals() -> None:
+    """preexec_fn for a child a test will signal: the default disposition of every signal the
+    test may send, whatever the test process itself inherited."""
+    for sig in SIGNALS_TESTS_SEND:
+        signal.signal(sig, signal.SIG_DFL)

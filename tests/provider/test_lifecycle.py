@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kit.kl import kl_env
-from kit.procs import running
+from kit.procs import default_signals, running
 from kit.providers import BY_TYPE, require
 
 # Launches a real provider from a short-lived worker thread (PDEATHSIG must not fire when that
@@ -35,9 +35,10 @@ CHILD = textwrap.dedent(
 
 def _provider_pid_after(mode: str, sig: int | None) -> int:
     script = CHILD.format(binary=require(BY_TYPE["null"]), mode=mode)
-    # kl_env: the child imports kilolock from this checkout.
+    # kl_env: the child imports kilolock from this checkout. default_signals: the SIGINT/SIGTERM
+    # sent below must act even when this test process inherited them ignored (`cmd &`).
     child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=kl_env())
+                             env=kl_env(), preexec_fn=default_signals)
     try:
         line = child.stdout.readline()  # type: ignore[union-attr]
         assert line.strip().isdigit(), f"child failed: {line!r} {child.stderr.read() if child.poll() is not None else ''}"  # type: ignore[union-attr]

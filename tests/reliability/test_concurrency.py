@@ -24,7 +24,7 @@ from kit.faults import fake_state, serials
 from kit.invariants import event_count, reindex_mismatches, running_runs, state_locks, version_problems, wait_for
 from kit.kl import kl_cmd, kl_env
 from kit.paths import REPO
-from kit.procs import marked_pids, session_mark, settle_orphans
+from kit.procs import default_signals, marked_pids, session_mark, settle_orphans
 SEED = int(os.environ.get("KL_CHAOS_SEED", "20261129"))
 # What a losing refresh may say: the state moved under it, or the lock was held at that instant.
 LOSER = re.compile(r"changed while this run was in progress|is locked by .*(refresh not committed)?")
@@ -40,7 +40,7 @@ def no_orphan_providers():
 
 def _popen(args: list[str], cwd: Path | None = None, **env: str) -> subprocess.Popen:
     return subprocess.Popen(kl_cmd(*args), env=kl_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=str(cwd or REPO))
+                            cwd=str(cwd or REPO), preexec_fn=default_signals)  # the tests signal them
 
 
 def _runs(db_url: str, state: str = "prod") -> list[tuple]:
