@@ -21,7 +21,7 @@ def database_url(server_url: str, dbname: str) -> str:
 
     params = psycopg.conninfo.conninfo_to_dict(server_url)
     params["dbname"] = dbname
-    return psycopg.conninfo.make_conninfo(**params)
+    return psycopg.conninfo.make_conninfo("", **params)
 
 
 @contextmanager
