@@ -1,5 +1,5 @@
-"""Chaos run for `kl refresh` (scripts/chaos.sh runs it as `python -m kit.chaos`, tests/ on
-PYTHONPATH): N refreshes with random faults, then the invariants that must hold whatever happened.
+"""Chaos run for `kl refresh`: N refreshes with random faults, then the invariants that must hold
+whatever happened.
 
 Two states on a PostgreSQL cluster of the run's own (or --database-url):
 - `real`: made by Terraform 1.0.3 with the real null, random and local providers; faults are
@@ -13,6 +13,8 @@ on failure, serial +1 only when it succeeded, no provider left), and at the end,
 `kl runs --stale`: serials strictly increase, every version parses, the lifecycle rows equal a
 re-index from scratch, no audit row left running, no state lock left, no process left.
 Exit 0 when everything held, 1 on any violation, 2 when something needed is missing.
+
+Test-kit code: scripts/chaos.sh runs it as `python -m kit.chaos` with tests/ on PYTHONPATH.
 """
 from __future__ import annotations
 
