@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import msgpack
 import pytest
+from kit.codec import BUILD_HINT
 
 from kilolock.codec import block_type_json
 from kilolock.codec import pure
@@ -23,12 +24,10 @@ from kilolock.schema import Attribute, Block, NestedBlock, NestingMode
 
 try:
     from kilolock import _codec_rs
-except ImportError:  # the gate tests fail with the build hint below
+except ImportError:  # the gate tests fail with the build hint (kit.codec)
     _codec_rs = None  # type: ignore[assignment]
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
-BUILD_HINT = ("the Rust codec is not built: cargo build --release --manifest-path codec_rs/Cargo.toml && "
-              "cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so")
 
 
 # --- corpus ---------------------------------------------------------------------------------------

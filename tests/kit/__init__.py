@@ -13,6 +13,7 @@ only); what they do lives here.
 - invariants: what must hold in the database after any fault
 - providers, tfworkspace, tfcli, pyz: real provider binaries, Terraform workspaces, Terraform and
   OpenTofu against kl serve, kl.pyz builds
+- codec: the two codec backends (tests/codec, the codec bench)
 - httpclient, loadgen, fuzz, fuzzhttp, leaks, state_diff: per-suite helpers
 - chaos: the chaos runner behind scripts/chaos.sh
 """
