@@ -1,9 +1,12 @@
-"""Shared bench helpers: quick mode and a summary table printed at the end of the run."""
+"""Shared bench fixtures: the PostgreSQL server (kit.pg), a database per bench, and a summary table
+printed at the end of the run."""
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import pytest
+from kit import pg
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 _summary: list[str] = []
@@ -23,44 +26,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server():
+def pg_server() -> Iterator[str]:
     """A PostgreSQL server for the benches: KL_TEST_DATABASE_URL, or a throwaway embedded cluster."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    url = os.environ.get("KL_TEST_DATABASE_URL")
-    if url:
+    with pg.server("kl-bench-pg-") as url:
         yield url
-        return
-    from kilolock.store.embedded import EmbeddedCluster
-
-    base = Path(tempfile.mkdtemp(prefix="kl-bench-pg-"))
-    os.chmod(base, 0o755)  # as root the server runs unprivileged and must reach its directory
-    cluster = EmbeddedCluster(base / "pg")
-    cluster.ensure_running()
-    try:
-        yield cluster.url("postgres")
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
-def bench_db(pg_server):
+def bench_db(pg_server: str) -> Iterator[str]:
     """A fresh, migrated database of the bench's own (a libpq URL)."""
-    import uuid
-
     import psycopg
 
     from kilolock.store.migrate import apply_migrations
 
-    name = f"kl_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        apply_migrations(conn)
-    yield url
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pg.fresh_database(pg_server, prefix="kl_bench_") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            apply_migrations(conn)
+        yield url

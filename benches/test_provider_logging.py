@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import msgpack
 import pytest
+from kit.providers import BY_TYPE, require
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "provider"))
-from kltest_providers import BY_TYPE, require  # noqa: E402
-
-from kilolock.provider import launch_provider  # noqa: E402
-from kilolock.provider.client import ProviderClient  # noqa: E402
+from kilolock.provider import launch_provider
+from kilolock.provider.client import ProviderClient
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 CALLS = 100 if QUICK else 600

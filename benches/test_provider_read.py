@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Callable
 
 import grpc
 import msgpack
 import pytest
+from kit.providers import BY_TYPE, require
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "provider"))
-from kltest_providers import BY_TYPE, require  # noqa: E402
-
-from kilolock.provider import launch_provider  # noqa: E402
-from kilolock.provider._pb import tfplugin5_pb2 as pb  # noqa: E402
-from kilolock.provider.connection import MAX_MESSAGE_BYTES  # noqa: E402
+from kilolock.provider import launch_provider
+from kilolock.provider._pb import tfplugin5_pb2 as pb
+from kilolock.provider.connection import MAX_MESSAGE_BYTES
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 CALLS = 300 if QUICK else 1500

@@ -14,11 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.paths import FAKE_PROVIDER, REPO, TERRAFORM
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-TERRAFORM = CACHE / "bin" / "terraform-1.0.3"
 INSTANCES = 500
 ROUNDS = 3  # medians of interleaved rounds
 # "No slower than Terraform": measured 0.56-0.84x. CI's quick mode allows 1.1x for runner noise;
@@ -34,7 +32,7 @@ def _setup(tmp: Path) -> tuple[Path, bytes]:
     exe = d / "terraform-provider-fake_v1.0.0_x5"
     exe.write_text("#!/bin/sh\n"
                    f"export PYTHONPATH='{REPO}' FAKE_SLOW_SECONDS=0.02 FAKE_UPGRADE=object\n"
-                   f'exec "{sys.executable}" "{REPO / "tests" / "provider" / "fake_provider.py"}" "$@"\n')
+                   f'exec "{sys.executable}" "{FAKE_PROVIDER}" "$@"\n')
     exe.chmod(0o755)
     (tmp / "rc").write_text(f'provider_installation {{ filesystem_mirror {{ path = "{mirror}" }} }}\n')
     (tmp / "main.tf").write_text(

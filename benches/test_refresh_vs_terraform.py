@@ -15,13 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from kit.paths import CACHE, REPO, TERRAFORM
+from kit.paths import PLUGIN_CACHE as PLUGINS
 
-
-REPO = Path(__file__).resolve().parents[1]
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-TERRAFORM = CACHE / "bin" / "terraform-1.0.3"
-PLUGINS = CACHE / "plugin-cache"
 ROUNDS = 3  # medians of interleaved rounds
 
 CASES = [

@@ -17,26 +17,11 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "server"))
-from loadgen import check_database, run_load, state_body  # noqa: E402
-
-
-def _suite_fixtures():  # the test suite's real-PostgreSQL fixtures, loaded from tests/conftest.py
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kl_tests_conftest", ROOT / "tests" / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.pg_server, mod.pg_template, mod.db_url
-
-
-pg_server, pg_template, db_url = _suite_fixtures()
+from kit.loadgen import check_database, run_load, state_body
+from kit.paths import REPO as ROOT
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 LOAD_SECONDS = 3.0 if QUICK else 30.0
@@ -48,7 +33,13 @@ TOKEN = "bench-token"
 
 
 @pytest.fixture
-def server(db_url: str) -> Iterator[str]:  # noqa: F811
+def db_url(bench_db: str) -> str:
+    """The bench's own migrated database (benches/conftest.py, on the session's one server)."""
+    return bench_db
+
+
+@pytest.fixture
+def server(db_url: str) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -95,7 +86,7 @@ def _http_cycle(url: str) -> Callable[[str], None]:
     return cycle
 
 
-def _direct_cycle(db_url: str) -> Callable[[str], None]:  # noqa: F811
+def _direct_cycle(db_url: str) -> Callable[[str], None]:
     from kilolock.server import backend
     from kilolock.server.auth import Principal
     from kilolock.store import db
@@ -123,7 +114,7 @@ def _per_cycle(cycle: Callable[[str], None], name: str) -> float:
     return (time.perf_counter() - start) / CYCLES
 
 
-def test_cycle_overhead(server: str, db_url: str, benchmark) -> None:  # noqa: F811
+def test_cycle_overhead(server: str, db_url: str, benchmark) -> None:
     http_cycle, direct_cycle = _http_cycle(server), _direct_cycle(db_url)
     _per_cycle(http_cycle, "warm-h"), _per_cycle(direct_cycle, "warm-d")
     floor, mine = [], []
@@ -138,7 +129,7 @@ def test_cycle_overhead(server: str, db_url: str, benchmark) -> None:  # noqa: F
     assert ratio < CYCLE_GATE, f"a cycle over HTTP costs {ratio:.2f}x the direct store calls (gate {CYCLE_GATE}x)"
 
 
-def test_fifty_clients(server: str, db_url: str, benchmark) -> None:  # noqa: F811
+def test_fifty_clients(server: str, db_url: str, benchmark) -> None:
     one = run_load(server, [f"solo-{i}" for i in range(10)], clients=1, seconds=LOAD_SECONDS / 3, token=TOKEN)
     many = run_load(server, [f"load-{i}" for i in range(10)], clients=50, seconds=LOAD_SECONDS, token=TOKEN)
     ratio = many.requests_per_second / one.requests_per_second

@@ -13,16 +13,13 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "pyz"))
-from pyzkit import build, clean_env  # noqa: E402
+from kit.pyz import build, clean_env
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 ROUNDS = 5 if QUICK else 15

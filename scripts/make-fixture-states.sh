@@ -76,7 +76,7 @@ make_varied() {
     tf varied-v2-apply apply -input=false -auto-approve -refresh=false -var generation=2
     cp terraform.tfstate "$out/varied-v2.tfstate"
     # Changed: null_resource.changing and the two data sources (their `random` is re-read).
-    python3 "$repo/tests/fixtures/state_diff.py" "$out/varied.tfstate" "$out/varied-v2.tfstate" \
+    python3 "$repo/tests/kit/state_diff.py" "$out/varied.tfstate" "$out/varied-v2.tfstate" \
         --expect-changed 3 --expect-removed 1 --expect-added 0 >/dev/null
 }
 
@@ -93,7 +93,7 @@ make_big2000() {
     cp v1.tfstate terraform.tfstate
     tf big2000-v2-refreshed-apply apply -input=false -auto-approve -parallelism="$parallelism" -var-file=v2.tfvars
     cp terraform.tfstate "$out/big2000-v2-refreshed.tfstate"
-    python3 "$repo/tests/fixtures/state_diff.py" "$out/big2000-v1.tfstate" "$out/big2000-v2.tfstate" \
+    python3 "$repo/tests/kit/state_diff.py" "$out/big2000-v1.tfstate" "$out/big2000-v2.tfstate" \
         --expect-changed 10 --expect-removed 5 --expect-added 0 >"$work/changes.json"
     python3 - "$work/changes.json" "$out/big2000-changes.json" <<'PY'
 import json, sys

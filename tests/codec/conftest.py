@@ -4,27 +4,7 @@ from __future__ import annotations
 import types
 
 import pytest
-
-BUILD_HINT = (
-    "the Rust codec is not built into this checkout: run "
-    "`cargo build --release --manifest-path codec_rs/Cargo.toml && "
-    "cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so` "
-    "(or `maturin build --release` and unzip the wheel's .so into kilolock/)"
-)
-
-
-def load_backend(name: str) -> types.ModuleType:
-    if name == "python":
-        from kilolock.codec import pure
-
-        return pure
-    try:
-        from kilolock import _codec_rs
-    except ImportError as exc:
-        pytest.fail(f"{BUILD_HINT} ({exc})")
-    if not hasattr(_codec_rs, "compile_type"):
-        pytest.fail(f"kilolock._codec_rs is the skeleton without a codec; {BUILD_HINT}")
-    return _codec_rs
+from kit.codec import load_backend
 
 
 @pytest.fixture(params=["python", "rust"])

@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from kit.paths import FAKE_PROVIDER, REPO
+from kit.procs import running
+from kit.providers import REAL_PROVIDERS, RealProvider, launched, require
 
-sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
-
-from kltest_providers import FAKE, REAL_PROVIDERS, ROOT, RealProvider, _launched, require, running  # noqa: E402
-
-from kilolock.provider import process as plugin_process  # noqa: E402
+from kilolock.provider import process as plugin_process
 
 
 @pytest.fixture(params=REAL_PROVIDERS, ids=lambda p: p.type)
@@ -29,9 +28,9 @@ def fake_binary(tmp_path: Path):
 
     def make(mode: str = "serve", proto: int = 5, **env: str) -> str:
         path = tmp_path / f"terraform-provider-fake_{mode}_{proto}"
-        exports = {"FAKE_MODE": mode, "FAKE_PROTO": str(proto), "PYTHONPATH": str(ROOT), **env}
+        exports = {"FAKE_MODE": mode, "FAKE_PROTO": str(proto), "PYTHONPATH": str(REPO), **env}
         lines = ["#!/bin/sh"] + [f"export {k}='{v}'" for k, v in exports.items()]
-        lines.append(f'exec "{sys.executable}" "{FAKE}" "$@"')
+        lines.append(f'exec "{sys.executable}" "{FAKE_PROVIDER}" "$@"')
         path.write_text("\n".join(lines) + "\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
         return str(path)
@@ -45,7 +44,7 @@ _original_init = plugin_process.PluginProcess.__init__
 
 
 def _recording_init(self, spec, popen, socket_dir):  # type: ignore[no-untyped-def]
-    _launched.append((popen.pid, spec.binary))
+    launched.append((popen.pid, spec.binary))
     _original_init(self, spec, popen, socket_dir)
 
 
@@ -54,7 +53,7 @@ def no_provider_survives():
     plugin_process.PluginProcess.__init__ = _recording_init  # type: ignore[method-assign]
     yield
     plugin_process.PluginProcess.__init__ = _original_init  # type: ignore[method-assign]
-    alive = [(pid, b) for pid, b in _launched if running(pid)]
+    alive = [(pid, b) for pid, b in launched if running(pid)]
     assert not alive, f"provider processes survived the test session: {alive}"
 
 

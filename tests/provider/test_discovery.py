@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from kltest_providers import BY_TYPE, PLUGIN_CACHE, require
+from kit.paths import PLUGIN_CACHE
+from kit.providers import BY_TYPE, require
 from kilolock.errors import KlError
 from kilolock.provider import launch_provider
 from kilolock.provider.discovery import find_provider, parse_address, search_dirs, version_key

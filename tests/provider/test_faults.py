@@ -10,7 +10,8 @@ import time
 import msgpack
 import pytest
 
-from kltest_providers import stderr_shows, survivors
+from kit.procs import survivors
+from kit.providers import stderr_shows
 from kilolock.errors import KlError
 from kilolock.provider import (
     PluginStartError,

@@ -9,14 +9,15 @@ import time
 
 import pytest
 
-from kltest_providers import BY_TYPE, ROOT, require, running
+from kit.kl import kl_env
+from kit.procs import default_signals, running
+from kit.providers import BY_TYPE, require
 
 # Launches a real provider from a short-lived worker thread (PDEATHSIG must not fire when that
 # thread ends), checks the provider still answers after the thread is gone, prints its pid, waits.
 CHILD = textwrap.dedent(
     """
     import sys, threading, time
-    sys.path.insert(0, {root!r})
     from kilolock.provider import launch_provider
     holder = []
     t = threading.Thread(target=lambda: holder.append(launch_provider({binary!r}, tls=False)))
@@ -33,8 +34,11 @@ CHILD = textwrap.dedent(
 
 
 def _provider_pid_after(mode: str, sig: int | None) -> int:
-    script = CHILD.format(root=str(ROOT), binary=require(BY_TYPE["null"]), mode=mode)
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = CHILD.format(binary=require(BY_TYPE["null"]), mode=mode)
+    # kl_env: the child imports kilolock from this checkout. default_signals: the SIGINT/SIGTERM
+    # sent below must act even when this test process inherited them ignored (`cmd &`).
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=kl_env(), preexec_fn=default_signals)
     try:
         line = child.stdout.readline()  # type: ignore[union-attr]
         assert line.strip().isdigit(), f"child failed: {line!r} {child.stderr.read() if child.poll() is not None else ''}"  # type: ignore[union-attr]

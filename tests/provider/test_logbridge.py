@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from kltest_providers import stderr_shows
+from kit.providers import stderr_shows
 from kilolock.provider.logbridge import TRACE, StderrLogBridge, provider_log_level
 
 

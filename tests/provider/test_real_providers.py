@@ -15,7 +15,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from kltest_providers import BY_TYPE, CACHE, REAL_PROVIDERS, ROOT, RealProvider, launched_pids, require, survivors
+from kit.paths import CACHE
+from kit.paths import REPO as ROOT
+from kit.procs import survivors
+from kit.providers import BY_TYPE, REAL_PROVIDERS, RealProvider, launched_pids, require
 from kilolock.provider import ProviderCallError, launch_provider
 from kilolock.provider.client import GrpcProviderClient
 from kilolock.schema import Block, NestingMode, provider_schema_from_json

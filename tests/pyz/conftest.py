@@ -8,18 +8,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
-from pyzkit import WHEEL_CACHE, build, clean_env  # noqa: E402
-from tfworkspace import LOCAL_V, PLUGIN_CACHE, TERRAFORM, terraform  # noqa: E402
+from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
+from kit.pyz import WHEEL_CACHE, build, clean_env
+from kit.tfworkspace import terraform
 
 HOST_PYTHON = Path("/usr/bin/python3")
 OUR_DEPS = ("grpc", "psycopg", "psycopg_binary", "google.protobuf", "kilolock")

@@ -12,11 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
-from pyzkit import REPO, WHEEL_CACHE, build, find_python, version_fields  # noqa: E402
-from tfworkspace import PLUGIN_CACHE  # noqa: E402
+from kit.paths import PLUGIN_CACHE, REPO
+from kit.pyz import WHEEL_CACHE, build, find_python, version_fields
 
 MiB = 1 << 20
 

@@ -8,17 +8,13 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
-from pyzkit import clean_env, extracted_files, unit_dir, version_fields  # noqa: E402
-from tfworkspace import PLUGIN_CACHE  # noqa: E402
+from kit.paths import PLUGIN_CACHE
+from kit.pyz import clean_env, extracted_files, unit_dir, version_fields
 
 
 def _first_run(run_pyz, home: Path) -> Path:

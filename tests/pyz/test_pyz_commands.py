@@ -6,16 +6,13 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "refresh"))
-from pyzkit import extracted_files, unit_dir, version_fields  # noqa: E402
-from tfworkspace import PLUGIN_CACHE, provider_pids  # noqa: E402
+from kit.paths import PLUGIN_CACHE
+from kit.procs import provider_pids
+from kit.pyz import extracted_files, unit_dir, version_fields
 
 HEAVY = ("grpc", "psycopg", "google.protobuf", "kilolock.store", "kilolock.provider", "kilolock.refresh")
 

@@ -3,14 +3,12 @@ provider process may outlive a test."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
-
-from tfworkspace import LOCAL_V, MAIN_TF, PLUGIN_CACHE, TERRAFORM, assert_no_new_providers, provider_pids, terraform  # noqa: E402
+from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
+from kit.procs import assert_no_new_providers, provider_pids
+from kit.tfworkspace import MAIN_TF, terraform
 
 
 @pytest.fixture(scope="session")

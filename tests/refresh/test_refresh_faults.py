@@ -13,9 +13,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-FAKE = REPO / "tests" / "provider" / "fake_provider.py"
+from kit.paths import FAKE_PROVIDER as FAKE
+from kit.paths import REPO
 SOURCE = "registry.terraform.io/hashicorp/fake"
 
 

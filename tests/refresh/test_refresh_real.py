@@ -6,11 +6,8 @@ import shutil
 from pathlib import Path
 
 import psycopg
-
-import sys
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tfworkspace import PLUGIN_CACHE, terraform  # noqa: E402
+from kit.paths import PLUGIN_CACHE
+from kit.tfworkspace import terraform
 
 SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
 

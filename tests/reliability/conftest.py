@@ -2,13 +2,11 @@
 `python -m pytest tests/reliability`; the PostgreSQL server and `run_kl` come from tests/conftest.py."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from faultkit import assert_no_new_providers, install_fake, provider_pids  # noqa: E402
+from kit.faults import install_fake
+from kit.procs import assert_no_new_providers, provider_pids
 
 
 @pytest.fixture(autouse=True)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import psycopg
 
-from chaoskit import reindex_mismatches, running_runs, state_locks, version_problems
-from faultkit import fake_state
-
-REPO = Path(__file__).resolve().parents[2]
+from kit.faults import fake_state
+from kit.invariants import reindex_mismatches, running_runs, state_locks, version_problems
+from kit.paths import REPO
 
 
 def test_chaos_script_short_run_holds_every_invariant(tmp_path, db_url):

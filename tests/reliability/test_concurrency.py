@@ -15,18 +15,16 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psycopg
 import pytest
-
-from chaoskit import (event_count, marked_pids, reindex_mismatches, running_runs, session_mark, settle_orphans,
-                      state_locks, version_problems, wait_for)
-from faultkit import fake_state, kl_cmd, kl_env, serials
-
-REPO = Path(__file__).resolve().parents[2]
+from kit.faults import fake_state, serials
+from kit.invariants import event_count, reindex_mismatches, running_runs, state_locks, version_problems, wait_for
+from kit.kl import kl_cmd, kl_env
+from kit.paths import REPO
+from kit.procs import default_signals, marked_pids, session_mark, settle_orphans
 SEED = int(os.environ.get("KL_CHAOS_SEED", "20261129"))
 # What a losing refresh may say: the state moved under it, or the lock was held at that instant.
 LOSER = re.compile(r"changed while this run was in progress|is locked by .*(refresh not committed)?")
@@ -42,7 +40,7 @@ def no_orphan_providers():
 
 def _popen(args: list[str], cwd: Path | None = None, **env: str) -> subprocess.Popen:
     return subprocess.Popen(kl_cmd(*args), env=kl_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=str(cwd or REPO))
+                            cwd=str(cwd or REPO), preexec_fn=default_signals)  # the tests signal them
 
 
 def _runs(db_url: str, state: str = "prod") -> list[tuple]:
@@ -99,7 +97,7 @@ def test_two_refreshes_at_once_exactly_one_commits(run_kl, db_url, fake_cache):
 
 
 def test_refreshes_with_real_providers_racing_commit_one_serial_each(run_kl, db_url):
-    from tfcli import PLUGIN_CACHE, tool_binary  # noqa: F401  (fails with what to install when it is missing)
+    from kit.tfcli import PLUGIN_CACHE, tool_binary  # noqa: F401  (fails with what to install when it is missing)
 
     tool_binary("terraform-1.0.3")
     state = REPO / "tests" / "fixtures" / "states" / "varied.tfstate"
@@ -202,7 +200,7 @@ TF_LOSER = re.compile(r"Error acquiring the state lock|Failed to save state|409"
 
 
 def test_refresh_racing_terraform_apply_through_kl_serve(kl_server, db_url, tmp_path):
-    from tfcli import PLUGIN_CACHE, Workspace, tool_binary
+    from kit.tfcli import PLUGIN_CACHE, Workspace, tool_binary
 
     rng = random.Random(SEED)
     ws = Workspace("terraform-1.0.3", tool_binary("terraform-1.0.3"), tmp_path, f"{kl_server}/states/prod")
@@ -244,5 +242,3 @@ def test_refresh_racing_terraform_apply_through_kl_serve(kl_server, db_url, tmp_
         sources = [s for (s,) in c.execute("SELECT source FROM state_versions ORDER BY serial")]
     assert "apply" in sources and len(sources) >= 2
 
-
-sys.path.insert(0, str(REPO / "tests" / "server"))  # tfcli: how real Terraform is driven against kl serve

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzhttp import state_doc, stored_versions_problems
-from fuzzkit import FUZZ, Tally, hang_guard, one_in
+from kit.fuzz import FUZZ, Tally, hang_guard, one_in
+from kit.fuzzhttp import state_doc, stored_versions_problems
 from kilolock.cli import main
 
 EXISTING = ["prod", "team/dev"]  # imported before the run, and the names imports go to

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzkit import FUZZ, Tally, hang_guard, assert_one_line
+from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 from kilolock.codec import MAX_DEPTH, CodecError
 
 # --- backends ---------------------------------------------------------------------------------------

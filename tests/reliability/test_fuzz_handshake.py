@@ -12,7 +12,7 @@ import time
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzzkit import FUZZ, Tally, hang_guard, assert_one_line
+from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
 

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fuzzhttp import Exchange, send_raw, state_doc, stored_versions_problems
-from fuzzkit import FUZZ, Tally, hang_guard, one_in
+from kit.fuzz import FUZZ, Tally, hang_guard, one_in
+from kit.fuzzhttp import Exchange, send_raw, state_doc, stored_versions_problems
 
 TOKEN, ADMIN = "fuzz-token", "fuzz-admin-token"
 MAX_BODY = 64 * 1024

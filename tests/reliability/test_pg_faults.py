@@ -13,10 +13,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-
-from chaoskit import (event_count, kl_backends, marked_pids, reindex_mismatches, running_runs, session_mark,
-                      settle_orphans, state_locks, terminate_kl_backends, version_problems, wait_for)
-from faultkit import fake_state, kl_cmd, kl_env, last_run, serials
+from kit.faults import fake_state, last_run, serials
+from kit.invariants import (event_count, kl_backends, reindex_mismatches, running_runs, state_locks,
+                            terminate_kl_backends, version_problems, wait_for)
+from kit.kl import kl_cmd, kl_env
+from kit.procs import marked_pids, session_mark, settle_orphans
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from faultkit import fake_state, kl_cmd, kl_env, last_run, provider_pids, serials
+from kit.faults import fake_state, last_run, serials
+from kit.kl import kl_cmd, kl_env
+from kit.procs import provider_pids
 
 
 def refresh_json(run_kl, cache, *flags: str, env: dict | None = None) -> tuple[int, dict, bytes]:

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from secrets_kit import LOUD
+from kit.leaks import LOUD
 
 SECRET = f"dbpw-{uuid.uuid4().hex[:12]}"
 UNREACHABLE = [

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from faultkit import FAKE_SOURCE
-from secrets_kit import LOUD, STATE_TABLES, api_channels, db_rows, leaks, read_channels
+from kit.faults import FAKE_SOURCE
+from kit.leaks import LOUD, STATE_TABLES, api_channels, db_rows, leaks, read_channels
 
 
 def planted() -> dict[str, str]:

@@ -10,16 +10,12 @@ GET return the state, secrets included, by design: they serve as the positive co
 from __future__ import annotations
 
 import json
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
-
-from secrets_kit import LOUD, api_channels, db_rows, leaks, read_channels
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "refresh"))
-from tfworkspace import PLUGIN_CACHE, RANDOM_V, TERRAFORM, terraform  # noqa: E402
+from kit.leaks import LOUD, api_channels, db_rows, leaks, read_channels
+from kit.paths import PLUGIN_CACHE, RANDOM_V, TERRAFORM
+from kit.tfworkspace import terraform
 
 SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
 MAIN_TF = f"""

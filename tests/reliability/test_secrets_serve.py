@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from secrets_kit import Serve, basic, db_rows, leaks
+from kit.leaks import Serve, basic, db_rows, leaks
 
 from kilolock.server import auth as auth_mod
 

@@ -2,15 +2,10 @@
 own database, and a small HTTP client."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper modules importable
-
-from httpclient import Client  # noqa: E402
+from kit.httpclient import Client
 
 
 @pytest.fixture

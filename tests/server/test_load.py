@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from loadgen import check_database, run_load
+from kit.loadgen import check_database, run_load
 
 
 def test_fifty_clients_ten_states(start_server, db_url):

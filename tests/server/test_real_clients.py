@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tfcli import PLUGIN_CACHE, TOOLS, Workspace, tool_binary
+from kit.tfcli import PLUGIN_CACHE, TOOLS, Workspace, tool_binary
 
 V1 = """
 resource "null_resource" "a" { triggers = { v = "a1" } }

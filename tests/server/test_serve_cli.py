@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from httpclient import Client
+from kit.httpclient import Client
 
 REPO = Path(__file__).resolve().parents[2]
 

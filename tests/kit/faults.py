@@ -1,19 +1,15 @@
 """Shared pieces of the reliability suite: the fault-injecting fake provider installed in a
-plugin-cache layout, states that use it, and the checks every fault test ends with."""
+plugin-cache layout, states that use it, and what the database says about the runs."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import psycopg
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "refresh"))
-from tfworkspace import assert_no_new_providers, provider_pids  # noqa: E402,F401  (re-exported: one orphan detector)
+from kit.paths import FAKE_PROVIDER, REPO
 
-FAKE = REPO / "tests" / "provider" / "fake_provider.py"
 FAKE_SOURCE = "registry.terraform.io/hashicorp/fake"
 
 
@@ -25,7 +21,7 @@ def install_fake(root: Path, events: Path, version: str = "1.0.0", **env: str) -
     exe = d / f"terraform-provider-fake_v{version}_x5"
     exports = {"PYTHONPATH": str(REPO), "FAKE_EVENT_LOG": str(events), **env}
     exe.write_text("#!/bin/sh\n" + "".join(f"export {k}='{v}'\n" for k, v in exports.items())
-                   + f'exec "{sys.executable}" "{FAKE}" "$@"\n')
+                   + f'exec "{sys.executable}" "{FAKE_PROVIDER}" "$@"\n')
     exe.chmod(0o755)
     return root / "plugins"
 
@@ -37,17 +33,6 @@ def fake_state(types: list[str], serial: int = 1, lineage: str = "fake-lineage",
                                       "instances": [{"schema_version": 2, "sensitive_attributes": [],
                                                      "attributes": {"id": f"id{n}", "value": "v", "secret": secret, "rule": []}}]}
                                      for n, t in enumerate(types)]}).encode()
-
-
-def kl_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("KL_DEBUG", None)
-    env.update(extra)
-    return env
-
-
-def kl_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kilolock", *args]
 
 
 def last_run(db_url: str) -> tuple:

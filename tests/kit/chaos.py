@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
-"""Chaos run for `kl refresh` (driven by scripts/chaos.sh): N refreshes with random faults, then the
-invariants that must hold whatever happened.
+"""Chaos run for `kl refresh`: N refreshes with random faults, then the invariants that must hold
+whatever happened.
 
 Two states on a PostgreSQL cluster of the run's own (or --database-url):
 - `real`: made by Terraform 1.0.3 with the real null, random and local providers; faults are
@@ -14,6 +13,8 @@ on failure, serial +1 only when it succeeded, no provider left), and at the end,
 `kl runs --stale`: serials strictly increase, every version parses, the lifecycle rows equal a
 re-index from scratch, no audit row left running, no state lock left, no process left.
 Exit 0 when everything held, 1 on any violation, 2 when something needed is missing.
+
+Test-kit code: scripts/chaos.sh runs it as `python -m kit.chaos` with tests/ on PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -34,12 +35,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "reliability"), str(REPO / "tests" / "refresh")]
-
-import chaoskit  # noqa: E402  (the invariant checks the tests use too)
-from faultkit import FAKE_SOURCE, fake_state, install_fake  # noqa: E402
-from tfworkspace import CACHE, LOCAL_V, PLUGIN_CACHE, RANDOM_V, TERRAFORM, terraform_env  # noqa: E402
+from kit import invariants, procs  # the invariant checks the tests use too
+from kit.faults import fake_state, install_fake
+from kit.paths import LOCAL_V, PLUGIN_CACHE, RANDOM_V, REPO, TERRAFORM
+from kit.tfworkspace import terraform_env
 
 MAIN_TF = f"""
 terraform {{
@@ -206,15 +205,17 @@ class Chaos:
             args += ["--provider-search-path", str(PLUGIN_CACHE)]
             cwd = self.tf_dir
         before, runs_before = self.serials(target), len(self.runs(target))
-        orphans_before = chaoskit.marked_pids(self.mark, names=(b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock"))
+        orphans_before = procs.marked_pids(self.mark, names=(b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock"))
 
+        # default_signals: the kill faults must land even when chaos.sh runs in the background (`&`
+        # starts it with SIGINT ignored, and kl's children would inherit that).
         proc = subprocess.Popen([sys.executable, "-m", "kilolock", *args], env={**self.env, **env}, cwd=str(cwd),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=procs.default_signals)
         delay = self.rng.uniform(0.3, 3.0)
         if fault in SIGNALS:
             timer = threading.Timer(delay, lambda: proc.poll() is None and proc.send_signal(SIGNALS[fault]))
         elif fault == "dbcut":
-            timer = threading.Timer(delay, chaoskit.terminate_kl_backends, args=(self.url,))
+            timer = threading.Timer(delay, invariants.terminate_kl_backends, args=(self.url,))
         elif fault == "pgrestart":
             timer = threading.Timer(delay, self.restart_server)
         else:
@@ -269,7 +270,7 @@ class Chaos:
         if status == "running":
             self.recover(target, bad)
         names = (b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock")
-        left = chaoskit.settle_orphans(orphans_before, self.mark, timeout=5, names=names)
+        left = procs.settle_orphans(orphans_before, self.mark, timeout=5, names=names)
         if left:
             bad(f"processes left: {sorted(left)}")
             for pid in left:  # do not let one leak poison the next runs' counts
@@ -283,17 +284,17 @@ class Chaos:
         database backend is gone too. Afterwards its row is finished and its lock (if it died inside
         the commit) released."""
         try:
-            chaoskit.wait_for(lambda: not chaoskit.kl_backends(self.url), 30, "the dead kl's backend to end")
+            invariants.wait_for(lambda: not invariants.kl_backends(self.url), 30, "the dead kl's backend to end")
         except AssertionError as exc:
             bad(str(exc))
         r = self.kl("runs", state, "--stale", check=False)
         self.outcomes["recovery"]["kl runs --stale"] += 1
         if r.returncode != 0 or "1 stale run(s) marked failed" not in r.stderr.decode():
             bad(f"kl runs --stale did not finish the dead run: {r.stderr.decode().strip()}")
-        if chaoskit.running_runs(self.url):
+        if invariants.running_runs(self.url):
             bad("an audit row still running after kl runs --stale")
-        if chaoskit.state_locks(self.url):
-            bad(f"a lock left after kl runs --stale: {chaoskit.state_locks(self.url)}")
+        if invariants.state_locks(self.url):
+            bad(f"a lock left after kl runs --stale: {invariants.state_locks(self.url)}")
         else:
             self.outcomes["recovery"]["no lock left"] += 1
 
@@ -304,15 +305,15 @@ class Chaos:
         for state in ("fake", "real"):
             stale = self.kl("runs", state, "--stale", check=False)
             found[f"{state}: kl runs --stale"] = [] if stale.returncode == 0 else [stale.stderr.decode().strip()]
-            found[f"{state}: serials increase, versions parse"] = chaoskit.version_problems(self.url, state)
-            found[f"{state}: lifecycles = re-index"] = chaoskit.reindex_mismatches(self.url, state)
+            found[f"{state}: serials increase, versions parse"] = invariants.version_problems(self.url, state)
+            found[f"{state}: lifecycles = re-index"] = invariants.reindex_mismatches(self.url, state)
             pulled = self.kl("state", "pull", state, check=False)
             ok = pulled.returncode == 0 and json.loads(pulled.stdout)["serial"] == self.serials(state)[-1]
             found[f"{state}: kl state pull"] = [] if ok else [pulled.stderr.decode().strip() or "wrong serial"]
-        found["audit rows finished"] = [f"run {r[0]} still running" for r in chaoskit.running_runs(self.url)]
-        found["no state lock left"] = [f"{s} locked by {w} ({o})" for s, o, w in chaoskit.state_locks(self.url)]
+        found["audit rows finished"] = [f"run {r[0]} still running" for r in invariants.running_runs(self.url)]
+        found["no state lock left"] = [f"{s} locked by {w} ({o})" for s, o, w in invariants.state_locks(self.url)]
         names = (b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock")
-        found["no processes left"] = [f"pid {p}" for p in sorted(chaoskit.settle_orphans(set(), self.mark, 5, names))]
+        found["no processes left"] = [f"pid {p}" for p in sorted(procs.settle_orphans(set(), self.mark, 5, names))]
         return found
 
 

@@ -1,4 +1,4 @@
-"""Invariant checks shared by the database-fault, concurrency and chaos tests (and scripts/chaos.py).
+"""Invariant checks shared by the database-fault, concurrency and chaos tests (and the chaos runner).
 
 What must hold after any fault, checked against the database and the process table only:
 - versions: serials strictly increase and every stored version parses as Terraform state;
@@ -6,15 +6,13 @@ What must hold after any fault, checked against the database and the process tab
   (replayed through kl's own write path inside a transaction that is rolled back);
 - audit: no refresh_runs row is left `running` by a finished process;
 - locks: no state lock is left behind by a refresh;
-- processes: no provider (or kl) process carrying our mark outlives the run.
+- processes: no provider (or kl) process carrying our mark outlives the run (kit.procs).
 """
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from pathlib import Path
-from typing import Iterable
 
 import psycopg
 
@@ -134,42 +132,3 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.05):
 
 def event_count(events: Path, name: str) -> int:
     return sum(1 for line in events.read_text().splitlines() if line == name)
-
-
-def marked_pids(mark: str, names: Iterable[bytes] = (b"terraform-provider-", b"fake_provider.py")) -> set[int]:
-    """Live (not zombie) processes whose environment holds MARK ("KEY=VALUE") and whose command
-    line names a provider (or any of NAMES)."""
-    want = mark.encode()
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read()
-            with open(f"/proc/{entry}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-            if not any(n in cmdline for n in names):
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if want not in fh.read().split(b"\0"):
-                    continue
-        except OSError:
-            continue
-        pids.add(int(entry))
-    return pids
-
-
-def session_mark() -> str:
-    """The test session's mark (tests/conftest.py puts KL_TEST_SESSION into the environment)."""
-    return f"KL_TEST_SESSION={os.environ.get('KL_TEST_SESSION', '')}"
-
-
-def settle_orphans(before: set[int], mark: str, timeout: float = 5.0, names: Iterable[bytes] | None = None) -> set[int]:
-    """Marked provider processes that are still alive TIMEOUT seconds later, minus BEFORE."""
-    deadline = time.monotonic() + timeout
-    kw = {} if names is None else {"names": tuple(names)}
-    while (left := marked_pids(mark, **kw) - before) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left

@@ -1,4 +1,4 @@
-"""Real Terraform workspaces for the end-to-end refresh tests (helpers shared with conftest).
+"""Real Terraform workspaces for the end-to-end refresh, pyz and secrets tests and the chaos runner.
 
 A session-scoped workspace is applied once by Terraform 1.0.3 with five real providers
 (null, local, random, time: protocol 5; Terraform's provider-simple-v6: protocol 6); each test
@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
-from chaoskit import marked_pids, session_mark, settle_orphans  # noqa: E402  (the one /proc scan)
-
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-PLUGIN_CACHE = CACHE / "plugin-cache"
-TERRAFORM = CACHE / "bin" / "terraform-1.0.3"
-RANDOM_V = "1.3.2-0.20260824155315-e1092b0cfc07"
-LOCAL_V = "1.4.1-0.20260513075820-3561e410f9fe"
+from kit.paths import CACHE, LOCAL_V, RANDOM_V, TERRAFORM
 
 MAIN_TF = f"""
 terraform {{
@@ -56,15 +48,3 @@ def terraform(ws: Path, *args: str) -> subprocess.CompletedProcess:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"terraform {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
     return r
-
-
-
-def assert_no_new_providers(before: set[int], grace: float = 5.0) -> None:
-    """Fail if provider processes beyond BEFORE are still alive after GRACE seconds."""
-    left = settle_orphans(before, session_mark(), grace)
-    assert not left, f"provider processes outlived the test: {sorted(left)}"
-
-
-def provider_pids() -> set[int]:
-    """Live provider processes (real ones, and the fake) started by this test session (SESSION_MARK)."""
-    return marked_pids(session_mark())

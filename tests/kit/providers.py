@@ -1,4 +1,4 @@
-"""Shared by the provider tests and benches: where the real provider binaries are, and process checks."""
+"""Shared by the provider tests and benches: the real provider binaries, and the plugins a session launched."""
 from __future__ import annotations
 
 import os
@@ -7,11 +7,7 @@ from pathlib import Path
 
 import pytest
 
-
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-PLUGIN_CACHE = CACHE / "plugin-cache"
-FAKE = Path(__file__).with_name("fake_provider.py")
+from kit.paths import LOCAL_V, PLUGIN_CACHE, RANDOM_V
 
 
 @dataclass(frozen=True)
@@ -30,8 +26,6 @@ class RealProvider:
         return PLUGIN_CACHE / "registry.terraform.io/hashicorp" / self.type / self.version / "linux_amd64" / self.binary_name
 
 
-RANDOM_V = "1.3.2-0.20260824155315-e1092b0cfc07"
-LOCAL_V = "1.4.1-0.20260513075820-3561e410f9fe"
 REAL_PROVIDERS = [
     RealProvider("null", "2.1.2", 5, "terraform-provider-null_v2.1.2_x4"),
     RealProvider("time", "0.14.2", 5, "terraform-provider-time_v0.14.2_x5"),
@@ -48,27 +42,13 @@ def require(provider: RealProvider) -> str:
     return str(provider.path)
 
 
-
-
-def running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def survivors(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if running(pid)]
-
-
-_launched: list[tuple[int, str]] = []
+# (pid, binary) of every plugin process launched in this session: tests/provider/conftest.py records
+# them, and checks at the end that none is left.
+launched: list[tuple[int, str]] = []
 
 
 def launched_pids() -> list[int]:
-    return [pid for pid, _ in _launched]
+    return [pid for pid, _ in launched]
 
 
 def stderr_shows(client: object, text: str, timeout: float = 5.0) -> bool:

@@ -1,4 +1,4 @@
-"""Helpers shared by the kl.pyz tests (fixtures live in conftest.py)."""
+"""Helpers shared by the kl.pyz tests and the start-up bench (the fixtures live in tests/pyz/conftest.py)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
+from kit.paths import CACHE, REPO
+
 WHEEL_CACHE = CACHE / "pyz-wheels"
 
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test"))
-PLUGIN_CACHE = CACHE / "plugin-cache"
+from kit.paths import CACHE, PLUGIN_CACHE, REPO
+
 NULL_PROVIDER = PLUGIN_CACHE / "registry.terraform.io/hashicorp/null/2.1.2"
 TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "tofu-1.6.3")
 

@@ -11,7 +11,7 @@ import psycopg
 
 from kilolock import tfstate
 
-NULL_PROVIDER = 'provider["registry.terraform.io/hashicorp/null"]'
+from kit.states import NULL_PROVIDER
 
 
 @dataclass

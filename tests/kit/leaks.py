@@ -9,12 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Callable, Mapping
 
 import psycopg
 
-REPO = Path(__file__).resolve().parents[2]
+from kit.paths import REPO
+
 LOUD = {"KL_LOG": "debug", "TF_LOG": "trace"}  # kl's own debug logs and the providers' logs on stderr
 # These hold the state itself (attributes, secrets included) by design, like a .tfstate file; the
 # drift view shows their attributes to SQL users.
