@@ -2,10 +2,10 @@
 
 Migrations 0001–0006 are released: they are never edited (their checksums are recorded in every
 database they ran on); a schema change is a new file, 0007 and on. Each schema change also gets
-a fixture: after adding migration NNNN, run ``python tests/store/upgradekit.py`` (see its
+a fixture: after adding migration NNNN, run ``PYTHONPATH=.:tests python -m kit.upgrade`` (see its
 docstring), which fills a database at the new head schema with the code of that time and writes
 fixtures/schema-NNNN.sql (its rows) and fixtures/schema-NNNN.json (its row counts, the sha256 of
-every version's pull, its held locks). Commit both, and extend ``upgradekit.populate`` first when
+every version's pull, its held locks). Commit both, and extend ``kit.upgrade.populate`` first when
 the migration adds tables or columns, so they hold data. Old fixtures are never regenerated.
 
 For every fixture this test builds the database as that release left it (its migrations only,
@@ -16,7 +16,6 @@ the backend's GET, which Terraform uses) and held locks are still held by the sa
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import psycopg
@@ -25,9 +24,7 @@ import pytest
 from kilolock import cli
 from kilolock.store import summary
 from kilolock.store.migrate import apply_migrations, pending_migrations
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib import mode: make the helper module importable
-import upgradekit
+from kit import upgrade as upgradekit
 
 CASES = sorted(upgradekit.FIXTURES.glob("schema-*.sql"))
 
@@ -38,7 +35,7 @@ def test_every_released_schema_has_a_fixture() -> None:
 
     heads = {p.stem.split("-", 1)[1] for p in CASES}
     later = {m.name[:4] for m in bundled_migrations() if m.name[:4] >= "0006"}
-    assert later <= heads, f"no upgrade fixture for schema(s) {sorted(later - heads)}: run tests/store/upgradekit.py"
+    assert later <= heads, f"no upgrade fixture for schema(s) {sorted(later - heads)}: run PYTHONPATH=.:tests python -m kit.upgrade"
 
 
 @pytest.mark.parametrize("fixture", CASES, ids=[p.stem for p in CASES])

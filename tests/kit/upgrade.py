@@ -10,9 +10,9 @@ A fixture for schema NNNN (the last migration of a release) is two files in fixt
   sha256 of ``kl state pull --serial N`` for every plain version and of the backend's GET body for
   every state's current version, and the held locks.
 
-Run ``python tests/store/upgradekit.py`` after adding migration NNNN (and the code that uses it)
-to write the fixture for the new head schema with the code of that time; extend ``populate`` so
-that the new tables and columns hold data. ``KL_FIXTURE_CODE=/path/to/checkout`` makes it import
+Run ``PYTHONPATH=.:tests python -m kit.upgrade`` after adding migration NNNN (and the code that uses
+it) to write the fixture for the new head schema with the code of that time; extend ``populate`` so
+that the new tables and columns hold data. ``PYTHONPATH=/path/to/checkout:tests`` makes it import
 kilolock from another checkout (the released one) instead of this one. A fixture is never regenerated afterwards: the code
 that made it is gone by the time it matters. tests/store/test_upgrade.py loads each one and
 migrates it with the current code.
@@ -31,8 +31,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "store" / "fixtures"
 STATES = REPO / "tests" / "fixtures" / "states"
 
 # Dollar-quoting tag around the JSON in the .sql files: no escaping, so the file stays readable.
@@ -89,7 +89,7 @@ def row_counts(conn: psycopg.Connection, relations: list[str]) -> dict[str, int]
 
 def dump(conn: psycopg.Connection) -> str:
     parts = [("-- Rows of a kl database; load on top of the migrations named by this file's schema number.\n"
-              "-- Written by tests/store/upgradekit.py; never edit or regenerate (see its docstring).\n")]
+              "-- Written by tests/kit/upgrade.py; never edit or regenerate (see its docstring).\n")]
     for table in tables_in_load_order(conn):
         rows = [r[0] for r in conn.execute(
             sql.SQL("SELECT to_jsonb(t)::text FROM {} t ORDER BY ctid").format(sql.Identifier(table))).fetchall()]
@@ -288,5 +288,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.environ.get("KL_FIXTURE_CODE") or str(REPO))
     raise SystemExit(main())
