@@ -3,9 +3,10 @@ printed at the end of the run."""
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+
 from kit import pg
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"

@@ -12,15 +12,15 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import pytest
-from kit.codec import BUILD_HINT
 
-from kilolock.codec import block_type_json
-from kilolock.codec import pure
+from kilolock.codec import block_type_json, pure
 from kilolock.schema import Attribute, Block, NestedBlock, NestingMode
+from kit.codec import BUILD_HINT
 
 try:
     from kilolock import _codec_rs
@@ -227,5 +227,5 @@ def test_gates(corpus: str, bench_summary: list[str]) -> None:
 
 def test_roundtrips_agree() -> None:
     """The contenders do the same work: Rust and Python give identical bytes here."""
-    for corpus, (block, data) in CORPORA.items():
+    for corpus in CORPORA:
         assert _contender("rust", corpus)() == _contender("python", corpus)(), corpus

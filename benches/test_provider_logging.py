@@ -9,10 +9,10 @@ import time
 
 import msgpack
 import pytest
-from kit.providers import BY_TYPE, require
 
 from kilolock.provider import launch_provider
 from kilolock.provider.client import ProviderClient
+from kit.providers import BY_TYPE, require
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 CALLS = 100 if QUICK else 600

@@ -6,17 +6,17 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import grpc
 import msgpack
 import pytest
-from kit.providers import BY_TYPE, require
 
 from kilolock.provider import launch_provider
 from kilolock.provider._pb import tfplugin5_pb2 as pb
 from kilolock.provider.connection import MAX_MESSAGE_BYTES
+from kit.providers import BY_TYPE, require
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 CALLS = 300 if QUICK else 1500

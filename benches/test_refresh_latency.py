@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kit.paths import FAKE_PROVIDER, REPO, TERRAFORM
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 import grpc
 import msgpack
 import psycopg
-import pytest
 
 from kilolock import tfstate
 from kilolock.provider._pb import tfplugin5_pb2 as pb

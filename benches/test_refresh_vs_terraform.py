@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from kit.paths import CACHE, REPO, TERRAFORM
 from kit.paths import PLUGIN_CACHE as PLUGINS
 

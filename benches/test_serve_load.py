@@ -17,9 +17,10 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+
 from kit.loadgen import check_database, run_load, state_body
 from kit.paths import REPO as ROOT
 

@@ -15,10 +15,11 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
+
 from kit.pyz import build, clean_env
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
@@ -95,8 +96,8 @@ def _report(benchmark, request: pytest.FixtureRequest, what: str, floor: Sample,
 
 def test_warm_version(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
-    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
-    warm = lambda: _timed([PYTHON, "-I", str(pyz), "version"], env)  # noqa: E731
+    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)
+    warm = lambda: _timed([PYTHON, "-I", str(pyz), "version"], env)
     floor, mine = _interleaved(baseline, warm)
     ratio = _report(benchmark, request, "warm `kl.pyz version`", floor, mine, WARM_BUDGET_S)
     benchmark.pedantic(warm, rounds=ROUNDS, iterations=1)
@@ -105,8 +106,8 @@ def test_warm_version(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_
 
 def test_warm_help(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     env = clean_env(tmp_path)
-    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
-    warm = lambda: _timed([PYTHON, "-I", str(pyz), "--help"], env)  # noqa: E731
+    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)
+    warm = lambda: _timed([PYTHON, "-I", str(pyz), "--help"], env)
     floor, mine = _interleaved(baseline, warm)
     ratio = _report(benchmark, request, "warm `kl.pyz --help`", floor, mine, WARM_BUDGET_S)
     benchmark.pedantic(warm, rounds=ROUNDS, iterations=1)
@@ -123,7 +124,7 @@ def test_cold_version(pyz: Path, benchmark, request: pytest.FixtureRequest, tmp_
         return sample
 
     env = clean_env(tmp_path)
-    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)  # noqa: E731
+    baseline = lambda: _timed([PYTHON, "-I", "-c", "pass"], env)
     floor, mine = _interleaved(baseline, cold)
     ratio = _report(benchmark, request, "cold `kl.pyz version` (extracts)", floor, mine, COLD_BUDGET_S)
     benchmark.pedantic(cold, rounds=ROUNDS, iterations=1)

@@ -20,8 +20,9 @@ INIT = '"""Protobuf message modules generated from proto/ by scripts/gen_proto.p
 
 
 def generate(out_dir: Path) -> list[Path]:
-    from grpc_tools import protoc  # imported here: a dev dependency, never needed at run time
     import importlib.resources
+
+    from grpc_tools import protoc  # imported here: a dev dependency, never needed at run time
 
     out_dir.mkdir(parents=True, exist_ok=True)
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Iterator
 
 import pytest
 
@@ -89,5 +89,5 @@ def _restore_logging_levels():
     loggers = [logging.getLogger(), logging.getLogger("kilolock"), logging.getLogger("kilolock.provider")]
     levels = [lg.level for lg in loggers]
     yield
-    for lg, level in zip(loggers, levels):
+    for lg, level in zip(loggers, levels, strict=True):
         lg.setLevel(level)

@@ -6,7 +6,6 @@ import json
 from kilolock.schema import Attribute, Block, GetAttr, Index, NestedBlock, NestedObject, NestingMode
 from kilolock.sensitive import sensitive_attributes_json, sensitive_paths
 
-
 # --- schema-sensitive paths -----------------------------------------------------------------------
 
 SECRET = Attribute(name="secret", type=b'"string"', sensitive=True)

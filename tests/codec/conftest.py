@@ -4,6 +4,7 @@ from __future__ import annotations
 import types
 
 import pytest
+
 from kit.codec import load_backend
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kilolock import codec
-from kilolock.codec import CodecError, MAX_DEPTH, abc
+from kilolock.codec import MAX_DEPTH, CodecError, abc
 from kilolock.schema import Attribute, Block
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

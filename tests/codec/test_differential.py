@@ -199,14 +199,14 @@ def canonical(ty: Any, v: Any) -> str:
     if kind == "list":
         return "[" + ",".join(canonical(ty[1], x) for x in v) + "]"
     if kind == "tuple":
-        return "[" + ",".join(canonical(t, x) for t, x in zip(ty[1], v)) + "]"
+        return "[" + ",".join(canonical(t, x) for t, x in zip(ty[1], v, strict=True)) + "]"
     if kind == "set":
         if ty[1] in PRIMITIVES:
             by_key = {}
             for x in v:
                 by_key.setdefault(_set_key(ty[1], x), canonical(ty[1], x))
             return "[" + ",".join(by_key[k] for k in sorted(by_key)) + "]"
-        return "[" + ",".join(sorted(set(canonical(ty[1], x) for x in v))) + "]"
+        return "[" + ",".join(sorted({canonical(ty[1], x) for x in v})) + "]"
     if kind == "map":
         return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(ty[1], v[k])
                               for k in sorted(v, key=lambda s: s.encode())) + "}"

@@ -210,7 +210,7 @@ class Chaos:
         # default_signals: the kill faults must land even when chaos.sh runs in the background (`&`
         # starts it with SIGINT ignored, and kl's children would inherit that).
         proc = subprocess.Popen([sys.executable, "-m", "kilolock", *args], env={**self.env, **env}, cwd=str(cwd),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=procs.default_signals)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=procs.default_signals)  # noqa: PLW1509 - signal() only
         delay = self.rng.uniform(0.3, 3.0)
         if fault in SIGNALS:
             timer = threading.Timer(delay, lambda: proc.poll() is None and proc.send_signal(SIGNALS[fault]))
@@ -223,10 +223,10 @@ class Chaos:
         if timer:
             timer.start()
         try:
-            out, err = proc.communicate(timeout=180)
+            _, err = proc.communicate(timeout=180)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
+            _, err = proc.communicate()
             self.violations.append(f"run {n} {target}:{fault}: kl refresh hung for 180 s")
         if timer:
             timer.join()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import faulthandler
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from hypothesis import HealthCheck, settings
 

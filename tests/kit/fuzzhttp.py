@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import psycopg
 
 from kilolock import tfstate
-
 from kit.states import NULL_PROVIDER
 
 

@@ -32,10 +32,10 @@ class Client:
         self.auth = auth
         self._ssl = ssl_context
 
-    def with_auth(self, header: str | None) -> "Client":
+    def with_auth(self, header: str | None) -> Client:
         return Client(self.url, self.server, header, self._ssl)
 
-    def basic(self, user: str, password: str) -> "Client":
+    def basic(self, user: str, password: str) -> Client:
         return self.with_auth("Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None, headers: dict[str, str] | None = None,

@@ -86,7 +86,7 @@ def version_problems(db_url: str, state: str) -> list[str]:
             continue
         try:
             parsed = tfstate.parse_state(text, origin=f"v{serial}")
-        except Exception as exc:  # any failure to parse is the finding
+        except Exception as exc:  # noqa: BLE001 - any failure to parse is the finding
             out.append(f"v{serial} does not parse: {exc}")
             continue
         if parsed.serial != serial:

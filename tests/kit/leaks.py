@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import psycopg
 

@@ -65,7 +65,7 @@ class _Client(threading.Thread):
         try:
             while time.monotonic() < self.stop_at and len(self.out.errors) < 5:
                 self._cycle(conn)
-        except Exception as exc:  # a timeout here is a hang or deadlock: report it, do not mask it
+        except Exception as exc:  # noqa: BLE001 - a timeout here is a hang or deadlock: report it, do not mask it
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
             conn.close()

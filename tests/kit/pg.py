@@ -10,9 +10,9 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 def database_url(server_url: str, dbname: str) -> str:

@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from kilolock.provider import process as plugin_process
 from kit.paths import FAKE_PROVIDER, REPO
 from kit.procs import running
 from kit.providers import REAL_PROVIDERS, RealProvider, launched, require
-
-from kilolock.provider import process as plugin_process
 
 
 @pytest.fixture(params=REAL_PROVIDERS, ids=lambda p: p.type)

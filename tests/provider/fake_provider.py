@@ -21,6 +21,7 @@ ReadResource answer with those attributes changed (drift). FAKE_REPORT_ENV=A,B a
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 import tempfile
@@ -288,11 +289,11 @@ def serve() -> None:
     else:
         server.add_insecure_port(f"unix:{sock}")
     server.start()
-    sys.stderr.write('{"@level":"info","@message":"fake provider serving","@module":"fake","proto":%d}\n' % proto)
+    sys.stderr.write(json.dumps({"@level": "info", "@message": "fake provider serving", "@module": "fake", "proto": proto}, separators=(",", ":")) + "\n")
     sys.stderr.flush()
     # Plain text, not hclog JSON, as tests read these two in the stderr tail, which skips JSON chatter.
     sys.stderr.write("fake: client cert %s\n" % ("present" if client_pem else "absent"))
-    sys.stderr.write("fake: TF_LOG_SDK_PROTO=%s\n" % os.environ.get("TF_LOG_SDK_PROTO", "(unset)"))
+    sys.stderr.write("fake: TF_LOG_SDK_PROTO={}\n".format(os.environ.get("TF_LOG_SDK_PROTO", "(unset)")))
     sys.stderr.write('{"@level":"trace","@message":"fake trace line"}\n')
     sys.stderr.flush()
     say(f"1|{proto}|unix|{sock}|grpc|{cert_field}")

@@ -10,8 +10,6 @@ import time
 import msgpack
 import pytest
 
-from kit.procs import survivors
-from kit.providers import stderr_shows
 from kilolock.errors import KlError
 from kilolock.provider import (
     PluginStartError,
@@ -21,6 +19,8 @@ from kilolock.provider import (
     launch_provider,
 )
 from kilolock.schema import GetAttr, Index
+from kit.procs import survivors
+from kit.providers import stderr_shows
 
 START_TIMEOUT = 3.0
 
@@ -94,9 +94,8 @@ def test_garbage_in_field_6_fails_the_read_naming_the_provider(fake_binary) -> N
 
 
 def test_error_diagnostics_raise_one_exception_type(fake_binary) -> None:
-    with launch_provider(fake_binary(proto=6), tls=False) as client:
-        with pytest.raises(ProviderDiagnosticsError) as err:
-            client.read_resource("fake_error", msgpack.packb({"id": "1"}))
+    with launch_provider(fake_binary(proto=6), tls=False) as client, pytest.raises(ProviderDiagnosticsError) as err:
+        client.read_resource("fake_error", msgpack.packb({"id": "1"}))
     diags = err.value.diagnostics
     assert [d.severity for d in diags] == [Severity.ERROR, Severity.WARNING]
     assert diags[0].attribute == (GetAttr("rule"), Index(1), GetAttr("cidr"))
@@ -150,7 +149,7 @@ def test_stop_interrupts_an_in_flight_read(fake_binary) -> None:
         def slow() -> None:
             try:
                 client.read_resource("fake_slow", msgpack.packb({"id": "1"}))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - the test inspects what the read raised
                 outcome.append(exc)
 
         t = threading.Thread(target=slow)

@@ -38,7 +38,7 @@ def _provider_pid_after(mode: str, sig: int | None) -> int:
     # kl_env: the child imports kilolock from this checkout. default_signals: the SIGINT/SIGTERM
     # sent below must act even when this test process inherited them ignored (`cmd &`).
     child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=kl_env(), preexec_fn=default_signals)
+                             env=kl_env(), preexec_fn=default_signals)  # noqa: PLW1509 - signal() only
     try:
         line = child.stdout.readline()  # type: ignore[union-attr]
         assert line.strip().isdigit(), f"child failed: {line!r} {child.stderr.read() if child.poll() is not None else ''}"  # type: ignore[union-attr]

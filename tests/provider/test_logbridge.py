@@ -4,8 +4,8 @@ import logging
 
 import pytest
 
-from kit.providers import stderr_shows
 from kilolock.provider.logbridge import TRACE, StderrLogBridge, provider_log_level
+from kit.providers import stderr_shows
 
 
 def test_hclog_json_and_prefixed_lines(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,13 +15,13 @@ from typing import Any
 import msgpack
 import pytest
 
+from kilolock.provider import ProviderCallError, launch_provider
+from kilolock.provider.client import GrpcProviderClient
+from kilolock.schema import Block, NestingMode, provider_schema_from_json
 from kit.paths import CACHE
 from kit.paths import REPO as ROOT
 from kit.procs import survivors
 from kit.providers import BY_TYPE, REAL_PROVIDERS, RealProvider, launched_pids, require
-from kilolock.provider import ProviderCallError, launch_provider
-from kilolock.provider.client import GrpcProviderClient
-from kilolock.schema import Block, NestingMode, provider_schema_from_json
 
 # One resource per provider, with the values set in its state object (all others null).
 READ_CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -160,7 +160,7 @@ def test_concurrent_reads_on_one_client() -> None:
                     r = client.read_resource("null_resource", msgpack.packb(state))
                     assert r.new_state is not None and msgpack.unpackb(r.new_state) == state
                 results[i] = True
-            except BaseException as exc:  # collected and re-raised in the main thread
+            except BaseException as exc:  # noqa: BLE001 - collected and re-raised in the main thread
                 errors.append(exc)
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(10)]
@@ -186,7 +186,7 @@ def test_killed_mid_call_gives_clear_error_and_no_zombie() -> None:
         try:
             while True:  # reads in flight continuously until the provider dies under them
                 assert client.read_resource(type_name, state).new_state == state
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the test inspects how the reads ended
             outcomes.append(exc)
 
     try:

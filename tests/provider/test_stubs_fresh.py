@@ -22,7 +22,8 @@ def test_committed_stubs_match_the_proto_files(tmp_path: Path) -> None:
 
 
 def test_field_numbers_that_differ_between_v5_and_v6() -> None:
-    from kilolock.provider._pb import tfplugin5_pb2 as v5, tfplugin6_pb2 as v6
+    from kilolock.provider._pb import tfplugin5_pb2 as v5
+    from kilolock.provider._pb import tfplugin6_pb2 as v6
 
     a5 = v5.Schema.Attribute.DESCRIPTOR.fields_by_name
     a6 = v6.Schema.Attribute.DESCRIPTOR.fields_by_name

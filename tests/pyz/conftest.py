@@ -9,10 +9,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
+
 from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
 from kit.pyz import WHEEL_CACHE, build, clean_env
 from kit.tfworkspace import terraform

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from kit.paths import PLUGIN_CACHE, REPO
 from kit.pyz import WHEEL_CACHE, build, find_python, version_fields
 

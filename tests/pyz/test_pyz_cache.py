@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from kit.paths import PLUGIN_CACHE
 from kit.pyz import clean_env, extracted_files, unit_dir, version_fields
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from kit.paths import PLUGIN_CACHE
 from kit.procs import provider_pids
 from kit.pyz import extracted_files, unit_dir, version_fields

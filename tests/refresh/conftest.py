@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
 from kit.procs import assert_no_new_providers, provider_pids
 from kit.tfworkspace import MAIN_TF, terraform

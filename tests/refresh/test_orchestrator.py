@@ -27,7 +27,7 @@ def canon(v) -> bytes:
 class FakeClient:
     """Answers ReadResource from `world` (id -> attributes, None = gone, Exception = fail)."""
 
-    def __init__(self, factory: "FakeFactory", source: str, alias: str) -> None:
+    def __init__(self, factory: FakeFactory, source: str, alias: str) -> None:
         self.f = factory
         self.info = OpenedProvider(source, alias, "2.1.2", "/fake/terraform-provider-null", 5, False)
         self.closed = False

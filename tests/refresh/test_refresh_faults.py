@@ -13,8 +13,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 from kit.paths import FAKE_PROVIDER as FAKE
 from kit.paths import REPO
+
 SOURCE = "registry.terraform.io/hashicorp/fake"
 
 

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import psycopg
+
 from kit.paths import PLUGIN_CACHE
 from kit.tfworkspace import terraform
 
@@ -145,7 +146,7 @@ def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url
     r, out = kl_refresh(run_kl, workspace)
     assert r.returncode == 0 and out["status"] == "succeeded", out
     assert "random_password.p" in out["changed_addresses"]
-    inst = [res for res in pulled(run_kl)["resources"] if res["type"] == "random_password"][0]["instances"][0]
+    inst = next(res for res in pulled(run_kl)["resources"] if res["type"] == "random_password")["instances"][0]
     assert inst["schema_version"] == 3 and inst["attributes"]["bcrypt_hash"].startswith("$2")
     # The new bcrypt_hash and the password are secrets: kl drift shows the change, never the values.
     secrets = [inst["attributes"]["bcrypt_hash"], inst["attributes"]["result"]]

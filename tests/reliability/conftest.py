@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kit.faults import install_fake
 from kit.procs import assert_no_new_providers, provider_pids
 

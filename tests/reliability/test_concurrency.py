@@ -20,11 +20,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 from kit.faults import fake_state, serials
 from kit.invariants import event_count, reindex_mismatches, running_runs, state_locks, version_problems, wait_for
 from kit.kl import kl_cmd, kl_env
 from kit.paths import REPO
 from kit.procs import default_signals, marked_pids, session_mark, settle_orphans
+
 SEED = int(os.environ.get("KL_CHAOS_SEED", "20261129"))
 # What a losing refresh may say: the state moved under it, or the lock was held at that instant.
 LOSER = re.compile(r"changed while this run was in progress|is locked by .*(refresh not committed)?")
@@ -40,7 +42,7 @@ def no_orphan_providers():
 
 def _popen(args: list[str], cwd: Path | None = None, **env: str) -> subprocess.Popen:
     return subprocess.Popen(kl_cmd(*args), env=kl_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=str(cwd or REPO), preexec_fn=default_signals)  # the tests signal them
+                            cwd=str(cwd or REPO), preexec_fn=default_signals)  # noqa: PLW1509 - the tests signal them
 
 
 def _runs(db_url: str, state: str = "prod") -> list[tuple]:
@@ -97,7 +99,7 @@ def test_two_refreshes_at_once_exactly_one_commits(run_kl, db_url, fake_cache):
 
 
 def test_refreshes_with_real_providers_racing_commit_one_serial_each(run_kl, db_url):
-    from kit.tfcli import PLUGIN_CACHE, tool_binary  # noqa: F401  (fails with what to install when it is missing)
+    from kit.tfcli import PLUGIN_CACHE, tool_binary
 
     tool_binary("terraform-1.0.3")
     state = REPO / "tests" / "fixtures" / "states" / "varied.tfstate"
@@ -124,7 +126,7 @@ def test_refreshes_with_real_providers_racing_commit_one_serial_each(run_kl, db_
 def test_signals_at_random_points_never_half_write(run_kl, db_url, fake_cache):
     """SIGTERM/SIGINT after a random delay (seeded; KL_CHAOS_SEED replays a failure)."""
     rng = random.Random(SEED)
-    make, events = fake_cache
+    make, _events = fake_cache
     cache = make(FAKE_SLOW_SECONDS="1")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo"] * 3 + ["fake_slow"] * 2)).returncode == 0
     # One undisturbed run sets the time scale, so the signals land before the run begins, during
@@ -142,7 +144,7 @@ def test_signals_at_random_points_never_half_write(run_kl, db_url, fake_cache):
         p = _popen(["refresh", "prod", "--provider-search-path", str(cache), "--format", "json"])
         time.sleep(delay)
         p.send_signal(sig)
-        out, err = p.communicate(timeout=60)
+        _out, err = p.communicate(timeout=60)
         err_text = err.decode()
         where = f"iteration {i} (seed {SEED}): {sig.name} after {delay:.2f}s -> exit {p.returncode}: {err_text.strip()}"
         assert "Traceback" not in err_text, where

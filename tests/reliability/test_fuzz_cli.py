@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kilolock.cli import main
 from kit.fuzz import FUZZ, Tally, hang_guard, one_in
 from kit.fuzzhttp import state_doc, stored_versions_problems
-from kilolock.cli import main
 
 EXISTING = ["prod", "team/dev"]  # imported before the run, and the names imports go to
 GHOSTS = ["ghost", "ghost/x", "nope-1"]  # never imported: refresh may run on these only
@@ -94,9 +94,9 @@ def _value(draw: st.DrawFn, good: list[str], bad: list[str]) -> str:
 
 @st.composite
 def argv(draw: st.DrawFn, files: dict[str, str]) -> list[str]:
-    name = lambda: _value(draw, EXISTING + GHOSTS, BAD_NAMES)  # noqa: E731
-    fmt = lambda: ["--format", _value(draw, FORMATS[:2], FORMATS[2:])]  # noqa: E731
-    file_ = lambda: draw(st.sampled_from(sorted(files.values())))  # noqa: E731
+    name = lambda: _value(draw, EXISTING + GHOSTS, BAD_NAMES)
+    fmt = lambda: ["--format", _value(draw, FORMATS[:2], FORMATS[2:])]
+    file_ = lambda: draw(st.sampled_from(sorted(files.values())))
     cmd = draw(st.sampled_from(["version", "db migrate", "db status", "state import", "state list", "state versions",
                                 "state pull", "status", "refresh", "drift", "runs", "provider configure",
                                 "provider pin", "provider list", "db", "state", "provider", "", "bogus"]))

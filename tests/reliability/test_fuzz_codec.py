@@ -14,15 +14,16 @@ import json
 import math
 import time
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 from kilolock.codec import MAX_DEPTH, CodecError
+from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 
 # --- backends ---------------------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ def json_text(draw: st.DrawFn) -> bytes:
         keys = draw(st.lists(NAMES, min_size=len(parts), max_size=len(parts)))
         if draw(st.booleans()):
             return ("[" + ",".join(parts) + "]").encode()
-        return ("{" + ",".join(json.dumps(k) + ":" + p for k, p in zip(keys, parts)) + "}").encode()
+        return ("{" + ",".join(json.dumps(k) + ":" + p for k, p in zip(keys, parts, strict=True)) + "}").encode()
     if kind == 3:
         return draw(st.binary(max_size=60))
     if kind == 4:
@@ -366,7 +367,7 @@ def test_fuzz_compile_random_type_specs(record_property) -> None:  # type: ignor
             py_t, rs_t = PY.compile_type(spec), RS.compile_type(spec)
             assert py_t.type_json == rs_t.type_json, spec
             for blob in (b"\xc0", data.draw(st.binary(max_size=20))):
-                both(lambda impl: (py_t if impl is PY else rs_t).decode(blob), tally, f"decode({blob!r}) as {spec!r}")
+                both(lambda impl, blob=blob: (py_t if impl is PY else rs_t).decode(blob), tally, f"decode({blob!r}) as {spec!r}")
             both(lambda impl: (py_t if impl is PY else rs_t).encode(b"null"), tally, f"encode(null) as {spec!r}")
 
     with hang_guard():
@@ -380,7 +381,7 @@ def test_nan_and_infinity_in_floats_do_not_escape_as_other_errors() -> None:
     for value in (math.nan, math.inf, -math.inf):
         for spec in (b'"number"', b'"dynamic"', b'["list","number"]'):
             wire = msgpack.packb([value] if spec.startswith(b"[") else value)
-            both(lambda impl: impl.compile_type(spec).decode(wire), tally, f"decode({wire!r}) as {spec!r}")
+            both(lambda impl, spec=spec, wire=wire: impl.compile_type(spec).decode(wire), tally, f"decode({wire!r}) as {spec!r}")
 
 
 def test_attribute_names_with_line_breaks_keep_messages_one_line() -> None:
@@ -390,5 +391,5 @@ def test_attribute_names_with_line_breaks_keep_messages_one_line() -> None:
     for spec, text in ((b'["object",{"\\n":"number"}]', b'{"\\n": false}'),
                        (b'["object",{"a\\r\\nb":["list","string"]}]', b'{"a\\r\\nb": [1]}'),
                        (b'["map",["object",{"\\n":"bool"}]]', b'{"k\\n": {"\\n": 3}}')):
-        kind, message = both(lambda impl: impl.compile_type(spec).encode(text), tally, f"encode({text!r}) as {spec!r}")
+        kind, message = both(lambda impl, spec=spec, text=text: impl.compile_type(spec).encode(text), tally, f"encode({text!r}) as {spec!r}")
         assert kind == "error" and "\\n" in message, message

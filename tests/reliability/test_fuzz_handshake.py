@@ -12,9 +12,9 @@ import time
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
+from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
 
 BINARY = "/plugins/terraform-provider-fuzz_v1.0.0_x5"
 MAX_LINE = 64 * 1024  # process._MAX_HANDSHAKE_LINE

@@ -13,9 +13,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
 from kit.faults import fake_state, last_run, serials
-from kit.invariants import (event_count, kl_backends, reindex_mismatches, running_runs, state_locks,
-                            terminate_kl_backends, version_problems, wait_for)
+from kit.invariants import (
+    event_count,
+    kl_backends,
+    reindex_mismatches,
+    running_runs,
+    state_locks,
+    terminate_kl_backends,
+    version_problems,
+    wait_for,
+)
 from kit.kl import kl_cmd, kl_env
 from kit.procs import marked_pids, session_mark, settle_orphans
 

@@ -45,7 +45,7 @@ def test_a_bad_answer_fails_that_instance_by_name_and_commits_nothing(run_kl, db
 
 
 def test_a_hung_read_hits_the_per_rpc_deadline(run_kl, db_url, fake_cache):
-    make, events = fake_cache
+    make, _events = fake_cache
     cache = make(FAKE_SLOW_SECONDS="120")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_slow", "fake_echo"])).returncode == 0
     code, out, _ = refresh_json(run_kl, cache, "--rpc-timeout", "2s")

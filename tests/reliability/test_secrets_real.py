@@ -13,6 +13,7 @@ import json
 import uuid
 
 import pytest
+
 from kit.leaks import LOUD, api_channels, db_rows, leaks, read_channels
 from kit.paths import PLUGIN_CACHE, RANDOM_V, TERRAFORM
 from kit.tfworkspace import terraform

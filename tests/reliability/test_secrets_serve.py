@@ -15,9 +15,8 @@ import uuid
 
 import pytest
 
-from kit.leaks import Serve, basic, db_rows, leaks
-
 from kilolock.server import auth as auth_mod
+from kit.leaks import Serve, basic, db_rows, leaks
 
 
 def state_body(serial: int) -> bytes:

@@ -2,9 +2,10 @@
 own database, and a small HTTP client."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+
 from kit.httpclient import Client
 
 

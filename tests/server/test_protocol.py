@@ -197,8 +197,8 @@ def test_encrypted_envelope_is_stored_opaque(client, db_url, run_kl):
 
 
 def test_json_api(client, db_url, make_state):
-    from kilolock.store import versions
     from kilolock import tfstate as tfs
+    from kilolock.store import versions
 
     client.request("POST", "/states/api", make_state(1, {"a": {"id": "1", "triggers": {"k": "old"}, "pw": "hunter2"}}))
     client.request("LOCK", "/states/api", _lock_info("L"))

@@ -33,8 +33,9 @@ def test_refuses_bad_or_unsafe_setups(run_kl, db_url, args, env, fragment):
 
 
 def test_hash_password_output_is_accepted_by_the_users_file(run_kl, tmp_path):
-    from kilolock.server.auth import Authenticator
     import base64
+
+    from kilolock.server.auth import Authenticator
 
     r = run_kl("serve", "--hash-password", input=b"correct horse\n")
     assert r.returncode == 0, r.stderr
