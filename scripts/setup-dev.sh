@@ -33,7 +33,7 @@ want=$(cat pyproject.toml codec_rs/Cargo.toml codec_rs/src/*.rs 2>/dev/null | sh
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing kilolock (editable) with its test and bench extras; this builds the Rust codec"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e ".[test,bench]"
+    .venv/bin/python -m pip install -q -e ".[test,bench,lint]"
     echo "$want" > "$stamp"
 fi
 # Byte-compile our sources: many CI environments set PYTHONDONTWRITEBYTECODE, which would make

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing (scripts/setup-dev.sh), then runs the whole pytest
-# suite against a real PostgreSQL and real providers, then the benchmark ratio gates in quick
-# mode. Extra arguments go to the pytest run of tests/.
+# The test command: installs what is missing (scripts/setup-dev.sh), runs the linters
+# (scripts/lint.sh), then the whole pytest suite against a real PostgreSQL and real providers,
+# then the benchmark ratio gates in quick mode. Extra arguments go to the pytest run of tests/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-dev.sh
+bash scripts/lint.sh
 export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 # The Rust codec's own tests read the same vector file as the Python suite. Debug builds use far
 # bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a

@@ -1,0 +1,106 @@
+"""The layers of README's Architecture section, enforced: each part of kilolock imports only what its
+layer may see. Lazy imports inside functions count too: the CLI loads its commands lazily, and a
+lazy import is still a dependency."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from kit.paths import REPO
+
+PACKAGE = REPO / "kilolock"
+
+# Pure data and rules on our own types: no I/O, no database, no protocol. Any layer may use them.
+MODEL = {"kilolock", "kilolock.errors", "kilolock.jsondoc", "kilolock.names", "kilolock.schema",
+         "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"}
+
+# What each part may import besides itself and MODEL. The data flow: cli -> refresh -> provider,
+# with codec beside refresh and the store beside everything that keeps state.
+ALLOWED: dict[str, set[str]] = {
+    "kilolock.codec": {"kilolock._codec_rs"},
+    "kilolock._codec_rs": set(),
+    "kilolock.provider": set(),  # protocol only: never JSON values (codec) nor the database
+    "kilolock.store": set(),  # SQL only: never a provider or a codec
+    "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
+    "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
+    "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
+                     "kilolock.refresh", "kilolock.server"},
+    "kilolock.__main__": {"kilolock.cli"},
+    "kilolock._pyz": {"kilolock.cli"},  # the zipapp bootstrap: the standard library, then the CLI
+}
+# Within MODEL the order matters too (no cycles): each may import only those before it.
+MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.jsondoc", "kilolock.names", "kilolock.schema",
+               "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"]
+
+
+def unit_of(module: str) -> str:
+    """The part a module belongs to: a subpackage or a top-level module of kilolock."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str) -> set[str]:
+    """Every kilolock module SOURCE imports, at any depth in the file (relative imports resolved)."""
+    package = module if module == "kilolock" or module.endswith("__init__") else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from kilolock import codec` imports the module kilolock.codec
+            found.update(f"{base}.{a.name}" if base == "kilolock" else base for a in node.names)
+    return {m for m in found if m == "kilolock" or m.startswith("kilolock.")}
+
+
+def violations(module: str, source: str) -> list[str]:
+    unit = unit_of(module)
+    out = []
+    for target in sorted(imported_modules(source, module)):
+        to = unit_of(target)
+        if to == unit:
+            continue
+        if unit in MODEL:
+            ok = to in MODEL and MODEL_ORDER.index(to) < MODEL_ORDER.index(unit)
+        else:
+            ok = to in MODEL or to in ALLOWED.get(unit, set())
+        if not ok:
+            out.append(f"{module} imports {target}")
+    return out
+
+
+def _modules() -> list[tuple[str, Path]]:
+    return [(module_name(p), p) for p in sorted(PACKAGE.rglob("*.py")) if "_pb" not in p.parts]
+
+
+def test_every_part_has_a_place_in_the_layers() -> None:
+    units = {unit_of(name) for name, _ in _modules()}
+    unplaced = units - MODEL - set(ALLOWED)
+    assert not unplaced, f"new parts of kilolock need a layer in tests/test_architecture.py and README: {sorted(unplaced)}"
+
+
+def test_imports_follow_the_layers() -> None:
+    found = [v for name, path in _modules() for v in violations(name, path.read_text(encoding="utf-8"))]
+    assert not found, "imports that break README's Architecture rules:\n" + "\n".join(found)
+
+
+def test_the_rule_catches_a_layer_break() -> None:
+    # The check above is only worth something if it can fail: a provider reaching for the store, a
+    # lazy import in the server of the refresh path, a model module importing a later one.
+    assert violations("kilolock.provider.client", "from kilolock.store import db") == [
+        "kilolock.provider.client imports kilolock.store"]
+    assert violations("kilolock.server.backend", "def f():\n    from kilolock import refresh\n") == [
+        "kilolock.server.backend imports kilolock.refresh"]
+    assert violations("kilolock.schema", "from kilolock.drift import Change") == [
+        "kilolock.schema imports kilolock.drift"]
+    assert violations("kilolock.store.versions", "from . import db\nfrom .. import tfstate") == []
+    assert violations("kilolock.store.versions", "from ..provider import client") == [
+        "kilolock.store.versions imports kilolock.provider"]
