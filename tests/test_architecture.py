@@ -104,3 +104,17 @@ def test_the_rule_catches_a_layer_break() -> None:
     assert violations("kilolock.store.versions", "from . import db\nfrom .. import tfstate") == []
     assert violations("kilolock.store.versions", "from ..provider import client") == [
         "kilolock.store.versions imports kilolock.provider"]
+
+
+def sql_calls(source: str) -> list[int]:
+    """Lines that talk to the database directly: a psycopg execute, cursor or COPY."""
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"execute", "executemany", "cursor", "copy"}]
+
+
+def test_sql_lives_in_store() -> None:
+    found = [f"{path.relative_to(REPO)}:{line}" for name, path in _modules() if unit_of(name) != "kilolock.store"
+             for line in sql_calls(path.read_text(encoding="utf-8"))]
+    assert not found, "database calls outside kilolock/store/ (add a store function instead):\n" + "\n".join(found)
+    assert sql_calls("with conn.cursor() as cur:\n    cur.execute('SELECT 1')\n") == [1, 2]

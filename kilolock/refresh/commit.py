@@ -13,7 +13,7 @@ import psycopg
 import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
-from kilolock.store import locks, refresh_runs, versions
+from kilolock.store import db, locks, refresh_runs, versions
 from kilolock.store.db import first_line, reconnect
 
 
@@ -28,7 +28,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str,
     raw = parser.dumps_compact(doc).encode()
     # A connection that died during the reads fails here, before anything is sent, so that case is
     # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
-    conn.execute("SELECT 1")
+    db.ping(conn)
     landed: tuple[str, int] | None = None
     try:
         try:
