@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from kit.pg import one_row
+
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 
 
@@ -131,8 +133,8 @@ def check_database(db_url: str, outcome: Outcome) -> list[str]:
         rows = c.execute(
             """SELECT s.name, v.serial, v.raw_state -> 'resources' -> 0 -> 'instances' -> 0 -> 'attributes' ->> 'id'
                FROM state_versions v JOIN states s ON s.id = v.state_id ORDER BY s.name, v.serial""").fetchall()
-        locks_left = c.execute("SELECT count(*) FROM state_locks").fetchone()[0]
-        open_rows = c.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0]
+        locks_left = one_row(c, "SELECT count(*) FROM state_locks")[0]
+        open_rows = one_row(c, "SELECT count(*) FROM resources WHERE delete_serial IS NULL")[0]
     stored = sorted((name, serial, ident.rsplit("-", 1)[0]) for name, serial, ident in rows)
     acked = sorted(outcome.writes)
     if stored != acked:
