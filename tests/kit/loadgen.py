@@ -48,6 +48,7 @@ class _Client(threading.Thread):
         super().__init__(name=f"load-{n}", daemon=True)
         self.n, self.states, self.stop_at, self.issued = n, states, stop_at, issued
         u = urlsplit(url)
+        assert u.hostname is not None, f"no host in {url!r}"
         self.host, self.port = u.hostname, u.port
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.out = Outcome()
