@@ -32,8 +32,8 @@ QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 
 # --- corpus ---------------------------------------------------------------------------------------
 
-def _attr(name: str, ty: str, **flags: bool) -> Attribute:
-    return Attribute(name=name, type=ty.encode(), optional=True, **flags)
+def _attr(name: str, ty: str, *, sensitive: bool = False) -> Attribute:
+    return Attribute(name=name, type=ty.encode(), optional=True, sensitive=sensitive)
 
 
 def _rule_block() -> Block:

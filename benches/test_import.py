@@ -14,6 +14,7 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.store import versions
+from kit.pg import one_row
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 STATES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "states"
@@ -45,7 +46,7 @@ def _kl_import(conn: psycopg.Connection, raw: bytes, n: int) -> None:
 
 def _bare_insert(conn: psycopg.Connection, raw: bytes, n: int) -> None:
     with conn.transaction():
-        sid = conn.execute("INSERT INTO states (name) VALUES (%s) RETURNING id", (f"bare{n}",)).fetchone()[0]
+        sid = one_row(conn, "INSERT INTO states (name) VALUES (%s) RETURNING id", (f"bare{n}",))[0]
         conn.execute(
             "INSERT INTO state_versions (state_id, serial, lineage, source, raw_state, content_hash) VALUES (%s, 1, 'l', 'import', %s::jsonb, 'h')",
             (sid, raw.decode()),

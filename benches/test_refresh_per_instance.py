@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import msgpack
@@ -18,7 +19,11 @@ import psycopg
 
 from kilolock import tfstate
 from kilolock.provider._pb import tfplugin5_pb2 as pb
+from kilolock.provider.client import GrpcProviderClient
+from kilolock.redact import Redactor
 from kilolock.refresh import orchestrator
+from kilolock.refresh.client import ResourceClient
+from kilolock.refresh.encoding import EncodingClient
 from kilolock.refresh.factory import ProductionFactory
 from kilolock.refresh.options import RefreshOptions
 from kilolock.store import versions
@@ -39,16 +44,18 @@ class _KeepOpen:
     """A factory that hands out one already-open client and keeps it open between runs, so the
     measurement is the per-instance path, not process start-up."""
 
-    def __init__(self, client) -> None:
+    def __init__(self, client: EncodingClient) -> None:
         self.client = client
 
-    def open(self, source: str, alias: str):
+    def open(self, source: str, alias: str, secrets: Redactor) -> ResourceClient:
+        # The provider was launched before the run, so it masks with its own (empty) redactor, not
+        # the run's SECRETS: the null provider has none to mask.
         outer = self.client
 
         class _NoClose:
             info = outer.info
 
-            def __getattr__(self, name):
+            def __getattr__(self, name: str) -> Any:
                 return getattr(outer, name)
 
             def close(self) -> None:
@@ -84,9 +91,11 @@ def test_per_instance_cost_within_the_grpc_floor(benchmark, bench_db, bench_summ
     with psycopg.connect(bench_db, autocommit=True) as conn:
         versions.write_version(conn, "per-instance", tfstate.parse_state(raw), raw, source="import", actor="bench")
         sid = versions.state_id(conn, "per-instance")
-        client = ProductionFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "")
+        client = ProductionFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
         try:
-            channel = client._raw.connection.channel  # the very connection kl uses
+            raw_client = client._raw
+            assert isinstance(raw_client, GrpcProviderClient), raw_client
+            channel = raw_client.connection.channel  # the very connection kl uses
             state = msgpack.packb({"id": "1234567890123456789", "triggers": {"group": "g07", "n": "7", "revision": "1"}})
             n = sum(1 for r in tfstate.parse_state(raw).managed())
             factory = _KeepOpen(client)

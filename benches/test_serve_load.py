@@ -47,6 +47,7 @@ def server(db_url: str) -> Iterator[str]:
     env = dict(os.environ, KL_DATABASE_URL=db_url, KL_SERVE_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", "--pool-size", "16"],
                             env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None  # piped just above
     line = proc.stderr.readline()
     assert "kl serve:" in line, f"kl serve did not start: {line}{proc.stderr.read() if proc.poll() is not None else ''}"
     try:
@@ -66,6 +67,7 @@ def _http_cycle(url: str) -> Callable[[str], None]:
     from urllib.parse import urlsplit
 
     u = urlsplit(url)
+    assert u.hostname is not None, f"no host in {url!r}"
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
     headers = {"Authorization": f"Bearer {TOKEN}"}
 

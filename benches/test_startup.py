@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,7 @@ COLD_BUDGET_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def pyz() -> Path:
+def pyz() -> Iterator[Path]:
     if not Path(PYTHON).exists():
         pytest.fail(f"{PYTHON} is missing: install Debian's python3", pytrace=False)
     base = Path(tempfile.mkdtemp(prefix="kl-bench-pyz-"))

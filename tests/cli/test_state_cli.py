@@ -6,6 +6,8 @@ import json
 import psycopg
 import pytest
 
+from kit.pg import one_row
+
 
 def rows(db_url):
     with psycopg.connect(db_url) as c:
@@ -119,7 +121,7 @@ def test_import_refuses_a_name_kl_serve_could_not_serve(db_url, run_kl, make_sta
     err = r.stderr.decode().strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and "is not allowed" in err, err
     with psycopg.connect(db_url) as c:
-        assert c.execute("SELECT count(*) FROM states").fetchone()[0] == 0
+        assert one_row(c, "SELECT count(*) FROM states")[0] == 0
 
 
 def test_a_nested_name_imports_and_reads_back(db_url, run_kl, make_state):

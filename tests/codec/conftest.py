@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import pytest
 
@@ -19,6 +20,6 @@ def both() -> tuple[types.ModuleType, types.ModuleType]:
 
 
 @pytest.fixture
-def load() -> object:
+def load() -> Callable[[str], types.ModuleType]:
     """``load("rust")`` / ``load("python")``: a backend module, failing with the build hint."""
     return load_backend

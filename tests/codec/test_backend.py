@@ -5,6 +5,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
+from collections.abc import Callable
 
 import pytest
 
@@ -24,14 +26,14 @@ def _run(env_value: str | None, code: str = "from kilolock import codec; print(c
 
 
 @pytest.mark.parametrize("forced", ["python", "rust"])
-def test_kl_codec_forces_a_backend(load, forced: str) -> None:  # type: ignore[no-untyped-def]
+def test_kl_codec_forces_a_backend(load: Callable[[str], types.ModuleType], forced: str) -> None:
     load(forced)  # fails with the build hint when the extension is missing
     result = _run(forced)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == forced
 
 
-def test_default_prefers_rust(load) -> None:  # type: ignore[no-untyped-def]
+def test_default_prefers_rust(load: Callable[[str], types.ModuleType]) -> None:
     load("rust")
     assert _run(None).stdout.strip() == "rust"
 
@@ -59,7 +61,7 @@ def test_forced_rust_that_cannot_load_says_why() -> None:
     assert fallback.stdout.strip() == "python", fallback.stderr
 
 
-def test_max_depth_is_the_same_in_both_backends(load) -> None:  # type: ignore[no-untyped-def]
+def test_max_depth_is_the_same_in_both_backends(load: Callable[[str], types.ModuleType]) -> None:
     assert load("rust").MAX_DEPTH == MAX_DEPTH == 64
 
 
@@ -71,7 +73,7 @@ def test_public_api_compiles_types_and_blocks() -> None:
     assert b.type_json == b'["object",{"id":"string"}]'
 
 
-def test_both_backends_provide_the_typed_api(impl) -> None:  # type: ignore[no-untyped-def]
+def test_both_backends_provide_the_typed_api(impl: types.ModuleType) -> None:
     assert isinstance(impl, abc.Backend)
     t = impl.compile_type(b'"string"')
     assert isinstance(t, abc.CodecType)
@@ -79,7 +81,7 @@ def test_both_backends_provide_the_typed_api(impl) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("bad", ["not bytes", 5, None])
-def test_non_bytes_input_is_a_codec_error(impl, bad) -> None:  # type: ignore[no-untyped-def]
+def test_non_bytes_input_is_a_codec_error(impl: types.ModuleType, bad: object) -> None:
     t = impl.compile_type(b'"string"')
     with pytest.raises(CodecError, match="expected bytes"):
         t.encode(bad)

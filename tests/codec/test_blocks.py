@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import types
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ ANY = Attribute(name="any", type=b'"dynamic"', optional=True)
 RULE = Block(attributes=(CIDR, PORT))
 
 
-def _spec(block: Block) -> object:
+def _spec(block: Block) -> Any:
     return json.loads(block_type_json(block))
 
 

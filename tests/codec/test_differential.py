@@ -10,6 +10,7 @@ from __future__ import annotations
 import decimal
 import json
 import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from kilolock.codec import CodecError
 
 PRIMITIVES = ["string", "number", "bool"]
-NAMES = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=6)
+NAMES = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)
 
 
 def _types() -> st.SearchStrategy[Any]:
@@ -56,6 +57,7 @@ def _plain(mantissa: str, exp: int) -> str:
 @st.composite
 def _spelled(draw: st.DrawFn, d: decimal.Decimal) -> str:
     sign, digits, exp = d.as_tuple()
+    assert isinstance(exp, int), d  # only NaN and infinities have a letter for exponent; NUMBERS draws neither
     mantissa = "".join(map(str, digits)) or "0"
     style = draw(st.sampled_from(["fixed", "exp", "padded"]))
     prefix = "-" if sign else ""
@@ -133,6 +135,7 @@ def _render(draw: st.DrawFn, v: Any) -> str:
 
 def _fixed(d: decimal.Decimal) -> str:
     sign, digits, exp = d.as_tuple()
+    assert isinstance(exp, int), d  # finite: a drawn number or a finite float's repr
     text = ("-" if sign else "") + _plain("".join(map(str, digits)) or "0", exp)
     if "." in text:
         text = text.rstrip("0").rstrip(".")
@@ -202,7 +205,7 @@ def canonical(ty: Any, v: Any) -> str:
         return "[" + ",".join(canonical(t, x) for t, x in zip(ty[1], v, strict=True)) + "]"
     if kind == "set":
         if ty[1] in PRIMITIVES:
-            by_key = {}
+            by_key: dict[Any, str] = {}
             for x in v:
                 by_key.setdefault(_set_key(ty[1], x), canonical(ty[1], x))
             return "[" + ",".join(by_key[k] for k in sorted(by_key)) + "]"
@@ -221,7 +224,7 @@ def _case(draw: st.DrawFn) -> tuple[Any, Any, str]:
     return ty, value, draw(_render(value))
 
 
-def _outcome(fn, arg: bytes) -> tuple[str, Any]:  # type: ignore[no-untyped-def]
+def _outcome(fn: Callable[[bytes], Any], arg: bytes) -> tuple[str, Any]:
     try:
         return "ok", fn(arg)
     except CodecError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import pathlib
 import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -89,7 +91,7 @@ def test_type_error(impl: types.ModuleType, vector: dict) -> None:
     assert vector["error"] in str(info.value)
 
 
-def _message(fn, *args) -> str:  # type: ignore[no-untyped-def]
+def _message(fn: Callable[..., Any], *args: Any) -> str:
     with pytest.raises(CodecError) as info:
         fn(*args)
     return str(info.value)

@@ -34,11 +34,15 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit import invariants, procs  # the invariant checks the tests use too
 from kit.faults import fake_state, install_fake
 from kit.paths import LOCAL_V, PLUGIN_CACHE, RANDOM_V, REPO, TERRAFORM
 from kit.tfworkspace import terraform_env
+
+if TYPE_CHECKING:  # main() imports it only when the run makes a cluster of its own
+    from kilolock.store.embedded import EmbeddedCluster
 
 MAIN_TF = f"""
 terraform {{
@@ -97,7 +101,7 @@ class Chaos:
     env: dict[str, str]
     mark: str
     rng: random.Random
-    cluster: object | None = None  # an EmbeddedCluster of the run's own: only then is it restarted
+    cluster: EmbeddedCluster | None = None  # a cluster of the run's own: only then is it restarted
     fake_cache: Path = Path()
     tf_dir: Path = Path()
     violations: list[str] = field(default_factory=list)
@@ -213,7 +217,11 @@ class Chaos:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=procs.default_signals)  # noqa: PLW1509 - signal() only
         delay = self.rng.uniform(0.3, 3.0)
         if fault in SIGNALS:
-            timer = threading.Timer(delay, lambda: proc.poll() is None and proc.send_signal(SIGNALS[fault]))
+            def signal_if_running() -> None:
+                if proc.poll() is None:
+                    proc.send_signal(SIGNALS[fault])
+
+            timer = threading.Timer(delay, signal_if_running)
         elif fault == "dbcut":
             timer = threading.Timer(delay, invariants.terminate_kl_backends, args=(self.url,))
         elif fault == "pgrestart":

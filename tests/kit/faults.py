@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -35,11 +36,18 @@ def fake_state(types: list[str], serial: int = 1, lineage: str = "fake-lineage",
                                      for n, t in enumerate(types)]}).encode()
 
 
-def last_run(db_url: str) -> tuple:
-    """(status, error_summary, to_version_id, finished_at) of the newest refresh run."""
+def newest_run(db_url: str) -> tuple[Any, ...] | None:
+    """(status, error_summary, to_version_id, finished_at) of the newest refresh run; None before any run."""
     with psycopg.connect(db_url) as c:
         return c.execute("SELECT status, error_summary, to_version_id, finished_at FROM refresh_runs"
                          " ORDER BY started_at DESC LIMIT 1").fetchone()
+
+
+def last_run(db_url: str) -> tuple[Any, ...]:
+    """newest_run, for a test that has made a run: fails when there is none."""
+    run = newest_run(db_url)
+    assert run is not None, "no refresh run was recorded"
+    return run
 
 
 def serials(db_url: str, state: str = "prod") -> list[int]:

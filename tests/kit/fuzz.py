@@ -10,15 +10,19 @@ from __future__ import annotations
 import faulthandler
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 MIN_CASES = 1000
 EXAMPLES = max(MIN_CASES, int(os.environ.get("KL_FUZZ_EXAMPLES", MIN_CASES)))
 RANDOM = os.environ.get("KL_FUZZ_RANDOM") == "1"
+
+# pytest's record_property fixture: adds a name/value pair to the test's JUnit XML entry.
+RecordProperty = Callable[[str, object], None]
 
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -52,7 +56,7 @@ class Tally:
         return (f"FUZZ {self.target}: {self.cases} cases in {time.monotonic() - self.started:.1f}s "
                 f"(slowest call {self.slowest * 1000:.0f} ms; {kinds})")
 
-    def finish(self, record_property=None) -> None:  # type: ignore[no-untyped-def]
+    def finish(self, record_property: RecordProperty | None = None) -> None:
         """Print the count for the lead to quote and fail when fewer than MIN_CASES ran."""
         line = self.report()
         print(line)
@@ -67,11 +71,9 @@ def assert_one_line(message: str, what: str) -> None:
     assert "Traceback" not in message, f"{what}: message carries a traceback: {message!r}"
 
 
-def one_in(draw, n: int) -> bool:  # type: ignore[no-untyped-def]
+def one_in(draw: st.DrawFn, n: int) -> bool:
     """True about once in N draws. (st.integers(0, N) == 0 is far likelier than 1/N: hypothesis
     favours boundary values, which would flood a target with its rarest branch.)"""
-    from hypothesis import strategies as st
-
     return draw(st.sampled_from(range(n))) == n // 2
 
 

@@ -41,6 +41,7 @@ class Client:
     def request(self, method: str, path: str, body: bytes | str | dict | None = None, headers: dict[str, str] | None = None,
                 md5: bool = False) -> Reply:
         u = urlsplit(self.url)
+        assert u.hostname is not None, f"no host in {self.url!r}"
         if u.scheme == "https":
             conn: http.client.HTTPConnection = http.client.HTTPSConnection(u.hostname, u.port, timeout=30, context=self._ssl)
         else:

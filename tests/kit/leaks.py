@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 import psycopg
 
 from kit.paths import REPO
+from kit.pg import one_row
 
 LOUD = {"KL_LOG": "debug", "TF_LOG": "trace"}  # kl's own debug logs and the providers' logs on stderr
 # These hold the state itself (attributes, secrets included) by design, like a .tfstate file; the
@@ -45,7 +46,7 @@ def db_rows(db_url: str, exclude: frozenset[str] = STATE_TABLES) -> Channels:
         for t in tables:
             if t in exclude:
                 continue
-            rows = c.execute(f'SELECT coalesce(string_agg(to_jsonb(x)::text, E\'\\n\'), \'\') FROM "{t}" x').fetchone()[0]
+            rows = one_row(c, f'SELECT coalesce(string_agg(to_jsonb(x)::text, E\'\\n\'), \'\') FROM "{t}" x')[0]
             out[f"table {t}"] = rows.encode()
     return out
 

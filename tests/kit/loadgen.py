@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 
+from kit.pg import one_row
+
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 
 
@@ -46,6 +48,7 @@ class _Client(threading.Thread):
         super().__init__(name=f"load-{n}", daemon=True)
         self.n, self.states, self.stop_at, self.issued = n, states, stop_at, issued
         u = urlsplit(url)
+        assert u.hostname is not None, f"no host in {url!r}"
         self.host, self.port = u.hostname, u.port
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.out = Outcome()
@@ -131,8 +134,8 @@ def check_database(db_url: str, outcome: Outcome) -> list[str]:
         rows = c.execute(
             """SELECT s.name, v.serial, v.raw_state -> 'resources' -> 0 -> 'instances' -> 0 -> 'attributes' ->> 'id'
                FROM state_versions v JOIN states s ON s.id = v.state_id ORDER BY s.name, v.serial""").fetchall()
-        locks_left = c.execute("SELECT count(*) FROM state_locks").fetchone()[0]
-        open_rows = c.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0]
+        locks_left = one_row(c, "SELECT count(*) FROM state_locks")[0]
+        open_rows = one_row(c, "SELECT count(*) FROM resources WHERE delete_serial IS NULL")[0]
     stored = sorted((name, serial, ident.rsplit("-", 1)[0]) for name, serial, ident in rows)
     acked = sorted(outcome.writes)
     if stored != acked:

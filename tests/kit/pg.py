@@ -10,9 +10,14 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # psycopg is imported where a connection is made, not by every importer of kit.pg
+    import psycopg
+    from psycopg.rows import TupleRow
 
 
 def database_url(server_url: str, dbname: str) -> str:
@@ -73,3 +78,10 @@ def fresh_database(server_url: str, template: str = "template1", prefix: str = "
     finally:
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def one_row(conn: psycopg.Connection[TupleRow], query: str, params: Sequence[Any] | None = None) -> TupleRow:
+    """The first row QUERY returns, failing the test when it returns none."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, f"no row from {query!r}"
+    return row

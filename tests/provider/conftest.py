@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from kilolock.provider import process as plugin_process
+from kilolock.provider.process import LaunchSpec
 from kit.paths import FAKE_PROVIDER, REPO
 from kit.procs import running
 from kit.providers import REAL_PROVIDERS, RealProvider, launched, require
@@ -43,7 +45,7 @@ def fake_binary(tmp_path: Path):
 _original_init = plugin_process.PluginProcess.__init__
 
 
-def _recording_init(self, spec, popen, socket_dir):  # type: ignore[no-untyped-def]
+def _recording_init(self: plugin_process.PluginProcess, spec: LaunchSpec, popen: subprocess.Popen[bytes], socket_dir: str) -> None:
     launched.append((popen.pid, spec.binary))
     _original_init(self, spec, popen, socket_dir)
 

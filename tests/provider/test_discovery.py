@@ -7,7 +7,7 @@ import pytest
 
 from kilolock.errors import KlError
 from kilolock.provider import launch_provider
-from kilolock.provider.discovery import find_provider, parse_address, search_dirs, version_key
+from kilolock.provider.discovery import FoundProvider, find_provider, parse_address, search_dirs, version_key
 from kit.paths import PLUGIN_CACHE
 from kit.providers import BY_TYPE, require
 
@@ -33,7 +33,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {"HOME": str(home)}
 
 
-def find(source: str, env: dict[str, str], cwd: Path, pinned: str | None = None, paths: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+def find(source: str, env: dict[str, str], cwd: Path, pinned: str | None = None, paths: tuple[str, ...] = ()) -> FoundProvider:
     return find_provider(source, pinned, list(paths), env=env, cwd=str(cwd), os_arch=ARCH)
 
 

@@ -53,9 +53,10 @@ def make_client(monkeypatch) -> tuple[EncodingClient, EchoProvider, dict[str, in
 def test_a_canonicalized_prior_is_encoded_once_per_read(monkeypatch):
     client, raw, counts = make_client(monkeypatch)
     prior = client.canonicalize("thing", b'{"tags":{"b":"2","a":"1"},"id":"x"}')
+    assert prior is not None
     out = client.read_resource("thing", prior, b"", None)
     assert counts == {"encode": 1, "decode": 2}  # canonicalize: encode + decode; the read: decode only
-    assert json.loads(out.new_state) == {"id": "x", "tags": {"a": "1", "b": "2"}} and out.new_state == prior
+    assert out.new_state is not None and json.loads(out.new_state) == {"id": "x", "tags": {"a": "1", "b": "2"}} and out.new_state == prior
     assert raw.sent == [codec.compile_block(BLOCK).encode(prior)]
 
 
@@ -64,9 +65,10 @@ def test_a_prior_that_was_not_just_canonicalized_is_encoded_itself(monkeypatch):
     client.canonicalize("thing", b'{"id":"stale","tags":null}')
     upgraded = b'{"id":"upgraded","tags":null}'  # e.g. what UpgradeResourceState returned
     out = client.read_resource("thing", upgraded, b"", None)
-    assert json.loads(out.new_state)["id"] == "upgraded" and counts["encode"] == 2
+    assert out.new_state is not None and json.loads(out.new_state)["id"] == "upgraded" and counts["encode"] == 2
     # The remembered wire form is used once: a second read of the same object encodes again.
     prior = client.canonicalize("thing", b'{"id":"y","tags":null}')
+    assert prior is not None
     client.read_resource("thing", prior, b"", None)
     client.read_resource("thing", prior, b"", None)
     assert counts["encode"] == 4 and raw.sent[-1] == raw.sent[-2]

@@ -16,6 +16,7 @@ import pytest
 
 from kit.paths import FAKE_PROVIDER as FAKE
 from kit.paths import REPO
+from kit.pg import one_row
 
 SOURCE = "registry.terraform.io/hashicorp/fake"
 
@@ -53,7 +54,7 @@ def kl_cmd(*args: str) -> list[str]:
 
 def audit(db_url: str) -> tuple:
     with psycopg.connect(db_url) as c:
-        return c.execute("SELECT status, error_summary, to_version_id FROM refresh_runs ORDER BY started_at DESC LIMIT 1").fetchone()
+        return one_row(c, "SELECT status, error_summary, to_version_id FROM refresh_runs ORDER BY started_at DESC LIMIT 1")
 
 
 def serials(db_url: str) -> list[int]:
@@ -152,8 +153,8 @@ def test_provider_config_env_reference_is_resolved_at_run_time_and_never_stored(
     assert "configure token=s3cr3t-value" in events.read_text().splitlines()
     assert b"s3cr3t-value" not in r.stdout + r.stderr
     with psycopg.connect(db_url) as c:
-        stored = c.execute("SELECT config FROM provider_configs").fetchone()[0]
-        dumped = c.execute("SELECT string_agg(t::text, ' ') FROM (SELECT to_jsonb(x) AS t FROM provider_configs x UNION ALL SELECT raw_state FROM state_versions) s").fetchone()[0]
+        stored = one_row(c, "SELECT config FROM provider_configs")[0]
+        dumped = one_row(c, "SELECT string_agg(t::text, ' ') FROM (SELECT to_jsonb(x) AS t FROM provider_configs x UNION ALL SELECT raw_state FROM state_versions) s")[0]
     assert stored == {"token": {"env": "FAKE_TOKEN"}} and "s3cr3t-value" not in dumped
     listing = run_kl("provider", "list").stdout.decode()
     assert "token=(env FAKE_TOKEN)" in listing and "s3cr3t" not in listing

@@ -8,6 +8,7 @@ from pathlib import Path
 import psycopg
 
 from kit.paths import PLUGIN_CACHE
+from kit.pg import one_row
 from kit.tfworkspace import terraform
 
 SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
@@ -62,10 +63,10 @@ def test_unchanged_state_refreshes_to_zero_changed_exactly_as_terraform_refresh_
     assert ("random_password", ("result",)) in marks and ("random_password", ("bcrypt_hash",)) in marks
 
     with psycopg.connect(db_url) as c:
-        run = c.execute("SELECT status, resources_checked, resources_changed, resources_failed, to_version_id IS NOT NULL, actor FROM refresh_runs").fetchone()
+        run = one_row(c, "SELECT status, resources_checked, resources_changed, resources_failed, to_version_id IS NOT NULL, actor FROM refresh_runs")
         assert run[:5] == ("succeeded", 10, 0, 0, True) and run[5].endswith("@cli")
-        assert c.execute("SELECT source FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0] == "refresh"
-        assert c.execute("SELECT count(*) FROM current_resource_drift").fetchone()[0] == 0
+        assert one_row(c, "SELECT source FROM state_versions ORDER BY serial DESC LIMIT 1")[0] == "refresh"
+        assert one_row(c, "SELECT count(*) FROM current_resource_drift")[0] == 0
 
 
 def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):

@@ -10,6 +10,7 @@ import psycopg
 from kit.faults import fake_state
 from kit.invariants import reindex_mismatches, running_runs, state_locks, version_problems
 from kit.paths import REPO
+from kit.pg import one_row
 
 
 def test_chaos_script_short_run_holds_every_invariant(tmp_path, db_url):
@@ -43,10 +44,10 @@ def test_invariant_checks_catch_what_they_guard(run_kl, db_url):
     assert any("fake_echo.r0" in p for p in problems) and any("fake_echo.r1" in p for p in problems), problems
     with psycopg.connect(db_url) as c:
         # A version whose JSON is not a state, stored out of order; a run left running; a lock left.
-        sid = c.execute("SELECT id FROM states WHERE name = 'prod'").fetchone()[0]
+        sid = one_row(c, "SELECT id FROM states WHERE name = 'prod'")[0]
         c.execute("""INSERT INTO state_versions (state_id, serial, lineage, source, raw_state, content_hash, created_at)
                      VALUES (%s, 0, 'x', 'apply', '{"version": 4, "serial": "zero"}', 'h', now() + interval '1 hour')""", (sid,))
-        v = c.execute("SELECT id FROM state_versions WHERE serial = 2").fetchone()[0]
+        v = one_row(c, "SELECT id FROM state_versions WHERE serial = 2")[0]
         c.execute("INSERT INTO refresh_runs (state_id, from_version_id) VALUES (%s, %s)", (sid, v))
         c.execute("INSERT INTO state_locks (state_id, lock_id, operation, who, info) VALUES (%s, 'l', 'OperationTypeRefresh', 'w', '{}')", (sid,))
     vp = version_problems(db_url, "prod")

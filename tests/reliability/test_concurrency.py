@@ -189,6 +189,7 @@ def kl_server(db_url: str):
     """`kl serve` as its own process on loopback, over the test's database; yields its base URL."""
     port = _free_port()
     proc = _popen(["serve", "--listen", f"127.0.0.1:{port}"])
+    assert proc.stderr is not None  # _popen pipes it
     line = proc.stderr.readline().decode()
     if "http backend at" not in line:
         proc.kill()

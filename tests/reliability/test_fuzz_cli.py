@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kilolock.cli import main
-from kit.fuzz import FUZZ, Tally, hang_guard, one_in
+from kit.fuzz import FUZZ, RecordProperty, Tally, hang_guard, one_in
 from kit.fuzzhttp import state_doc, stored_versions_problems
 
 EXISTING = ["prod", "team/dev"]  # imported before the run, and the names imports go to
@@ -207,7 +207,7 @@ def files(tmp_path: Path) -> dict[str, str]:
     return _files(tmp_path)
 
 
-def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog, record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_cli_arguments(db_url: str, files: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, record_property: RecordProperty) -> None:
     monkeypatch.delenv("KL_DEBUG", raising=False)
     monkeypatch.setenv("KL_FUZZ_SECRET", "s3cr3t")
     monkeypatch.setenv("KL_PROVIDER_PATH", files["dir"])  # no provider binaries to find, whatever runs

@@ -15,7 +15,7 @@ import math
 import time
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import pytest
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kilolock.codec import MAX_DEPTH, CodecError
-from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
+from kit.fuzz import FUZZ, RecordProperty, Tally, assert_one_line, hang_guard
 
 # --- backends ---------------------------------------------------------------------------------------
 
@@ -62,7 +62,15 @@ def outcome(call: Callable[[], Any], tally: Tally, what: str) -> tuple[str, Any]
     return "ok", result
 
 
-def both(fn: Callable[[types.ModuleType], Any], tally: Tally, what: str) -> tuple[str, Any]:
+class OnBackend(Protocol):
+    """A call made once per backend module. A Protocol rather than Callable[[ModuleType], Any]:
+    mypy cannot infer a lambda against a Callable when the lambda binds loop variables as extra
+    defaulted parameters (``lambda impl, spec=spec: ...``), which the loops below do."""
+
+    def __call__(self, impl: types.ModuleType, /) -> Any: ...
+
+
+def both(fn: OnBackend, tally: Tally, what: str) -> tuple[str, Any]:
     """Run FN on each backend; they must agree on ok/error and on the bytes when ok."""
     py = outcome(lambda: fn(PY), tally, f"python backend, {what}")
     rs = outcome(lambda: fn(RS), tally, f"rust backend, {what}")
@@ -185,7 +193,7 @@ def shaped_json(draw: st.DrawFn, ty: Any, depth: int = 0) -> Any:
     if kind == "tuple":
         items = [draw(shaped_json(t, depth + 1)) for t in ty[1]]
         if draw(st.integers(0, 4)) == 0:
-            items = items[:-1] if items and draw(st.booleans()) else items + [None]
+            items = items[:-1] if bool(items) and draw(st.booleans()) else items + [None]
         return items
     attrs = ty[1]
     keys = draw(st.lists(st.sampled_from(sorted(attrs)), unique=True)) if attrs else []
@@ -306,7 +314,7 @@ def _compiled(ty: Any, tally: Tally) -> tuple[Any, Any] | None:
     return PY.compile_type(spec), RS.compile_type(spec)
 
 
-def test_fuzz_decode_random_wire_bytes(record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_decode_random_wire_bytes(record_property: RecordProperty) -> None:
     tally = Tally("codec decode: random msgpack against random types (python+rust)")
 
     @FUZZ
@@ -329,7 +337,7 @@ def test_fuzz_decode_random_wire_bytes(record_property) -> None:  # type: ignore
     tally.finish(record_property)
 
 
-def test_fuzz_encode_random_json(record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_encode_random_json(record_property: RecordProperty) -> None:
     tally = Tally("codec encode: random (mostly ill-typed) JSON against random types (python+rust)")
 
     @FUZZ
@@ -355,7 +363,7 @@ def test_fuzz_encode_random_json(record_property) -> None:  # type: ignore[no-un
     tally.finish(record_property)
 
 
-def test_fuzz_compile_random_type_specs(record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_compile_random_type_specs(record_property: RecordProperty) -> None:
     tally = Tally("codec compile_type: random type specifications (python+rust)")
 
     @FUZZ

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.handshake import Handshake, parse_handshake
-from kit.fuzz import FUZZ, Tally, assert_one_line, hang_guard
+from kit.fuzz import FUZZ, RecordProperty, Tally, assert_one_line, hang_guard
 
 BINARY = "/plugins/terraform-provider-fuzz_v1.0.0_x5"
 MAX_LINE = 64 * 1024  # process._MAX_HANDSHAKE_LINE
@@ -89,7 +89,7 @@ def check(line: str, tally: Tally) -> None:
     tally.count("ok")
 
 
-def test_fuzz_handshake_lines(record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_handshake_lines(record_property: RecordProperty) -> None:
     tally = Tally("handshake line parser")
 
     @FUZZ

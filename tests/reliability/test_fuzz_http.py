@@ -15,15 +15,22 @@ import base64
 import hashlib
 import json
 import logging
+import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kit.fuzz import FUZZ, Tally, hang_guard, one_in
+from kit.fuzz import FUZZ, RecordProperty, Tally, hang_guard, one_in
 from kit.fuzzhttp import Exchange, send_raw, state_doc, stored_versions_problems
+
+if TYPE_CHECKING:  # the server module is imported inside the fixture, where it is used
+    from kilolock.server.http import KilolockHTTPServer
+
+    Server = tuple[KilolockHTTPServer, threading.Thread]
 
 TOKEN, ADMIN = "fuzz-token", "fuzz-admin-token"
 MAX_BODY = 64 * 1024
@@ -45,7 +52,7 @@ HTTP_VERSIONS = ["HTTP/1.1"] * 8 + ["HTTP/1.0", "HTTP/2.0", "HTTP/0.9", "HTTP/1.
 
 # --- pieces of a request ------------------------------------------------------------------------------
 
-name_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+name_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 
 
 @st.composite
@@ -306,7 +313,7 @@ class _LogSink(logging.Handler):
 
 
 @pytest.fixture
-def server(db_url: str):  # type: ignore[no-untyped-def]
+def server(db_url: str) -> Iterator[Server]:
     from kilolock.server.auth import Authenticator
     from kilolock.server.http import KilolockHTTPServer, ServerConfig, serve_in_thread
     from kilolock.store import db
@@ -344,11 +351,14 @@ REGRESSIONS = [
 ]
 
 
-def _fuzz_server(server, db_url: str, capfd, strategy: st.SearchStrategy, tally: Tally) -> int:  # type: ignore[no-untyped-def]
+def _fuzz_server(server: Server, db_url: str, capfd: pytest.CaptureFixture[str], strategy: st.SearchStrategy[tuple[bytes, dict[str, Any]]],
+                 tally: Tally) -> int:
     """Send every generated request and check it; then the server's health, its log and stderr,
     and what the database holds. Returns the number of versions left in the database."""
     srv, thread = server
-    address = srv.server_address[:2]
+    host, port = srv.server_address[:2]
+    assert isinstance(host, str)  # an AF_INET server bound to "127.0.0.1": its host is that string
+    address = (host, port)
     sink = _LogSink()
     logger = logging.getLogger("kilolock")
     logger.addHandler(sink)
@@ -397,7 +407,7 @@ def _fuzz_server(server, db_url: str, capfd, strategy: st.SearchStrategy, tally:
     return versions
 
 
-def test_fuzz_http_protocol_junk(server, db_url: str, capfd, record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_http_protocol_junk(server: Server, db_url: str, capfd: pytest.CaptureFixture[str], record_property: RecordProperty) -> None:
     """Anything on the wire: bad methods, versions, paths, framing, headers, credentials."""
     tally = Tally("kl serve protocol: random raw HTTP requests (framing, methods, paths, headers)")
     _fuzz_server(server, db_url, capfd, http_request(), tally)
@@ -406,7 +416,7 @@ def test_fuzz_http_protocol_junk(server, db_url: str, capfd, record_property) ->
     tally.finish(record_property)
 
 
-def test_fuzz_http_backend(server, db_url: str, capfd, record_property) -> None:  # type: ignore[no-untyped-def]
+def test_fuzz_http_backend(server: Server, db_url: str, capfd: pytest.CaptureFixture[str], record_property: RecordProperty) -> None:
     """Well-framed Terraform requests with random content: states, LockInfo, ?ID=, Content-MD5."""
     tally = Tally("kl serve backend: well-framed requests with random states, LockInfo, ?ID=, credentials")
     _fuzz_server(server, db_url, capfd, backend_request(), tally)

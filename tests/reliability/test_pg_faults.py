@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.faults import fake_state, last_run, serials
+from kit.faults import fake_state, last_run, newest_run, serials
 from kit.invariants import (
     event_count,
     kl_backends,
@@ -286,7 +286,7 @@ def test_connection_cut_while_kl_opens_the_store(run_kl, db_url, fake_cache):
         holder.rollback()
     line = _one_clear_line(err)
     assert code == 1 and "lost the database connection" in line, line
-    assert doc is None and running_runs(db_url) == [] and last_run(db_url) is None
+    assert doc is None and running_runs(db_url) == [] and newest_run(db_url) is None
     _assert_consistent(db_url, before)
 
 
@@ -335,7 +335,8 @@ def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
                 dead.execute("SELECT 1")
             if landed:
                 vid, serial = settle_lost_commit(dead, "prod", sid, info["ID"], "t", 2, raw, None, cut.value)
-                assert serial == 2 and vid == versions.find_version(setup, sid, 2, versions.content_hash(raw)).id
+                found = versions.find_version(setup, sid, 2, versions.content_hash(raw))
+                assert serial == 2 and found is not None and vid == found.id
             else:  # serial 3 with these bytes was never written
                 with pytest.raises(KlError, match="during the commit .*; nothing committed"):
                     settle_lost_commit(dead, "prod", sid, info["ID"], "t", 3, raw, None, cut.value)

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -94,7 +95,7 @@ def test_passwords_cost_one_scrypt_and_a_digest_compare_for_known_and_unknown_us
     scrypts: list[bytes] = []
     real_scrypt = hashlib.scrypt
 
-    def counting_scrypt(password: bytes, **kw):  # type: ignore[no-untyped-def]
+    def counting_scrypt(password: bytes, **kw: Any) -> bytes:
         scrypts.append(password)
         return real_scrypt(password, **kw)
 

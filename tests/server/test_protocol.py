@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from kilolock import tfstate
+from kit.pg import one_row
 
 
 def _lock_info(lock_id: str, who: str = "alice@host", op: str = "OperationTypeApply") -> dict:
@@ -191,7 +192,7 @@ def test_encrypted_envelope_is_stored_opaque(client, db_url, run_kl):
     got = client.request("GET", "/states/enc")
     assert got.status == 200 and json.loads(got.body) == env2
     with psycopg.connect(db_url) as c:
-        assert c.execute("SELECT count(*) FROM resources").fetchone()[0] == 0
+        assert one_row(c, "SELECT count(*) FROM resources")[0] == 0
     r = run_kl("refresh", "enc")
     assert r.returncode == 1 and "OpenTofu-encrypted" in r.stderr.decode()
 

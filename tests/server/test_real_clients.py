@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from kit.pg import one_row
 from kit.tfcli import PLUGIN_CACHE, TOOLS, Workspace, tool_binary
 
 V1 = """
@@ -171,7 +172,7 @@ def test_two_concurrent_applies(tool, users_server, db_url, tmp_path):
     serials = [s for s, _, _ in _versions(db_url, name)]
     assert serials == sorted(set(serials))
     with psycopg.connect(db_url) as c:
-        assert c.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+        assert one_row(c, "SELECT count(*) FROM state_locks")[0] == 0
 
 
 @pytest.mark.parametrize("tool", TOOLS)

@@ -46,7 +46,8 @@ def test_hash_password_output_is_accepted_by_the_users_file(run_kl, tmp_path):
     auth = Authenticator.from_config(str(users), env={})
     good = "Basic " + base64.b64encode(b"carol:correct horse").decode()
     bad = "Basic " + base64.b64encode(b"carol:correct horsE").decode()
-    assert auth.authenticate(good).name == "carol" and auth.authenticate(bad) is None
+    principal = auth.authenticate(good)
+    assert principal is not None and principal.name == "carol" and auth.authenticate(bad) is None
 
 
 def _free_port() -> int:
@@ -60,6 +61,7 @@ def _start_kl_serve(db_url: str, *args: str, env: dict | None = None) -> tuple[s
     full_env = dict(os.environ, KL_DATABASE_URL=db_url, PYTHONPATH=str(REPO), **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", *args],
                             env=full_env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None  # piped just above
     line = proc.stderr.readline()
     assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
     return proc, port

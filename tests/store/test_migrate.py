@@ -5,6 +5,7 @@ import psycopg
 import pytest
 
 from kilolock.store import migrate
+from kit.pg import one_row
 
 
 def test_applies_all_in_order_then_is_idempotent(empty_db_url):
@@ -61,5 +62,5 @@ def test_a_failing_migration_leaves_nothing_behind(empty_db_url, monkeypatch):
     with psycopg.connect(empty_db_url) as conn:
         with pytest.raises(migrate.MigrationError, match="migration 0002_broken.sql failed"):
             migrate.apply_migrations(conn)
-        assert conn.execute("SELECT to_regclass('half_done')").fetchone()[0] is None
+        assert one_row(conn, "SELECT to_regclass('half_done')")[0] is None
         assert [r[0] for r in conn.execute("SELECT name FROM schema_migrations")] == [original[0].name]

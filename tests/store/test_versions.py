@@ -6,6 +6,7 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.store import versions
+from kit.pg import one_row
 
 
 def write(conn, raw: bytes, name: str = "prod", source: str = "import", **kw):
@@ -143,5 +144,5 @@ def test_concurrent_writers_one_serial_one_winner(db_url, make_state):
         t.join()
     assert sorted(outcomes) == ["ok", "refused", "refused", "refused"]
     with psycopg.connect(db_url) as c:
-        assert c.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0] == 1
-        assert c.execute("SELECT count(*) FROM state_versions").fetchone()[0] == 2
+        assert one_row(c, "SELECT count(*) FROM resources WHERE delete_serial IS NULL")[0] == 1
+        assert one_row(c, "SELECT count(*) FROM state_versions")[0] == 2
