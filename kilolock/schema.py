@@ -123,11 +123,12 @@ def path_from_state_json(steps: list[dict[str, Any]]) -> AttributePath:
 
 
 def path_display(path: AttributePath) -> str:
-    """Human form, as Terraform sorts and prints paths: ``.tags["k"]``, ``.rule[0].cidr``."""
-    parts = []
+    """The one printed form of a path, as Terraform writes one in plans and ``ignore_changes``:
+    ``tags["k"]``, ``rule[0].cidr`` (no leading dot; the empty path is the whole object)."""
+    parts: list[str] = []
     for step in path:
         if isinstance(step, GetAttr):
-            parts.append("." + step.name)
+            parts.append(("." if parts else "") + step.name)
         elif isinstance(step.key, str):
             parts.append("[" + json.dumps(step.key) + "]")
         else:

@@ -13,7 +13,8 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=cli_args.new_state_name,
                         help="state name: letters, digits and . _ @ + = - in '/'-separated segments")
     parser.add_argument("file", help="state file, or - for standard input")
-    parser.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
+    parser.add_argument("--source", choices=("import", "apply", "refresh"), default="import",
+                        help="what the version records as its origin (default import)")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who wrote it (default: $USER@cli)")
     parser.add_argument("--force", action="store_true", help="accept a different lineage")
 
@@ -59,7 +60,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def add_versions_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     cli_args.add_format(parser)
 
 
@@ -89,7 +90,7 @@ def run_versions(args: argparse.Namespace) -> int:
 
 
 def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     parser.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
 
 
