@@ -71,7 +71,7 @@ def test_every_option_has_a_help_line_and_every_command_an_example(path):
         if not isinstance(a, argparse._HelpAction):
             assert a.help and a.help.strip(), f"kl {' '.join(path)}: {a.option_strings or a.dest} has no help"
     text = sub.format_help()
-    assert re.search(r"^examples?:\n  \S", text, re.M) and "kl " + path[0] in text.split("example")[-1], text
+    assert re.search(r"^examples?:\n  \S", text, re.MULTILINE) and "kl " + path[0] in text.split("example")[-1], text
 
 
 def test_durations_accept_days():
