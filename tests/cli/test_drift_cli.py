@@ -79,3 +79,26 @@ def test_markdown_report(drifted):
 def test_one_state_or_states_not_both(drifted):
     code, _, err = _kl("drift", "prod", "--states", "*")
     assert code == 2 and err.startswith("kl: drift: name one state, or --states GLOB\nusage: kl drift "), err
+
+
+def test_status_points_at_runs_stale_when_a_run_looks_dead_and_shows_time_zones(drifted):
+    from kilolock.store import refresh_runs
+
+    with psycopg.connect(drifted, autocommit=True) as c:  # a run whose process died: its session lock is gone
+        sid = versions.state_id(c, "prod")
+        current = versions.current_version(c, sid)
+        assert current is not None
+        refresh_runs.begin(c, sid, current.id, "ghost@cli")
+    code, out, _ = _kl("status", "prod")
+    assert code == 0 and "kl runs prod --stale marks them failed" in out, out
+    last = next(line for line in out.splitlines() if line.startswith("last refresh:"))
+    assert last.rstrip()[-5] in "+-" and last.rstrip()[-4:].isdigit(), last  # 2026-11-30 11:51:43 +0000
+    code, out, _ = _kl("status", "prod", "--format", "json")
+    assert len(json.loads(out)["dead_runs"]) == 1
+    assert _kl("runs", "prod", "--stale")[0] == 0
+    assert "--stale" not in _kl("status", "prod")[1]
+
+
+def test_provider_list_with_nothing_configured_says_so(db_url):
+    code, out, _ = _kl("provider", "list")
+    assert code == 0 and out.startswith("no provider configured, pinned or cached"), out
