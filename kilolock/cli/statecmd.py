@@ -41,14 +41,20 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
+                        help="only states whose name matches: * within one /-separated segment, ** across")
     cli_args.add_format(parser)
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from kilolock.globs import compile_glob
     from kilolock.store import db, summary
 
     with db.open_store() as conn:
         rows = summary.list_states(conn)
+    if args.states is not None:
+        pattern = compile_glob(args.states)
+        rows = [r for r in rows if pattern.fullmatch(r["name"])]
     if args.format == "json":
         render.emit_json({"version": 1, "states": rows})
         return 0

@@ -102,3 +102,8 @@ def test_status_points_at_runs_stale_when_a_run_looks_dead_and_shows_time_zones(
 def test_provider_list_with_nothing_configured_says_so(db_url):
     code, out, _ = _kl("provider", "list")
     assert code == 0 and out.startswith("no provider configured, pinned or cached"), out
+
+
+def test_state_list_takes_the_same_glob(drifted):
+    code, out, _ = _kl("state", "list", "--states", "team/*", "--format", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)["states"]] == ["team/dev", "team/prod"]
