@@ -13,7 +13,7 @@ from kilolock.sensitive import covered, marked_paths
 
 @dataclass(frozen=True)
 class Change:
-    path: str  # Terraform's printed form: .triggers["k"]
+    path: str  # Terraform's printed form (schema.path_display): triggers["k"]
     before: Any
     after: Any
 

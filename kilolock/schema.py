@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,16 +124,47 @@ def path_from_state_json(steps: list[dict[str, Any]]) -> AttributePath:
 
 
 def path_display(path: AttributePath) -> str:
-    """Human form, as Terraform sorts and prints paths: ``.tags["k"]``, ``.rule[0].cidr``."""
-    parts = []
+    """The one printed form of a path, as Terraform writes one in plans and ``ignore_changes``:
+    ``tags["k"]``, ``rule[0].cidr`` (no leading dot; the empty path is the whole object)."""
+    parts: list[str] = []
     for step in path:
         if isinstance(step, GetAttr):
-            parts.append("." + step.name)
+            parts.append(("." if parts else "") + step.name)
         elif isinstance(step.key, str):
             parts.append("[" + json.dumps(step.key) + "]")
         else:
             parts.append(f"[{step.key}]")
     return "".join(parts)
+
+
+_PATH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_PATH_INDEX = re.compile(r'\[(?:(-?\d+)|("(?:[^"\\]|\\.)*"))\]')
+
+
+def path_parse(text: str) -> AttributePath:
+    """A path written as ``path_display`` writes it (Terraform's form: ``tags["env"]``,
+    ``rule[0].cidr``), for whatever kl reads one from. Raises ValueError naming the position."""
+    steps: list[PathStep] = []
+    pos = 0
+    while pos < len(text):
+        if text[pos] == "[":
+            m = _PATH_INDEX.match(text, pos)
+            if not m:
+                raise ValueError(f"attribute path {text!r}: expected [NUMBER] or [\"KEY\"] at position {pos + 1}")
+            steps.append(Index(int(m.group(1)) if m.group(1) is not None else json.loads(m.group(2))))
+        else:
+            if steps:
+                if text[pos] != ".":
+                    raise ValueError(f"attribute path {text!r}: expected . or [ at position {pos + 1}")
+                pos += 1
+            m = _PATH_NAME.match(text, pos)
+            if not m:
+                raise ValueError(f"attribute path {text!r}: expected an attribute name at position {pos + 1}")
+            steps.append(GetAttr(m.group(0)))
+        pos = m.end()
+    if not steps:
+        raise ValueError("attribute path is empty")
+    return tuple(steps)
 
 
 # --- JSON form (``terraform providers schema -json``) ------------------------------------------

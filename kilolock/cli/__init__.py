@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kilolock.cli.commands import COMMANDS, Command
+from kilolock.cli.exitcodes import DETAILED_EXITCODE, exit_code
 from kilolock.errors import KlError, UsageError, one_line
 
 
@@ -20,12 +21,40 @@ class _Parser(argparse.ArgumentParser):
     pending: Command | None = None  # the command whose arguments this parser has not added yet
 
     def error(self, message: str) -> NoReturn:  # argparse would exit 2 itself; we keep control
-        raise UsageError(f"{self.prog}: {message}")
+        # main() prints "kl: " once: the command's name follows it, not a second "kl".
+        command = self.prog.removeprefix("kl").strip()
+        hint = _did_you_mean(self, message)
+        raise ParserUsageError((f"{command}: " if command else "") + message + hint,
+                               " ".join(self.format_usage().split()))
 
     def add_pending_arguments(self) -> None:
         command, self.pending = self.pending, None
         if command is not None:
             command.add_arguments(self)
+
+
+class ParserUsageError(UsageError):
+    """A usage error found by the parser, with the one-line usage of the command it is about."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """" (did you mean --dry-run?)" for an unrecognized option close to one the command has."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    import difflib
+
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for word in message.split(":", 1)[1].split():
+        flag = word.split("=", 1)[0]
+        if flag.startswith("-"):
+            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
@@ -44,7 +73,10 @@ class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
 def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str) -> None:
     sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser, action=_Subcommands)
     for command in commands:
-        p = sub.add_parser(command.name, help=command.summary, description=command.summary)
+        # Raw: the examples below keep their lines. A command may add more in add_arguments.
+        p = sub.add_parser(command.name, help=command.summary, description=command.summary,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=f"example:\n  {command.example}" if command.example else None)
         assert isinstance(p, _Parser)  # parser_class
         if command.actions:
             p.set_defaults(_command=None, _parser=p)  # no ACTION: kl prints the group's help
@@ -80,22 +112,29 @@ def _configure_logging() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Read before parsing: a usage error must exit 1 under it too, and parsing is what failed.
+    detailed = DETAILED_EXITCODE in argv[: argv.index("--")] if "--" in argv else DETAILED_EXITCODE in argv
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # said by the command they were given to: its usage, its flags to suggest
+            (getattr(args, "_parser", None) or parser).error("unrecognized arguments: " + " ".join(extra))
         command: Command | None = getattr(args, "_command", None)
         if command is None:
             (getattr(args, "_parser", None) or parser).print_help(sys.stderr)
-            return 2
+            return exit_code(error=True, detailed=detailed, code=2)
         _configure_logging()
         return int(command.run(args) or 0)
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
-        # argument may hold a newline.
+        # argument may hold a newline. A parser's usage error adds the command's usage line.
         print("kl: " + one_line(str(exc)), file=sys.stderr)
-        return exc.exit_code
+        if isinstance(exc, ParserUsageError):
+            print(one_line(exc.usage), file=sys.stderr)
+        return exit_code(error=True, detailed=detailed, code=exc.exit_code)
     except KeyboardInterrupt:
         print("kl: interrupted", file=sys.stderr)
-        return 130
+        return exit_code(error=True, detailed=detailed, code=130)
     except BrokenPipeError:
         # `kl state pull x | head`: the reader went away; not an error worth a message.
         sys.stderr.close()

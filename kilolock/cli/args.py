@@ -63,9 +63,25 @@ def serial(text: str) -> int:
     return n
 
 
-def add_format(parser: argparse.ArgumentParser) -> None:
-    """``--format table|json``: every command that prints data offers both (render.py)."""
-    parser.add_argument("--format", choices=("table", "json"), default="table")
+def add_format(parser: argparse.ArgumentParser, *, markdown: bool = False) -> None:
+    """``--format table|json``: every command that prints data offers both (render.py); drift
+    reports add markdown, for CI step summaries and pull-request comments."""
+    choices = ("table", "json", "markdown") if markdown else ("table", "json")
+    parser.add_argument("--format", choices=choices, default="table",
+                        help="output: " + ", ".join(choices) + " (default table; json is stable for tools)")
+
+
+def state_glob(text: str) -> str:
+    """``--states GLOB`` (kilolock.globs): * within one /-separated segment, ** across."""
+    utf8_text(text)
+    from kilolock.errors import UsageError
+    from kilolock.globs import compile_glob
+
+    try:
+        compile_glob(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def default_actor() -> str:

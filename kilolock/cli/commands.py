@@ -26,6 +26,7 @@ class Command(NamedTuple):  # not a dataclass: importing dataclasses costs kl --
     module: str = ""  # empty for a group: its actions have the modules
     action: str = ""  # set when the module owns a group: names the action's pair of functions
     actions: tuple[Command, ...] = ()
+    example: str = ""  # shown at the end of the command's --help
 
     def _module(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -40,32 +41,36 @@ class Command(NamedTuple):  # not a dataclass: importing dataclasses costs kl --
         return run(args)
 
 
-def _group(name: str, summary: str, module: str, actions: tuple[tuple[str, str], ...]) -> Command:
-    return Command(name, summary, actions=tuple(Command(a, s, module, a) for a, s in actions))
+def _group(name: str, summary: str, module: str, actions: tuple[tuple[str, str, str], ...]) -> Command:
+    return Command(name, summary, actions=tuple(Command(a, s, module, a, example=e) for a, s, e in actions))
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("version", "print versions, codec backend and paths", "kilolock.cli.versioncmd"),
+    Command("version", "print versions, codec backend and paths", "kilolock.cli.versioncmd", example="kl version"),
     _group("db", "manage the database", "kilolock.cli.dbcmd", (
-        ("migrate", "apply pending migrations"),
-        ("status", "show which database is used and its migrations"),
-        ("stop", "stop the embedded PostgreSQL server"),
+        ("migrate", "apply pending migrations", "KL_DATABASE_URL=postgresql://kl@db/kl kl db migrate"),
+        ("status", "show which database is used and its migrations", "kl db status"),
+        ("stop", "stop the embedded PostgreSQL server", "kl db stop"),
     )),
     _group("state", "import, list and read state versions", "kilolock.cli.statecmd", (
-        ("import", "store a Terraform state file as a new version"),
-        ("list", "list states"),
-        ("versions", "list the versions of a state"),
-        ("pull", "print a state version as Terraform state JSON"),
+        ("import", "store a Terraform state file as a new version", "terraform state pull | kl state import prod -"),
+        ("list", "list states", "kl state list --format json"),
+        ("versions", "list the versions of a state", "kl state versions prod"),
+        ("pull", "print a state version as Terraform state JSON", "kl state pull prod --serial 3 > prod-v3.tfstate"),
     )),
-    Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd"),
+    Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd",
+            example="kl status prod"),
     Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",
-            "kilolock.cli.refreshcmd"),
-    Command("drift", "what refresh found changed or deleted, until the next apply", "kilolock.cli.driftcmd"),
-    Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd"),
-    Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd"),
+            "kilolock.cli.refreshcmd", example="kl refresh prod --dry-run"),
+    Command("drift", "what refresh found changed or deleted, until the next apply", "kilolock.cli.driftcmd",
+            example="kl drift prod"),
+    Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
+    Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd",
+            example="KL_SERVE_TOKEN=... kl serve --listen 127.0.0.1:8080"),
     _group("provider", "provider configuration and version pins", "kilolock.cli.providercmd", (
-        ("configure", 'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)'),
-        ("pin", "use this provider version instead of the highest found"),
-        ("list", "stored provider configs, pins and cached schemas"),
+        ("configure", 'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)',
+         """echo '{"token": {"env": "GITHUB_TOKEN"}}' | kl provider configure integrations/github --config -"""),
+        ("pin", "use this provider version instead of the highest found", "kl provider pin hashicorp/null 3.2.1"),
+        ("list", "stored provider configs, pins and cached schemas", "kl provider list"),
     )),
 )

@@ -37,7 +37,7 @@ def _load_config(raw: bytes, where: str) -> dict[str, Any]:
 
 def add_configure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", type=cli_args.utf8_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
-    parser.add_argument("--alias", type=cli_args.utf8_text, default="")
+    parser.add_argument("--alias", type=cli_args.utf8_text, default="", help="the provider configuration's alias (default: none)")
     parser.add_argument("--state", type=cli_args.state_name, help="only for this state (default: every state)")
     parser.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
 
@@ -57,10 +57,10 @@ def run_configure(args: argparse.Namespace) -> int:
 
 
 def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", type=cli_args.utf8_text)
-    parser.add_argument("version", type=cli_args.utf8_text)
-    parser.add_argument("--alias", type=cli_args.utf8_text, default="")
-    parser.add_argument("--state", type=cli_args.state_name)
+    parser.add_argument("source", type=cli_args.utf8_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    parser.add_argument("version", type=cli_args.utf8_text, help="the version to use, e.g. 3.2.1")
+    parser.add_argument("--alias", type=cli_args.utf8_text, default="", help="the provider configuration's alias (default: none)")
+    parser.add_argument("--state", type=cli_args.state_name, help="only for this state (default: every state)")
 
 
 def run_pin(args: argparse.Namespace) -> int:
@@ -92,8 +92,16 @@ def run_list(args: argparse.Namespace) -> int:
                           "cached_schemas": [{"source": c.source, "version": c.version, "protocol": c.protocol_version,
                                               "fetched_at": c.fetched_at} for c in schemas]})
         return 0
-    render.table(["source", "alias", "state", "pinned", "config"],
-                 [(c.source, c.alias or "-", s or "(all)", c.pinned_version, _describe_secret_free(c.config)) for s, c in rows])
+    if not rows and not schemas:
+        # An empty table says nothing: say what that means for a refresh.
+        print("no provider configured, pinned or cached: refresh gives each provider an empty config "
+              "and uses the highest version found (kl provider configure / kl provider pin)")
+        return 0
+    if rows:
+        render.table(["source", "alias", "state", "pinned", "config"],
+                     [(c.source, c.alias or "-", s or "(all)", c.pinned_version, _describe_secret_free(c.config)) for s, c in rows])
+    else:
+        print("no provider configured or pinned: refresh gives each provider an empty config")
     if schemas:
         print()
         render.table(["cached schema", "version", "protocol", "fetched"],

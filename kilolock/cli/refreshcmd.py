@@ -8,16 +8,23 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kilolock.cli import args as cli_args
-from kilolock.cli import render
+from kilolock.cli import exitcodes, render
 
 if TYPE_CHECKING:
     from kilolock.refresh.options import RefreshOptions
 
 SHOWN_ADDRESSES = 25
 
+EXAMPLE = """examples:
+  kl refresh prod
+  kl refresh prod --dry-run                             # what would change, attribute by attribute
+  kl refresh prod --detailed-exitcode -q                # CI gate: exit 2 when drift is open after the run
+  kl refresh prod --dry-run --format markdown >> "$GITHUB_STEP_SUMMARY\""""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("state", type=cli_args.state_name)
+    parser.epilog = EXAMPLE
+    parser.add_argument("state", type=cli_args.state_name, help="the state to refresh")
     parser.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
@@ -28,13 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
     # Durations stay text until the run starts (options_from_args): a bad one is reported in
     # parse_duration's words, and kilolock.refresh is not imported for --help.
-    parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
+    parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h, 1d")
     parser.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
                         help="fail a resource whose provider call takes longer than this (default 10m)")
     parser.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
     parser.add_argument("--allow-mass-removal", action="store_true",
                         help="commit even when most of a provider's objects come back deleted")
-    cli_args.add_format(parser)
+    cli_args.add_format(parser, markdown=True)
+    exitcodes.add_gate_arguments(parser, "after this run's commit; with --dry-run, what this run found")
 
 
 def options_from_args(args: argparse.Namespace) -> RefreshOptions:
@@ -57,15 +65,26 @@ def options_from_args(args: argparse.Namespace) -> RefreshOptions:
 
 
 class _Progress:
-    """instances done / total per provider, on one rewritten stderr line (TTY only)."""
+    """instances done / total per provider, on one rewritten stderr line (TTY only), redrawn at
+    most every INTERVAL seconds: thousands of fast reads must not flood a slow terminal."""
 
-    def __init__(self) -> None:
+    INTERVAL = 0.1
+
+    def __init__(self, clock: Any = None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
         self._state: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
+        self._drawn_at: float | None = None
 
     def __call__(self, label: str, done: int, total: int) -> None:
         with self._lock:
             self._state[label] = (done, total)
+            now = self._clock()
+            if done < total and self._drawn_at is not None and now - self._drawn_at < self.INTERVAL:
+                return  # a group's last instance is always drawn
+            self._drawn_at = now
             text = "  ".join(f"{k.rsplit('/', 1)[-1]} {d}/{t}" for k, (d, t) in sorted(self._state.items()))
             sys.stderr.write(f"\r\x1b[Krefreshing: {text}")
             sys.stderr.flush()
@@ -89,11 +108,28 @@ def result_json(result: Any) -> dict[str, Any]:
         "resources_changed": result.changed,
         "resources_failed": result.failed,
         "changed_addresses": result.changed_addresses,
-        "failures": [{"address": f.address, "message": f.message} for f in result.failures],
+        "drift": result.drift,
+        "failures": [_failure_json(f) for f in result.failures],
         "providers": result.providers,
         "error": result.error,
         "duration_s": result.duration_s,
     }
+
+
+def _failure_json(f: Any) -> dict[str, Any]:
+    if f.address is None:  # a provider group that could not start
+        return {"address": None, "provider": f.provider, "addresses": f.addresses, "message": f.message}
+    return {"address": f.address, "message": f.message}
+
+
+def _failure_line(f: Any) -> str:
+    if f.address is None:
+        return f"{f.message} ({len(f.addresses)} instance(s))"
+    return f"{f.address}: {f.message}"
+
+
+def _committed(result: Any) -> bool:
+    return result.to_serial is not None
 
 
 def render_table(result: Any) -> None:
@@ -114,20 +150,65 @@ def render_table(result: Any) -> None:
         print(f"provider: {p}")
     if result.error:
         print(f"error:    {result.error}")
-    if result.changed_addresses:
-        print("drift addresses:")
-        for addr in result.changed_addresses[:SHOWN_ADDRESSES]:
-            print(f"  {addr}")
-        more = len(result.changed_addresses) - SHOWN_ADDRESSES
+    if result.drift:
+        # kl drift shows the rest only of what was committed: a dry run or a refused commit has
+        # nothing there, so point at what lists everything.
+        where = f"see kl drift {result.state}" if _committed(result) else "--format json lists all"
+        print("drift:" if _committed(result) else "drift (not committed):")
+        for item in result.drift[:SHOWN_ADDRESSES]:
+            deposed = f" (deposed {item['deposed']})" if item["deposed"] else ""
+            print(f"  {item['address']}{deposed}: {item['kind']}")
+            for c in item["changes"]:
+                print(f"    {c['path']}: {show(c['before'])} → {show(c['after'])}")
+        more = len(result.drift) - SHOWN_ADDRESSES
         if more > 0:
-            print(f"  ... and {more} more (see kl drift {result.state})")
+            print(f"  ... and {more} more ({where})")
     if result.failures:
         print("failures:")
         for f in result.failures[:SHOWN_ADDRESSES]:
-            print(f"  {f.address}: {f.message}")
+            print(f"  {_failure_line(f)}")
         more = len(result.failures) - SHOWN_ADDRESSES
         if more > 0:
             print(f"  ... and {more} more (--format json lists all)")
+
+
+def show(value: Any) -> str:
+    from kilolock.drift import show as show_value
+
+    return show_value(value)
+
+
+def render_markdown(result: Any) -> None:
+    """For CI step summaries and pull-request comments."""
+    to = f"v{result.to_serial}" if _committed(result) else ("dry run, nothing committed" if result.dry_run
+                                                            else "nothing committed")
+    print(f"### Refresh of `{result.state}`: {result.status} (v{result.from_serial} → {to})")
+    print()
+    print(f"{result.checked} checked, {result.changed} changed, {result.failed} failed, in {result.duration_s:.2f}s.")
+    if result.error:
+        print(f"\n**Error:** {result.error}")
+    for item in result.drift:
+        deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
+        print(f"\n**`{item['address']}`**{deposed}: {item['kind']}")
+        if item["kind"] == "deleted":
+            print("\nThe object no longer exists.")
+        if item["changes"]:
+            print()
+            print(render.markdown_changes(item["changes"]))
+    if result.failures:
+        print("\n**Failures:**\n")
+        for f in result.failures:
+            print(f"- {_failure_line(f)}")
+
+
+def open_drift_after(result: Any, conn: Any) -> int:
+    """What --detailed-exitcode gates on: open drift after this run's commit; for a dry run,
+    what this run found; for a run that committed nothing, the drift already open."""
+    if result.dry_run:
+        return len(result.drift)
+    from kilolock.store import drift as drift_store
+
+    return drift_store.count_drift(conn, result.state)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,11 +237,16 @@ def run(args: argparse.Namespace) -> int:
             sid = versions.state_id(conn, args.state)
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel)
+            open_drift = open_drift_after(result, conn) if args.detailed_exitcode and result.status == "succeeded" else 0
         if progress:
             progress.end()
             progress = None
         if args.format == "json":
             render.emit_json(result_json(result))
+        elif args.quiet:
+            pass
+        elif args.format == "markdown":
+            render_markdown(result)
         else:
             render_table(result)
     finally:
@@ -169,6 +255,6 @@ def run(args: argparse.Namespace) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
     if result.status == "succeeded":
-        return 0
+        return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=open_drift)
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
-    return 130 if interrupted["sigint"] else 1
+    return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)

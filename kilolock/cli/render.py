@@ -8,11 +8,16 @@ from datetime import datetime
 from typing import Any
 
 
+def timestamp(v: datetime) -> str:
+    """Every timestamp kl prints: local time with its zone, so two machines' output compare."""
+    return v.astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+
+
 def _text(v: Any) -> str:
     if v is None:
         return "-"
     if isinstance(v, datetime):
-        return v.astimezone().strftime("%Y-%m-%d %H:%M:%S%z")
+        return timestamp(v)
     return str(v)
 
 
@@ -39,3 +44,20 @@ def _default(v: Any) -> Any:
 def emit_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=_default)
     sys.stdout.write("\n")
+
+
+def _md_code(text: str) -> str:
+    """TEXT as a markdown code span inside a table cell: a | would end the cell, a ` the span."""
+    text = text.replace("|", "\\|")
+    fence = "``" if "`" in text else "`"
+    pad = " " if "`" in text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def markdown_changes(changes: Sequence[dict[str, Any]]) -> str:
+    """Attribute changes ({"path", "before", "after"}, masked already) as a markdown table."""
+    from kilolock.drift import show
+
+    lines = ["| attribute | before | after |", "|---|---|---|"]
+    lines += [f"| {_md_code(c['path'])} | {_md_code(show(c['before']))} | {_md_code(show(c['after']))} |" for c in changes]
+    return "\n".join(lines)

@@ -9,10 +9,10 @@ from kilolock.cli import render
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("state", type=cli_args.state_name)
+    parser.add_argument("state", type=cli_args.state_name, help="the state")
     parser.add_argument("--stale", action="store_true",
                         help="first mark as failed the runs left 'running' by a process that died")
-    parser.add_argument("--limit", type=cli_args.positive, default=50)
+    parser.add_argument("--limit", type=cli_args.positive, default=50, help="the newest N runs (default 50)")
     cli_args.add_format(parser)
 
 

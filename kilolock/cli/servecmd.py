@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=int, default=256, metavar="N",
                         help="open client connections at once, a thread each (default 256); more get 503")
     parser.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no request log (default: one line per request on stderr)")
     parser.add_argument("--hash-password", action="store_true",
                         help="read a password (prompt, or standard input) and print its hash for --users-file")
 
@@ -70,6 +71,18 @@ def _hash_password() -> int:
     return 0
 
 
+def _log_requests() -> None:
+    """One line per request on stderr, whatever KL_LOG says (it can still ask for more)."""
+    import logging
+
+    access = logging.getLogger("kilolock.server.access")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kl serve: %(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False  # once, not again through the root handler when KL_LOG=info
+
+
 def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
@@ -98,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if args.hash_password:
         return _hash_password()
     server = build_server(args)
+    if not args.quiet:
+        _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>", file=sys.stderr, flush=True)

@@ -13,7 +13,8 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=cli_args.new_state_name,
                         help="state name: letters, digits and . _ @ + = - in '/'-separated segments")
     parser.add_argument("file", help="state file, or - for standard input")
-    parser.add_argument("--source", choices=("import", "apply", "refresh"), default="import")
+    parser.add_argument("--source", choices=("import", "apply", "refresh"), default="import",
+                        help="what the version records as its origin (default import)")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who wrote it (default: $USER@cli)")
     parser.add_argument("--force", action="store_true", help="accept a different lineage")
 
@@ -40,14 +41,20 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
+                        help="only states whose name matches: * within one /-separated segment, ** across")
     cli_args.add_format(parser)
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from kilolock.globs import compile_glob
     from kilolock.store import db, summary
 
     with db.open_store() as conn:
         rows = summary.list_states(conn)
+    if args.states is not None:
+        pattern = compile_glob(args.states)
+        rows = [r for r in rows if pattern.fullmatch(r["name"])]
     if args.format == "json":
         render.emit_json({"version": 1, "states": rows})
         return 0
@@ -59,7 +66,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def add_versions_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     cli_args.add_format(parser)
 
 
@@ -89,7 +96,7 @@ def run_versions(args: argparse.Namespace) -> int:
 
 
 def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     parser.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
 
 

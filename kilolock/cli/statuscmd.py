@@ -9,23 +9,24 @@ from kilolock.cli import render
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     cli_args.add_format(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kilolock.store import db, summary
+    from kilolock.store import db, refresh_runs, summary, versions
 
     with db.open_store() as conn:
         s = summary.state_status(conn, args.name)
+        dead = refresh_runs.dead_runs(conn, versions.state_id(conn, args.name))
     if args.format == "json":
-        render.emit_json({"version": 1, **s})
+        render.emit_json({"version": 1, **s, "dead_runs": dead})
         return 0
     last: Any = "never"
     if s["last_refresh"]:
         r = s["last_refresh"]
         to = f"v{r['to_serial']}" if r["to_serial"] is not None else "(nothing committed)"
-        last = f"v{r['from_serial']} → {to}, {r['status']}, {r['started_at']:%Y-%m-%d %H:%M:%S}"
+        last = f"v{r['from_serial']} → {to}, {r['status']}, {render.timestamp(r['started_at'])}"
     render.key_values(
         [
             ("state", s["state"]),
@@ -40,4 +41,8 @@ def run(args: argparse.Namespace) -> int:
             ("locked", s["locked_by"] or "no"),
         ]
     )
+    if dead:
+        # A `running` row whose process is gone never finishes by itself, and may hold the lock.
+        print(f"{len(dead)} refresh run(s) look dead (still 'running', their process is gone): "
+              f"kl runs {args.name} --stale marks them failed and frees the lock")
     return 0

@@ -7,20 +7,20 @@ from dataclasses import dataclass, field
 
 from kilolock.errors import UsageError
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from a duration as Terraform writes them: 30s, 5m, 1h, 1m30s, 500ms."""
+    """Seconds from a duration as Terraform writes them (30s, 5m, 1h, 1m30s, 500ms), and days: 1d."""
     s = text.strip()
     pos, total = 0, 0.0
     for m in _DURATION_PART.finditer(s):
         if m.start() != pos:
             break
-        total += float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        total += float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
         pos = m.end()
     if not s or pos != len(s):
-        raise UsageError(f"invalid duration {text!r}: use forms like 30s, 5m, 1h or 1m30s")
+        raise UsageError(f"invalid duration {text!r}: use forms like 30s, 5m, 1h, 1d or 1m30s")
     if total <= 0:
         raise UsageError(f"invalid duration {text!r}: must be greater than zero")
     return total

@@ -18,9 +18,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
+from kilolock import drift as attribute_drift
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
@@ -28,7 +30,7 @@ from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
-from kilolock.schema import AttributePath
+from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
 from kilolock.store import locks, refresh_runs, versions
 from kilolock.store.db import first_line
@@ -41,8 +43,13 @@ ProgressFn = Callable[[str, int, int], None]  # (group label, done, total)
 
 @dataclass
 class Failure:
-    address: str
+    """One instance that failed, or (address None) a whole provider group that could not start:
+    a missing provider is one failure naming its instances, not one per instance."""
+
+    address: str | None
     message: str
+    provider: str | None = None  # set for a group failure
+    addresses: list[str] = field(default_factory=list)  # a group failure's instances
 
 
 @dataclass
@@ -57,6 +64,9 @@ class Result:
     changed: int = 0
     failed: int = 0
     changed_addresses: list[str] = field(default_factory=list)
+    # What changed, per instance, as kl drift shows it: {"address", "deposed", "kind": "changed" |
+    # "deleted", "changes": [{"path", "before", "after"}]}, sensitive values masked.
+    drift: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None  # the run-level reason when status is not succeeded
     duration_s: float = 0.0
@@ -91,6 +101,7 @@ class _Entry:
     prior_json: bytes | None = None  # the stored attributes as JSON, when the store has them
     update: InstanceUpdate | None = None
     error: str | None = None
+    read: bool = False  # its provider was started and asked: it counts as checked
 
 
 def group_instances(state: tfstate.State) -> dict[GroupKey, list[tfstate.Instance]]:
@@ -176,6 +187,25 @@ def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, 
         pass  # a prior that does not parse or fit is the read's to report; masking is best effort
 
 
+def _drift_of(entry: _Entry) -> dict[str, Any]:
+    """What a changed instance's read found, as kl drift prints it."""
+    update = entry.update
+    assert update is not None
+    deposed = entry.inst.deposed or None
+    if update.removed:  # every attribute "-> null" would say nothing more than "deleted"
+        return {"address": entry.inst.address, "deposed": deposed, "kind": "deleted", "changes": []}
+    try:
+        before = json.loads(entry.prior_json) if entry.prior_json is not None else entry.inst.obj.get("attributes")
+        after = json.loads(update.attributes)
+    except ValueError:
+        before = after = None
+    changes = attribute_drift.changes(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None,
+                                      entry.inst.obj.get("sensitive_attributes"),
+                                      [path_to_state_json(p) for p in update.sensitive_paths])
+    return {"address": entry.inst.address, "deposed": deposed, "kind": "changed",
+            "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes]}
+
+
 class _Run:
     """State shared by the threads of one run."""
 
@@ -187,6 +217,7 @@ class _Run:
         self.progress = progress
         self.cancel = cancel
         self.clients: list[ResourceClient] = []
+        self.group_failures: list[Failure] = []
         self.lock = threading.Lock()
 
     def record_failure(self, entry: _Entry, message: str) -> None:
@@ -205,8 +236,14 @@ class _Run:
         try:
             client = self.factory.open(source, alias, self.secrets)
         except KlError as exc:
+            message = self.secrets.redact(f"provider {label}: {exc}")
             for e in entries:
-                self.record_failure(e, f"provider {label}: {exc}")
+                e.error = message  # failed, but not read: not checked, and reported once below
+            with self.lock:
+                self.group_failures.append(Failure(None, message, provider=label,
+                                                   addresses=sorted(e.inst.address for e in entries)))
+            if self.options.fail_fast:
+                self.cancel.cancel(f"fail-fast: {message}")
             return
         with self.lock:
             self.clients.append(client)
@@ -224,6 +261,7 @@ class _Run:
                     entry = next(pending, None)
                 if entry is None:
                     return
+                entry.read = True
                 try:
                     entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
                 except KlError as exc:
@@ -323,11 +361,14 @@ def run(
                 timer.cancel()
 
         entries = [e for es in groups.values() for e in es]
-        result.checked = sum(1 for e in entries if e.update is not None or e.error is not None)
-        result.failures = sorted((Failure(e.inst.address, e.error) for e in entries if e.error), key=lambda f: f.address)
-        result.failed = len(result.failures)
+        result.checked = sum(1 for e in entries if e.read)
+        result.failures = sorted(shared.group_failures, key=lambda f: f.provider or "") + sorted(
+            (Failure(e.inst.address, e.error) for e in entries if e.error and e.read), key=lambda f: f.address or "")
+        result.failed = sum(1 for e in entries if e.error)
         changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
         result.changed_addresses, result.changed = changed, len(changed)
+        result.drift = [_drift_of(e) for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
+                        if e.update is not None and e.update.changed]
 
         commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled)
         if cancel.cancelled:
@@ -369,7 +410,7 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
         summary = f"{result.failed} resource(s) failed"
     if result.failures:
         first = result.failures[0]
-        summary = f"{summary}; first: {first.address}: {first.message}"
+        summary = f"{summary}; first: {first.message}" if first.address is None else f"{summary}; first: {first.address}: {first.message}"
     finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
                  status=result.status if result.status != "running" else "failed", checked=result.checked,
                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)

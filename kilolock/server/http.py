@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,15 @@ from kilolock.server.pool import ConnectionPool, PoolExhausted
 from kilolock.store.db import DatabaseError
 
 log = logging.getLogger("kilolock.server")
+# One line per request (kl serve turns it on at INFO): method, path, status, duration, user. Never
+# a header, a query string or a body: those carry credentials, lock IDs and state.
+access_log = logging.getLogger("kilolock.server.access")
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """A request path as one safe log field: a crafted path must not forge a second line."""
+    out = "".join(c if c.isprintable() and c != " " else f"%{ord(c):02X}" if ord(c) < 256 else "?" for c in text)
+    return out if len(out) <= limit else out[:limit] + "…"
 
 _CHUNK = 1024 * 1024
 
@@ -141,6 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.info("%s %s", self.client_address[0], format % args)
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        started = getattr(self, "_started", None)
+        took = f"{(time.monotonic() - started) * 1000:.1f}ms" if started is not None else "-"
+        principal: Principal | None = getattr(self, "_principal", None)
+        path = urlsplit(getattr(self, "path", "") or "").path or "-"
+        access_log.info("%s %s %s %s %s %s", self.client_address[0], getattr(self, "command", None) or "-",
+                        _printable(path), code, took, principal.name if principal is not None else "-")
+
     do_GET = do_POST = do_PUT = do_DELETE = do_LOCK = do_UNLOCK = lambda self: self._dispatch()
 
     # --- plumbing ------------------------------------------------------------------------------
@@ -228,6 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         self._body_read = False
+        self._started = time.monotonic()
+        self._principal: Principal | None = None
         try:
             resp = self._route()
         except _BodyError as exc:
@@ -262,6 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.pool.connection() as conn:
                 return api.health(conn)
         principal = self.server.auth.authenticate(self.headers.get("Authorization"))
+        self._principal = principal
         if principal is None:
             return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
         if path.startswith("/states/"):

@@ -62,6 +62,18 @@ def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: 
     return run_id
 
 
+def dead_runs(conn: psycopg.Connection, state_id: str) -> list[str]:
+    """The `running` runs of the state whose process is gone (what ``finish_stale`` would finish);
+    read-only: the probe's lock ends with its transaction."""
+    dead: list[str] = []
+    for run_id in [str(r[0]) for r in conn.execute(_RUNNING, (state_id,)).fetchall()]:
+        with conn.transaction():
+            free = conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()
+        if free and free[0]:
+            dead.append(run_id)
+    return dead
+
+
 def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> list[str]:
     """Mark as failed every `running` run of the state whose refresh is no longer alive."""
     done: list[str] = []

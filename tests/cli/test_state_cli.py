@@ -119,7 +119,9 @@ def test_unreachable_database_is_one_line(run_kl):
 def test_import_refuses_a_name_kl_serve_could_not_serve(db_url, run_kl, make_state, name):
     r = run_kl("state", "import", name, "-", input=make_state(1, {"a": {"id": "1"}}))
     err = r.stderr.decode().strip()
-    assert r.returncode == 2 and len(err.splitlines()) == 1 and "is not allowed" in err, err
+    # The error on one line, then the command's usage line.
+    assert r.returncode == 2 and len(err.splitlines()) == 2 and "is not allowed" in err.splitlines()[0], err
+    assert err.splitlines()[1].startswith("usage: kl state import "), err
     with psycopg.connect(db_url) as c:
         assert one_row(c, "SELECT count(*) FROM states")[0] == 0
 

@@ -99,7 +99,7 @@ def test_error_diagnostics_raise_one_exception_type(fake_binary) -> None:
     diags = err.value.diagnostics
     assert [d.severity for d in diags] == [Severity.ERROR, Severity.WARNING]
     assert diags[0].attribute == (GetAttr("rule"), Index(1), GetAttr("cidr"))
-    assert str(err.value) == "provider fake: ReadResource fake_error: at .rule[1].cidr: Invalid thing: the rule is wrong"
+    assert str(err.value) == "provider fake: ReadResource fake_error: at rule[1].cidr: Invalid thing: the rule is wrong"
 
 
 def test_upgrade_error_and_gone_object(fake_binary) -> None:

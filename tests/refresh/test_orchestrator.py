@@ -333,6 +333,23 @@ def test_provider_that_cannot_be_opened_fails_its_group(conn, make_state):
     res = run(conn, f)
     assert res.status == "failed" and res.failed == 2
     assert res.failures[0].message.startswith("provider registry.terraform.io/hashicorp/null: no binary")
+    # Reported once for the group, naming its instances; nothing was read, so nothing was checked.
+    assert [(x.address, x.provider, x.addresses) for x in res.failures] == [
+        (None, NULL, ["null_resource.r0", "null_resource.r1"])]
+    assert res.checked == 0 and run_row(conn, res.run_id)[1] == 0
+
+
+def test_dry_run_result_carries_attribute_diffs_masked(conn, make_state):
+    seed(conn, make_state, {"a": {"id": "a", "triggers": {"k": "old"}, "secret": "s3cr3t"}, "b": {"id": "b"},
+                            "c": {"id": "c"}})
+    f = FakeFactory(world={"a": {"id": "a", "triggers": {"k": "new"}, "secret": "s3cr3t-2"}, "b": None})
+    res = run(conn, f, dry_run=True)
+    assert res.status == "succeeded" and res.to_serial is None and res.changed_addresses == ["null_resource.a", "null_resource.b"]
+    assert res.drift == [
+        {"address": "null_resource.a", "deposed": None, "kind": "changed",
+         "changes": [{"path": "secret", "before": MASK, "after": MASK}, {"path": 'triggers["k"]', "before": "old", "after": "new"}]},
+        {"address": "null_resource.b", "deposed": None, "kind": "deleted", "changes": []},
+    ]
 
 
 def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):

@@ -152,7 +152,7 @@ def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url
     # The new bcrypt_hash and the password are secrets: kl drift shows the change, never the values.
     secrets = [inst["attributes"]["bcrypt_hash"], inst["attributes"]["result"]]
     text, as_json = run_kl("drift", "prod"), run_kl("drift", "prod", "--format", "json")
-    assert "random_password.p: changed" in text.stdout.decode() and ".bcrypt_hash: null → (sensitive)" in text.stdout.decode()
+    assert "random_password.p: changed" in text.stdout.decode() and "bcrypt_hash: null → (sensitive)" in text.stdout.decode()
     for out in (text.stdout, text.stderr, as_json.stdout, as_json.stderr, r.stdout, r.stderr):
         assert not any(secret.encode() in out for secret in secrets)
 
@@ -166,8 +166,55 @@ def test_dry_run_and_table_output(run_kl, db_url, workspace):
     lines = dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith(" "))
     assert lines["status"].strip() == "succeeded" and lines["changed"].strip() == "1"
     assert lines["serial"].strip() == f"v{serial} → (dry run)"
-    assert 'drift addresses:\n  local_file.f["one"]\n' in text
+    # What would change; not committed, so not "see kl drift".
+    assert 'drift (not committed):\n  local_file.f["one"]: deleted\n' in text, text
+    assert "see kl drift" not in text
     assert pulled(run_kl)["serial"] == serial
+
+
+def _old_random_password(workspace: Path) -> None:
+    """random_password at schema version 0, without bcrypt_hash and numeric: the real provider's
+    upgrader fills them in, an attribute-level change with a secret in it."""
+    doc = json.loads((workspace / "terraform.tfstate").read_text())
+    for res in doc["resources"]:
+        if res["type"] == "random_password":
+            inst = res["instances"][0]
+            inst["schema_version"] = 0
+            for k in ("bcrypt_hash", "numeric"):
+                inst["attributes"].pop(k, None)
+    (workspace / "terraform.tfstate").write_text(json.dumps(doc))
+
+
+def test_dry_run_diffs_in_json_and_markdown_and_the_ci_exit_codes(run_kl, db_url, workspace):
+    _old_random_password(workspace)
+    serial = import_state(run_kl, workspace)
+    r, out = kl_refresh(run_kl, workspace, "--dry-run", "--detailed-exitcode", "-q")  # json is still printed
+    assert r.returncode == 2 and out["to_serial"] is None, r.stderr
+    [item] = out["drift"]
+    assert (item["address"], item["kind"]) == ("random_password.p", "changed")
+    assert {"path": "bcrypt_hash", "before": None, "after": "(sensitive)"} in item["changes"], item
+    assert {"path": "numeric", "before": None, "after": True} in item["changes"], item
+    r = run_kl("refresh", "prod", *SEARCH, "--dry-run", "--format", "markdown", cwd=workspace)
+    md = r.stdout.decode()
+    assert r.returncode == 0 and f"### Refresh of `prod`: succeeded (v{serial} → dry run, nothing committed)" in md, md
+    assert "**`random_password.p`**: changed" in md and "| `bcrypt_hash` | `null` | `(sensitive)` |" in md, md
+    # Committed: the gate sees the open drift after the commit, and kl drift agrees.
+    r = run_kl("refresh", "prod", *SEARCH, "--detailed-exitcode", "-q", cwd=workspace)
+    assert (r.returncode, r.stdout, r.stderr) == (2, b"", b"")
+    assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2
+    # An apply (of the refreshed state, as `terraform apply -refresh-only` would write it) clears it.
+    applied = pulled(run_kl)
+    applied["serial"] += 1
+    assert run_kl("state", "import", "prod", "-", "--source", "apply", input=json.dumps(applied).encode()).returncode == 0
+    assert run_kl("drift", "prod", "--detailed-exitcode").returncode == 0
+    assert run_kl("refresh", "prod", *SEARCH, "--dry-run", "--detailed-exitcode", "-q", cwd=workspace).returncode == 0
+    assert run_kl("refresh", "prod", *SEARCH, "--detailed-exitcode", "-q", cwd=workspace).returncode == 0
+    # An error is 1 under the flag, whatever the cause: a refused commit, a bad duration.
+    for name in ("one", "two", "three"):
+        (workspace / "out" / f"{name}.txt").unlink()
+    r = run_kl("refresh", "prod", *SEARCH, "--detailed-exitcode", cwd=workspace)
+    assert r.returncode == 1 and "--allow-mass-removal" in r.stderr.decode() and "see kl drift" not in r.stdout.decode()
+    assert run_kl("refresh", "prod", "--detailed-exitcode", "--timeout", "1", cwd=workspace).returncode == 1
 
 
 def test_unknown_state_and_bad_flags(run_kl, db_url, workspace):
@@ -186,6 +233,13 @@ def test_provider_not_found_is_a_per_group_failure_naming_where_it_looked(run_kl
                env={"HOME": str(empty), "KL_PROVIDER_PATH": "", "TF_PLUGIN_CACHE_DIR": ""})
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["status"] == "failed" and out["resources_failed"] == 10
-    msg = {f["address"]: f["message"] for f in out["failures"]}["null_resource.n[0]"]
+    # One failure per provider group, not per instance, and nothing counted as checked.
+    null = [f for f in out["failures"] if f["provider"] == "registry.terraform.io/hashicorp/null"]
+    assert len(out["failures"]) == 5 and all(f["address"] is None for f in out["failures"]), out["failures"]
+    assert [f["addresses"] for f in null] == [["null_resource.n[0]", "null_resource.n[1]", "null_resource.n[2]"]] and out["resources_checked"] == 0
+    msg = null[0]["message"]
     assert "no binary for provider registry.terraform.io/hashicorp/null" in msg and str(empty) in msg
     assert ".terraform/providers" in msg  # the defaults were searched too
+    text = run_kl("refresh", "prod", "--provider-search-path", str(empty), cwd=empty,
+                  env={"HOME": str(empty), "KL_PROVIDER_PATH": "", "TF_PLUGIN_CACHE_DIR": ""}).stdout.decode()
+    assert text.count("no binary for provider registry.terraform.io/hashicorp/null") == 1, text

@@ -69,7 +69,8 @@ def test_exit_during_the_handshake_names_the_provider_and_every_address(run_kl, 
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_echo"])).returncode == 0
     code, out, err = refresh_json(run_kl, cache)
     assert code == 1 and out["status"] == "failed" and out["resources_failed"] == 2, out
-    assert {f["address"] for f in out["failures"]} == {"fake_echo.r0", "fake_echo.r1"}
+    # The provider never started: one failure for its group, naming every address.
+    assert [(f["address"], f["addresses"]) for f in out["failures"]] == [(None, ["fake_echo.r0", "fake_echo.r1"])]
     assert all("fake" in f["message"] and "exited" in f["message"] for f in out["failures"]), out["failures"]
     assert b"Traceback" not in err
     assert_nothing_committed(db_url)

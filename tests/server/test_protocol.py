@@ -217,8 +217,8 @@ def test_json_api(client, db_url, make_state):
     assert [(v["serial"], v["source"], v["encrypted"]) for v in vers] == [(1, "apply", False), (2, "refresh", False)]
     drift = client.request("GET", "/api/v1/states/api/drift").json()
     changes = {c["path"]: (c["before"], c["after"]) for c in drift["drift"][0]["changes"]}
-    assert changes['.triggers["k"]'] == ("old", "new")
-    assert changes[".pw"] == ("(sensitive)", "(sensitive)")
+    assert changes['triggers["k"]'] == ("old", "new")
+    assert changes["pw"] == ("(sensitive)", "(sensitive)")
     assert "hunter" not in json.dumps(drift)
     assert client.request("GET", "/api/v1/states/nope/versions").status == 404
     assert client.request("GET", "/healthz").json() == {"status": "ok"}

@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_refuses_bad_or_unsafe_setups(run_kl, db_url, args, env, fragment):
     r = run_kl("serve", *args, env={"KL_SERVE_TOKEN": "", **env}, timeout=30)
     err = r.stderr.decode()
-    assert r.returncode in (1, 2) and fragment in err and err.count("\n") == 1, err
+    lines = err.splitlines()
+    # One line; a usage error (exit 2) adds the command's usage line.
+    assert r.returncode in (1, 2) and fragment in lines[0] and lines[0].startswith("kl: "), err
+    assert lines[1:] == [] or (r.returncode == 2 and len(lines) == 2 and lines[1].startswith("usage: kl serve ")), err
 
 
 def test_hash_password_output_is_accepted_by_the_users_file(run_kl, tmp_path):
@@ -165,3 +168,43 @@ def test_database_down_is_503_with_retry_after(db_url):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_one_log_line_per_request_by_default_never_a_credential(db_url, make_state):
+    proc, port = _start_kl_serve(db_url, env={"KL_SERVE_TOKEN": "tok-s3cret"})
+    try:
+        client = Client(f"http://127.0.0.1:{port}").basic("alice", "tok-s3cret")
+        assert client.request("POST", "/states/logged", make_state(1, {"a": {}})).status == 200
+        assert client.request("GET", "/states/logged?ID=lock-1").status == 200  # the query is not logged
+        assert client.with_auth(None).request("GET", "/api/v1/states").status == 401
+        assert client.request("GET", "/states/a%0Aforged").status in (400, 404)
+        proc.terminate()
+        proc.wait(timeout=30)
+        lines = [line for line in proc.stderr.read().splitlines() if line.startswith("kl serve: ")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(lines) == 4, lines
+    # "kl serve: TIME+ZONE CLIENT METHOD PATH STATUS DURATION USER"
+    fields = [line.split()[3:] for line in lines]
+    assert [f[:4] for f in fields] == [["127.0.0.1", "POST", "/states/logged", "200"], ["127.0.0.1", "GET", "/states/logged", "200"],
+                                       ["127.0.0.1", "GET", "/api/v1/states", "401"],
+                                       ["127.0.0.1", "GET", "/states/a%0Aforged", fields[3][3]]], lines
+    assert [f[5] for f in fields] == ["alice", "alice", "-", "alice"] and all(f[4].endswith("ms") for f in fields), lines
+    assert all(line.split()[2][-5] in "+-" for line in lines), lines  # the timestamp carries its zone
+    text = "\n".join(lines)
+    assert "tok-s3cret" not in text and "lock-1" not in text and "Basic" not in text
+
+
+def test_quiet_serve_logs_no_requests(db_url):
+    proc, port = _start_kl_serve(db_url, "-q")
+    try:
+        assert Client(f"http://127.0.0.1:{port}").request("GET", "/healthz").status == 200
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert "GET" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

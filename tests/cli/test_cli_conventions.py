@@ -1,0 +1,102 @@
+"""What every kl command shares: usage errors, --help, exit codes for CI, markdown, progress."""
+from __future__ import annotations
+
+import argparse
+import io
+import re
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from kilolock.cli import build_parser, main
+from kilolock.cli.commands import COMMANDS, Command
+from kilolock.cli.exitcodes import exit_code
+
+
+def _kl(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _leaves(commands: tuple[Command, ...] = COMMANDS, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for c in commands:
+        out += _leaves(c.actions, (*path, c.name)) if c.actions else [(*path, c.name)]
+    return out
+
+
+def test_a_usage_error_has_one_kl_prefix_the_usage_line_and_a_suggestion():
+    code, out, err = _kl("refresh", "prod", "--dryrun")
+    lines = err.splitlines()
+    assert code == 2 and out == "" and len(lines) == 2, err
+    assert lines[0] == "kl: refresh: unrecognized arguments: --dryrun (did you mean --dry-run?)", err
+    assert lines[1].startswith("usage: kl refresh [-h] [--dry-run]"), err
+
+
+def test_a_usage_error_of_kl_itself_and_of_a_bad_value():
+    code, _, err = _kl("drfit")
+    assert code == 2 and err.startswith("kl: argument COMMAND: invalid choice: 'drfit'") and "kl: kl" not in err
+    code, _, err = _kl("drift", "prod", "--limit", "0")
+    assert code == 2 and err.splitlines()[0] == "kl: drift: argument --limit: '0' must be at least 1", err
+
+
+def test_usage_errors_exit_1_under_detailed_exitcode():
+    code, _, err = _kl("drift", "prod", "--detailed-exitcode", "--limt", "3")
+    assert code == 1 and "(did you mean --limit?)" in err
+    code, _, err = _kl("drift", "--detailed-exitcode")  # neither a state nor --states
+    assert code == 1 and err.startswith("kl: drift: name one state, or --states GLOB"), err
+
+
+def test_exit_codes_are_decided_in_one_place():
+    assert [exit_code(detailed=False, open_drift=n) for n in (0, 3)] == [0, 0]  # today's codes stand
+    assert [exit_code(detailed=True, open_drift=n) for n in (0, 3)] == [0, 2]
+    assert exit_code(detailed=True, error=True, code=2) == 1 and exit_code(detailed=False, error=True, code=2) == 2
+    assert exit_code(detailed=False, error=True, code=130) == 130
+
+
+@pytest.mark.parametrize("path", _leaves(), ids=" ".join)
+def test_every_option_has_a_help_line_and_every_command_an_example(path):
+    parser = build_parser()
+    sub: argparse.ArgumentParser = parser
+    for name in path:
+        action = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction))
+        sub = action.choices[name]
+        sub.add_pending_arguments()  # type: ignore[attr-defined]
+    for a in sub._actions:
+        if not isinstance(a, argparse._HelpAction):
+            assert a.help and a.help.strip(), f"kl {' '.join(path)}: {a.option_strings or a.dest} has no help"
+    text = sub.format_help()
+    assert re.search(r"^examples?:\n  \S", text, re.MULTILINE) and "kl " + path[0] in text.split("example")[-1], text
+
+
+def test_durations_accept_days():
+    from kilolock.refresh.options import parse_duration
+
+    assert parse_duration("1d") == 86400 and parse_duration("1d12h") == 86400 * 1.5
+
+
+def test_progress_redraws_at_most_ten_times_a_second(monkeypatch):
+    from kilolock.cli.refreshcmd import _Progress
+
+    now = [0.0]
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    progress = _Progress(clock=lambda: now[0])
+    for i in range(1, 1001):  # 1,000 reads in 0.5 s
+        now[0] = i * 0.0005
+        progress("registry.terraform.io/hashicorp/null", i, 1000)
+    draws = err.getvalue().count("\r\x1b[Krefreshing:")
+    assert 5 <= draws <= 7 and err.getvalue().endswith("null 1000/1000"), draws  # the last one is always drawn
+
+
+def test_markdown_changes_escape_what_would_break_a_table():
+    from kilolock.cli.render import markdown_changes
+
+    md = markdown_changes([{"path": 'tags["a|b"]', "before": "x`y", "after": "(sensitive)"}])
+    assert md.splitlines() == ["| attribute | before | after |", "|---|---|---|",
+                               '| `tags["a\\|b"]` | `` "x`y" `` | `(sensitive)` |']

@@ -1,0 +1,109 @@
+"""kl drift as a CI gate and a report: --detailed-exitcode, -q, --states GLOB, --format markdown."""
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import psycopg
+import pytest
+
+from kilolock import tfstate
+from kilolock.cli import main
+from kilolock.store import versions
+
+
+def _kl(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _write(db_url: str, name: str, raw: bytes, source: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as c:
+        versions.write_version(c, name, tfstate.parse_state(raw), raw, source=source, actor="test")
+
+
+@pytest.fixture
+def drifted(db_url, make_state):
+    """team/dev has drift (a changed map key, a masked secret, a | in a value); team/dev/eu has one
+    deleted instance (a); team/prod and prod have none."""
+    for name in ("team/dev", "team/dev/eu", "team/prod", "prod"):
+        _write(db_url, name, make_state(1, {"a": {"id": "1", "tags": {"env": "old"}, "pw": "hunter2"}, "b": {"id": "2"}}), "apply")
+    doc = json.loads(make_state(2, {"a": {"id": "1", "tags": {"env": "new|x"}, "pw": "hunter3"}, "b": {"id": "2"}}))
+    doc["resources"][0]["instances"][0]["sensitive_attributes"] = [[{"type": "get_attr", "value": "pw"}]]
+    _write(db_url, "team/dev", json.dumps(doc).encode(), "refresh")
+    _write(db_url, "team/dev/eu", make_state(2, {"b": {"id": "2"}}), "refresh")
+    return db_url
+
+
+def test_detailed_exitcode_gates_on_open_drift(drifted):
+    assert _kl("drift", "team/dev")[0] == 0  # without the flag, today's codes
+    code, out, _ = _kl("drift", "team/dev", "--detailed-exitcode")
+    assert code == 2 and 'tags["env"]: "old" → "new|x"' in out and "pw: (sensitive) → (sensitive)" in out, out
+    assert _kl("drift", "team/prod", "--detailed-exitcode") == (0, "team/prod: no drift\n", "")
+    code, _, err = _kl("drift", "nope", "--detailed-exitcode")
+    assert code == 1 and err.startswith("kl: no state named 'nope'"), err
+
+
+def test_quiet_drops_the_human_output_but_not_the_json_asked_for(drifted):
+    assert _kl("drift", "team/dev", "--detailed-exitcode", "-q") == (2, "", "")
+    code, out, _ = _kl("drift", "team/dev", "--detailed-exitcode", "-q", "--format", "json")
+    assert code == 2 and json.loads(out)["total"] == 1
+
+
+def test_states_glob_is_one_gate_over_many_states(drifted):
+    code, out, _ = _kl("drift", "--states", "team/*", "--detailed-exitcode", "--format", "json")
+    doc = json.loads(out)
+    assert code == 2 and [s["state"] for s in doc["states"]] == ["team/dev", "team/prod"] and doc["total"] == 1
+    code, out, _ = _kl("drift", "--states", "team/**", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and [(s["state"], s["total"]) for s in doc["states"]] == [("team/dev", 1), ("team/dev/eu", 1), ("team/prod", 0)]
+    assert doc["states"][1]["drift"][0]["kind"] == "deleted"
+    assert _kl("drift", "--states", "prod", "--detailed-exitcode")[0] == 0
+    code, out, _ = _kl("drift", "--states", "ghost/*", "--detailed-exitcode")
+    assert code == 0 and out == "no state matches 'ghost/*'\n"
+    code, out, _ = _kl("drift", "--states", "team/**")
+    assert out.splitlines()[0] == "team/dev:" and "team/prod: no drift" in out
+
+
+def test_markdown_report(drifted):
+    code, out, _ = _kl("drift", "--states", "team/**", "--format", "markdown")
+    assert code == 0 and "hunter" not in out
+    assert "### Drift in `team/dev`: 1 instance(s)" in out and "### Drift in `team/prod`: none" in out, out
+    assert '| `tags["env"]` | `"old"` | `"new\\|x"` |' in out and "| `pw` | `(sensitive)` | `(sensitive)` |" in out, out
+    assert "**`null_resource.a`**: deleted at v2" in out and "The object no longer exists." in out, out
+
+
+def test_one_state_or_states_not_both(drifted):
+    code, _, err = _kl("drift", "prod", "--states", "*")
+    assert code == 2 and err.startswith("kl: drift: name one state, or --states GLOB\nusage: kl drift "), err
+
+
+def test_status_points_at_runs_stale_when_a_run_looks_dead_and_shows_time_zones(drifted):
+    from kilolock.store import refresh_runs
+
+    with psycopg.connect(drifted, autocommit=True) as c:  # a run whose process died: its session lock is gone
+        sid = versions.state_id(c, "prod")
+        current = versions.current_version(c, sid)
+        assert current is not None
+        refresh_runs.begin(c, sid, current.id, "ghost@cli")
+    code, out, _ = _kl("status", "prod")
+    assert code == 0 and "kl runs prod --stale marks them failed" in out, out
+    last = next(line for line in out.splitlines() if line.startswith("last refresh:"))
+    assert last.rstrip()[-5] in "+-" and last.rstrip()[-4:].isdigit(), last  # 2026-11-30 11:51:43 +0000
+    code, out, _ = _kl("status", "prod", "--format", "json")
+    assert len(json.loads(out)["dead_runs"]) == 1
+    assert _kl("runs", "prod", "--stale")[0] == 0
+    assert "--stale" not in _kl("status", "prod")[1]
+
+
+def test_provider_list_with_nothing_configured_says_so(db_url):
+    code, out, _ = _kl("provider", "list")
+    assert code == 0 and out.startswith("no provider configured, pinned or cached"), out
+
+
+def test_state_list_takes_the_same_glob(drifted):
+    code, out, _ = _kl("state", "list", "--states", "team/*", "--format", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)["states"]] == ["team/dev", "team/prod"]
