@@ -12,7 +12,7 @@ PACKAGE = REPO / "kilolock"
 
 # Pure data and rules on our own types: no I/O, no database, no protocol. Any layer may use them.
 MODEL = {"kilolock", "kilolock.errors", "kilolock.jsondoc", "kilolock.names", "kilolock.schema",
-         "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"}
+         "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift", "kilolock.durations"}
 
 # What each part may import besides itself and MODEL. The data flow: cli -> refresh -> provider,
 # with codec beside refresh and the store beside everything that keeps state.
@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Within MODEL the order matters too (no cycles): each may import only those before it.
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.jsondoc", "kilolock.names", "kilolock.schema",
-               "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"]
+               "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift", "kilolock.durations"]
 
 
 def unit_of(module: str) -> str:

@@ -51,11 +51,14 @@ COMMANDS: tuple[Command, ...] = (
         ("status", "show which database is used and its migrations"),
         ("stop", "stop the embedded PostgreSQL server"),
     )),
-    _group("state", "import, list and read state versions", "kilolock.cli.statecmd", (
+    _group("state", "import, list and read state versions; per-state settings and lock", "kilolock.cli.statecmd", (
         ("import", "store a Terraform state file as a new version"),
         ("list", "list states"),
         ("versions", "list the versions of a state"),
         ("pull", "print a state version as Terraform state JSON"),
+        ("set", "store how a state is refreshed: its workdir, provider search path, parallelism, actor"),
+        ("show", "show a state's stored refresh settings"),
+        ("unlock", "release a state's lock given its ID (as terraform force-unlock)"),
     )),
     Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd"),
     Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",

@@ -8,6 +8,11 @@ from datetime import datetime
 from typing import Any
 
 
+def text(v: Any) -> str:
+    """A value as the tables show it (None as -, times in local time)."""
+    return _text(v)
+
+
 def _text(v: Any) -> str:
     if v is None:
         return "-"
