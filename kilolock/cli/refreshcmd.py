@@ -24,10 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
     # The next four override the state's stored settings (kl state set) for this run.
     parser.add_argument("--provider-parallelism", type=cli_args.positive,
-                        help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
-    parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: $USER@cli)")
+                        help="requests in flight per provider process (default: stored, else 10 as Terraform; 1 = serial)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: stored, else $USER@cli)")
     parser.add_argument("--provider-search-path", action="append", metavar="DIR",
-                        help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
+                        help="where provider binaries are (repeatable; replaces the stored ones; before $KL_PROVIDER_PATH and the defaults)")
     parser.add_argument("--workdir", type=cli_args.utf8_text, metavar="DIR",
                         help="run providers in DIR, the Terraform configuration's directory ('.' allowed); "
                              "without one (here or stored) no deletion is committed")

@@ -128,3 +128,16 @@ def test_refresh_lock_timeout_and_dry_run_on_a_locked_state(db_url, run_kl, make
     for bad in ("5", "1w", "1d3x"):
         r = run_kl("refresh", "prod", "--lock-timeout", bad)
         assert r.returncode == 2 and "invalid duration" in err_line(r), bad
+
+
+def test_the_lock_wait_progress_line_is_rewritten_then_cleared(capsys):
+    from kilolock.cli.refreshcmd import _Progress
+
+    p = _Progress()
+    p.lock_wait({"ID": "abc", "Who": "alice@laptop", "Operation": "OperationTypeApply"}, 3.2, 300)
+    p.lock_wait({"ID": "abc", "Who": "alice@laptop", "Operation": "OperationTypeApply"}, 65, 300)
+    p.end()
+    err = capsys.readouterr().err
+    assert err == ("\r\x1b[Kwaiting for the lock held by alice@laptop (OperationTypeApply, lock ID abc): 3s of 5m00s"
+                   "\r\x1b[Kwaiting for the lock held by alice@laptop (OperationTypeApply, lock ID abc): 1m05s of 5m00s"
+                   "\r\x1b[K")
