@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wait this long for a lock someone else holds, as Terraform's -lock-timeout (default 0s)")
     # Durations stay text until the run starts (options_from_args): a bad one is reported in
     # parse_duration's words, and kilolock.refresh is not imported for --help.
-    parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h")
+    parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h, 1d")
     parser.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
                         help="fail a resource whose provider call takes longer than this (default 10m)")
     parser.add_argument("--always-upgrade", action="store_true", help="UpgradeResourceState before every read, as Terraform")
