@@ -43,6 +43,8 @@ if ! kl status demo >/dev/null 2>&1; then
     echo "demo: kl state import demo terraform.tfstate"
     kl state import demo terraform.tfstate --source apply
 fi
+echo "demo: kl state set demo --workdir $demo (providers run there; deletions are committed only with a workdir)"
+kl state set demo --workdir "$demo" >/dev/null
 if [ -f out/b.conf ]; then
     echo "demo: deleting out/b.conf behind Terraform's back"
     rm out/b.conf

@@ -52,11 +52,16 @@ COMMANDS: tuple[Command, ...] = (
         ("status", "show which database is used and its migrations", "kl db status"),
         ("stop", "stop the embedded PostgreSQL server", "kl db stop"),
     )),
-    _group("state", "import, list and read state versions", "kilolock.cli.statecmd", (
+    _group("state", "import, list and read state versions; per-state settings and lock", "kilolock.cli.statecmd", (
         ("import", "store a Terraform state file as a new version", "terraform state pull | kl state import prod -"),
         ("list", "list states", "kl state list --format json"),
         ("versions", "list the versions of a state", "kl state versions prod"),
         ("pull", "print a state version as Terraform state JSON", "kl state pull prod --serial 3 > prod-v3.tfstate"),
+        ("set", "store how a state is refreshed: its workdir, provider search path, parallelism, actor",
+         "kl state set prod --workdir /srv/infra/prod"),
+        ("show", "show a state's stored refresh settings", "kl state show prod --format json"),
+        ("unlock", "release a state's lock given its ID (as terraform force-unlock)",
+         "kl state unlock prod --lock-id 5c3a9b6e-0d4f-4e51-9d6c-2f1b7a8e4c10"),
     )),
     Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd",
             example="kl status prod"),

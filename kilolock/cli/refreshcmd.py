@@ -12,6 +12,7 @@ from kilolock.cli import exitcodes, render
 
 if TYPE_CHECKING:
     from kilolock.refresh.options import RefreshOptions
+    from kilolock.store.settings import StateSettings
 
 SHOWN_ADDRESSES = 25
 
@@ -28,11 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
-    parser.add_argument("--provider-parallelism", type=cli_args.positive, default=10,
-                        help="requests in flight per provider process (default 10, as Terraform; 1 = serial)")
-    parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: $USER@cli)")
+    # The next four override the state's stored settings (kl state set) for this run.
+    parser.add_argument("--provider-parallelism", type=cli_args.positive,
+                        help="requests in flight per provider process (default: stored, else 10 as Terraform; 1 = serial)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: stored, else $USER@cli)")
     parser.add_argument("--provider-search-path", action="append", metavar="DIR",
-                        help="where provider binaries are (repeatable; before $KL_PROVIDER_PATH and the defaults)")
+                        help="where provider binaries are (repeatable; replaces the stored ones; before $KL_PROVIDER_PATH and the defaults)")
+    parser.add_argument("--workdir", type=cli_args.utf8_text, metavar="DIR",
+                        help="run providers in DIR, the Terraform configuration's directory ('.' allowed); "
+                             "without one (here or stored) no deletion is committed")
+    parser.add_argument("--lock-timeout", metavar="DURATION", default="0s",
+                        help="wait this long for a lock someone else holds, as Terraform's -lock-timeout (default 0s)")
     # Durations stay text until the run starts (options_from_args): a bad one is reported in
     # parse_duration's words, and kilolock.refresh is not imported for --help.
     parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h, 1d")
@@ -45,18 +52,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exitcodes.add_gate_arguments(parser, "after this run's commit; with --dry-run, what this run found")
 
 
-def options_from_args(args: argparse.Namespace) -> RefreshOptions:
+def options_from_args(args: argparse.Namespace, stored: StateSettings | None = None) -> RefreshOptions:
+    """The run's options: each flag given, else the state's stored setting, else kl's default."""
     import os
 
-    from kilolock.refresh.options import RefreshOptions, parse_duration
+    from kilolock.durations import parse_duration
+    from kilolock.refresh.options import RefreshOptions
 
+    # Relative paths on the command line mean kl's directory; stored ones are absolute already.
+    flag_paths = tuple(os.path.abspath(p) for p in args.provider_search_path or ())
     return RefreshOptions(
         dry_run=args.dry_run,
         fail_fast=args.fail_fast,
         concurrency=args.concurrency or os.cpu_count() or 1,
-        provider_parallelism=args.provider_parallelism,
-        actor=args.actor or cli_args.default_actor(),
-        search_paths=tuple(args.provider_search_path or ()),
+        provider_parallelism=args.provider_parallelism or (stored and stored.provider_parallelism) or 10,
+        actor=args.actor or (stored and stored.actor) or cli_args.default_actor(),
+        search_paths=flag_paths or (stored and stored.provider_search_paths) or (),
+        workdir=os.path.abspath(args.workdir) if args.workdir else (stored.workdir if stored else None),
+        lock_timeout=parse_duration(args.lock_timeout, allow_zero=True),
         timeout=parse_duration(args.timeout) if args.timeout else None,
         rpc_timeout=parse_duration(args.rpc_timeout),
         always_upgrade=args.always_upgrade,
@@ -75,6 +88,7 @@ class _Progress:
 
         self._clock = clock or time.monotonic
         self._state: dict[str, tuple[int, int]] = {}
+        self._waited = False
         self._lock = threading.Lock()
         self._drawn_at: float | None = None
 
@@ -89,8 +103,18 @@ class _Progress:
             sys.stderr.write(f"\r\x1b[Krefreshing: {text}")
             sys.stderr.flush()
 
+    def lock_wait(self, holder: dict[str, Any], waited: float, timeout: float) -> None:
+        from kilolock.durations import format_duration
+
+        with self._lock:
+            self._waited = True
+            sys.stderr.write(f"\r\x1b[Kwaiting for the lock held by {holder.get('Who') or 'someone'} "
+                             f"({holder.get('Operation') or '?'}, lock ID {holder.get('ID')}): "
+                             f"{format_duration(waited)} of {format_duration(timeout)}")
+            sys.stderr.flush()
+
     def end(self) -> None:
-        if self._state:
+        if self._state or self._waited:
             sys.stderr.write("\r\x1b[K")
             sys.stderr.flush()
 
@@ -215,9 +239,9 @@ def run(args: argparse.Namespace) -> int:
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
-    from kilolock.store import db, versions
+    from kilolock.store import db, settings, versions
 
-    options = options_from_args(args)
+    options_from_args(args)  # flag errors (a bad duration) before the database is opened
     cancel = Cancellation()
     interrupted = {"sigint": False}
 
@@ -235,8 +259,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         with db.open_store() as conn:
             sid = versions.state_id(conn, args.state)
-            factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout)
-            result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel)
+            options = options_from_args(args, settings.get(conn, sid))
+            factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
+                                        workdir=options.workdir)
+            result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
+                                 on_lock_wait=progress.lock_wait if progress else None)
             open_drift = open_drift_after(result, conn) if args.detailed_exitcode and result.status == "succeeded" else 0
         if progress:
             progress.end()

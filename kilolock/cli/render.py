@@ -13,6 +13,11 @@ def timestamp(v: datetime) -> str:
     return v.astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
 
 
+def text(v: Any) -> str:
+    """A value as the tables show it (None as -, times in local time)."""
+    return _text(v)
+
+
 def _text(v: Any) -> str:
     if v is None:
         return "-"

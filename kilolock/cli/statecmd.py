@@ -1,8 +1,9 @@
-"""``kl state import|list|versions|pull``."""
+"""``kl state import|list|versions|pull|set|show|unlock``."""
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from kilolock import tfstate
 from kilolock.cli import args as cli_args
@@ -106,4 +107,107 @@ def run_pull(args: argparse.Namespace) -> int:
     with db.open_store() as conn:
         text = versions.raw_state_text(conn, args.name, args.serial)
     sys.stdout.write(tfstate.pretty_state(text))
+    return 0
+
+
+# --- per-state refresh settings (state_settings) ---------------------------------------------------
+
+SETTINGS = ("workdir", "provider-search-path", "provider-parallelism", "actor")
+
+
+def add_set_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("--workdir", type=cli_args.utf8_text, metavar="DIR",
+                        help="where kl refresh runs providers (the Terraform configuration's directory on the "
+                             "refreshing host; a relative DIR is made absolute here)")
+    parser.add_argument("--provider-search-path", action="append", type=cli_args.utf8_text, metavar="DIR",
+                        help="where provider binaries are (repeatable; replaces the stored list)")
+    parser.add_argument("--provider-parallelism", type=cli_args.positive, metavar="N",
+                        help="requests in flight per provider process")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who the state's refreshes are recorded as")
+    parser.add_argument("--unset", action="append", choices=SETTINGS, metavar="SETTING", default=[],
+                        help=f"remove a stored setting (repeatable): {', '.join(SETTINGS)}")
+
+
+def run_set(args: argparse.Namespace) -> int:
+    import os
+
+    from kilolock.errors import UsageError
+    from kilolock.store import db, settings, versions
+
+    given = {
+        "workdir": os.path.abspath(args.workdir) if args.workdir else None,
+        "provider_search_paths": tuple(os.path.abspath(p) for p in args.provider_search_path) if args.provider_search_path else None,
+        "provider_parallelism": args.provider_parallelism,
+        "actor": args.actor,
+    }
+    values = {k: v for k, v in given.items() if v is not None}
+    unset = tuple(dict.fromkeys(settings.COLUMNS[u] for u in args.unset))
+    if not values and not unset:
+        raise UsageError(f"kl state set: nothing to change: give --{' / --'.join(SETTINGS)} or --unset SETTING")
+    both = sorted(set(values) & set(unset))
+    if both:
+        flag = next(k for k, c in settings.COLUMNS.items() if c == both[0])
+        raise UsageError(f"kl state set: --{flag} and --unset {flag} together; give one")
+    with db.open_store() as conn:
+        sid = versions.state_id(conn, args.name)
+        stored = settings.update(conn, sid, settings.Changes(values, unset), cli_args.default_actor())
+    print(f"{args.name}: settings stored")
+    _show_settings(args.name, stored)
+    if stored.workdir and not os.path.isdir(stored.workdir):
+        print(f"note: {stored.workdir} is not a directory on this host; a refresh here would fail", file=sys.stderr)
+    return 0
+
+
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name)
+    cli_args.add_format(parser)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from kilolock.store import db, settings, versions
+
+    with db.open_store() as conn:
+        stored = settings.get(conn, versions.state_id(conn, args.name))
+    if args.format == "json":
+        render.emit_json({"version": 1, "state": args.name, "settings": stored.as_json(),
+                          "updated_at": stored.updated_at, "updated_by": stored.updated_by})
+        return 0
+    _show_settings(args.name, stored)
+    return 0
+
+
+def _show_settings(name: str, stored: Any) -> None:
+    paths = stored.provider_search_paths
+    render.key_values([
+        ("state", name),
+        ("workdir", stored.workdir or "(not set: providers run in kl's directory and no deletion is committed)"),
+        ("provider search path", ", ".join(paths) if paths else "(not set: $KL_PROVIDER_PATH and the defaults)"),
+        ("provider parallelism", stored.provider_parallelism or "(not set: 10)"),
+        ("actor", stored.actor or "(not set: $USER@cli)"),
+        ("updated", f"{render.text(stored.updated_at)} by {stored.updated_by}" if stored.updated_at else "-"),
+    ])
+
+
+# --- locks -----------------------------------------------------------------------------------------
+
+
+def add_unlock_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("--lock-id", required=True, type=cli_args.utf8_text, metavar="ID",
+                        help="the ID of the lock to release, as kl status shows it (the confirmation)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who unlocks it (default: $USER@cli)")
+
+
+def run_unlock(args: argparse.Namespace) -> int:
+    from kilolock.store import db, locks, versions
+
+    with db.open_store() as conn:
+        sid = versions.state_id(conn, args.name)
+        released = locks.unlock_by_id(conn, sid, args.name, args.lock_id, args.actor or cli_args.default_actor())
+    if released is None:
+        print(f"{args.name}: not locked; nothing unlocked")
+        return 0
+    print(f"{args.name}: unlocked lock {released.get('ID')} held by {released.get('Who') or 'someone'} "
+          f"({released.get('Operation') or '?'}, since {released.get('Created') or '?'})")
     return 0

@@ -13,6 +13,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
+def _lock_text(info: dict[str, Any]) -> str:
+    # The ID is what `kl state unlock NAME --lock-id ID` (and terraform force-unlock) asks for.
+    who = info.get("Who") or "someone"
+    what = info.get("Operation") or "an operation"
+    return f"by {who} ({what}, since {info.get('Created') or '?'}), lock ID {info.get('ID')}"
+
+
 def run(args: argparse.Namespace) -> int:
     from kilolock.store import db, refresh_runs, summary, versions
 
@@ -38,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             ("data", s["data"]),
             ("last refresh", last),
             ("open drift", s["open_drift"]),
-            ("locked", s["locked_by"] or "no"),
+            ("locked", _lock_text(s["lock"]) if s["lock"] else "no"),
         ]
     )
     if dead:

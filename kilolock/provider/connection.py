@@ -147,13 +147,14 @@ _tls_failed: set[str] = set()
 
 
 def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT,
-            secrets: Redactor | None = None) -> PluginConnection:
+            secrets: Redactor | None = None, cwd: str | None = None) -> PluginConnection:
     """Launch ``binary`` and return a working connection (TLS unless disabled or impossible).
-    ``secrets`` are masked in whatever the plugin writes (None: it knows no secrets)."""
+    ``secrets`` are masked in whatever the plugin writes (None: it knows no secrets); ``cwd`` is
+    the plugin's working directory (None: kl's)."""
     secrets = Redactor() if secrets is None else secrets
     want_tls = (not tls_disabled_by_env() and binary not in _tls_failed) if tls is None else tls
     cert_pem = process_client_certificate().cert_pem if want_tls else None
-    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout, secrets))
+    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout, secrets, cwd))
     try:
         hs = process.handshake
         assert hs is not None
@@ -183,5 +184,5 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
             binary,
             detail,
         )
-        return connect(binary, name, tls=False, start_timeout=start_timeout, secrets=secrets)
+        return connect(binary, name, tls=False, start_timeout=start_timeout, secrets=secrets, cwd=cwd)
     raise PluginStartError(f"{binary} completed the handshake but does not answer gRPC ({process.exit_description()}): {detail}")

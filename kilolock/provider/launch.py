@@ -26,9 +26,12 @@ def launch_provider(
     start_timeout: float = DEFAULT_START_TIMEOUT,
     rpc_timeout: float | None = None,
     secrets: Redactor | None = None,
+    cwd: str | None = None,
 ) -> ProviderClient:
     """Launch, handshake, connect; ``tls=None`` follows KL_DISABLE_PLUGIN_TLS (AutoMTLS by default).
     ``rpc_timeout`` is the deadline of every call the client makes, in seconds (None: no deadline).
-    ``secrets``: the run's redactor, masking what the plugin logs and what errors quote of it."""
-    conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout, secrets=secrets)
+    ``secrets``: the run's redactor, masking what the plugin logs and what errors quote of it.
+    ``cwd``: the plugin's working directory (None: kl's), where relative paths in resources resolve."""
+    conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout,
+                   secrets=secrets, cwd=cwd)
     return GrpcProviderClient(conn, rpc_timeout=rpc_timeout)

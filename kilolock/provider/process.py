@@ -124,6 +124,8 @@ class LaunchSpec:
     # The launching run's secrets: masked in the plugin's log lines and in the stderr tail that
     # error messages quote. A plugin launched outside a refresh knows none.
     secrets: Redactor = field(default_factory=Redactor)
+    # The plugin's working directory (relative paths in resources resolve against it); None: kl's own.
+    cwd: str | None = None
 
 
 # hclog's JSON lines below WARN: a provider at TRACE writes dozens per call, and they would push
@@ -156,6 +158,9 @@ class PluginProcess:
 
     @classmethod
     def start(cls, spec: LaunchSpec) -> PluginProcess:
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+            # Popen would say FileNotFoundError, which reads as a missing binary.
+            raise PluginStartError(f"working directory {spec.cwd} does not exist on this host")
         socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
@@ -179,6 +184,7 @@ class PluginProcess:
             return subprocess.Popen(
                 [spec.binary],
                 env=env,
+                cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

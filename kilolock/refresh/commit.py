@@ -13,14 +13,17 @@ import psycopg
 import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
 from kilolock.store import db, locks, refresh_runs, versions
 from kilolock.store.db import first_line, reconnect
 
 
 def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
                    start: versions.VersionRow, actor: str, run_id: str | None,
-                   touched: set[tuple[str, str]]) -> tuple[str, int]:
+                   touched: set[tuple[str, str]], *, lock_timeout: float = 0.0, sleep: SleepFn | None = None,
+                   on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
+    A lock held by someone else is waited for up to ``lock_timeout`` seconds (lockwait).
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
@@ -32,7 +35,8 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str,
     landed: tuple[str, int] | None = None
     try:
         try:
-            locks.acquire(conn, sid, name, info, actor)
+            wait_for_lock(lambda: locks.acquire(conn, sid, name, info, actor), lock_timeout, sleep=sleep,
+                          on_wait=on_lock_wait)
         except locks.StateLocked as exc:
             raise KlError(f"{exc}; refresh not committed") from None
         try:

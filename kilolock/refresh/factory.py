@@ -51,8 +51,9 @@ def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config") -> An
 
 class ProductionFactory:
     def __init__(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
-                 rpc_timeout: float | None = None) -> None:
+                 rpc_timeout: float | None = None, workdir: str | None = None) -> None:
         self._conn = conn
+        self._workdir = workdir  # providers run here, and ./.terraform/providers is looked for here
         self._state_id = state_id
         self._search_paths = search_paths
         self._rpc_timeout = rpc_timeout
@@ -62,10 +63,10 @@ class ProductionFactory:
 
     def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
         stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
-        found = find_provider(source, stored.pinned_version if stored else None, self._search_paths)
+        found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
-        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets)
+        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
         try:
             schema, cached = self._schema(source, found.version, raw)
             config = resolve_env_refs(stored.config if stored else {}, secrets,

@@ -2,28 +2,9 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from kilolock.errors import UsageError
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from a duration as Terraform writes them (30s, 5m, 1h, 1m30s, 500ms), and days: 1d."""
-    s = text.strip()
-    pos, total = 0, 0.0
-    for m in _DURATION_PART.finditer(s):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        pos = m.end()
-    if not s or pos != len(s):
-        raise UsageError(f"invalid duration {text!r}: use forms like 30s, 5m, 1h, 1d or 1m30s")
-    if total <= 0:
-        raise UsageError(f"invalid duration {text!r}: must be greater than zero")
-    return total
 
 
 @dataclass(frozen=True)
@@ -39,6 +20,12 @@ class RefreshOptions:
     # take minutes, and Terraform itself sets no deadline.
     rpc_timeout: float = 600.0
     always_upgrade: bool = False
+    # Where providers run (an absolute path on this host); relative paths in resources resolve
+    # against it. None: nobody said where the Terraform configuration is, so providers run in kl's
+    # own directory and no deletion is committed (a relative path read from elsewhere looks gone).
+    workdir: str | None = None
+    # Seconds to wait for a lock someone else holds, at the start and at the commit (0: refuse at once).
+    lock_timeout: float = 0.0
     allow_mass_removal: bool = False
     # A provider group in which more than this share of instances comes back gone (and at least
     # mass_removal_min of them) is treated as a credentials problem, not as reality.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
@@ -28,6 +29,7 @@ from kilolock.errors import KlError
 from kilolock.redact import Redactor
 from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
 from kilolock.refresh.commit import commit_refresh, finish_audit
+from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
@@ -113,7 +115,8 @@ def group_instances(state: tfstate.State) -> dict[GroupKey, list[tfstate.Instanc
     return dict(sorted(groups.items()))
 
 
-def commit_decision(result: Result, options: RefreshOptions, mass_removal: str | None, cancelled: bool) -> tuple[bool, str | None]:
+def commit_decision(result: Result, options: RefreshOptions, mass_removal: str | None, cancelled: bool,
+                    unplaced_removal: str | None = None) -> tuple[bool, str | None]:
     """The commit policy, in one place. Returns (commit, why not)."""
     if cancelled:
         return False, "cancelled"
@@ -121,6 +124,8 @@ def commit_decision(result: Result, options: RefreshOptions, mass_removal: str |
         return False, f"{result.failed} resource(s) failed; nothing committed"
     if mass_removal and not options.allow_mass_removal:
         return False, mass_removal + "; nothing committed (use --allow-mass-removal if this is real)"
+    if unplaced_removal:
+        return False, unplaced_removal
     if options.dry_run:
         return False, None
     # Zero failures: commit, also when nothing changed (ADR 0006: the version records that refresh ran).
@@ -135,6 +140,26 @@ def _mass_removal(groups: dict[GroupKey, list[_Entry]], options: RefreshOptions)
             return (f"{gone} of {len(entries)} instances of {label} came back deleted, more than "
                     f"{options.mass_removal_share:.0%}: this looks like bad credentials or the wrong account")
     return None
+
+
+def _unplaced_removal(name: str, entries: list[_Entry], options: RefreshOptions) -> str | None:
+    """Deletions found with no workdir set: providers ran in kl's own directory, which nobody said
+    is the Terraform configuration's, and a relative path read from the wrong one looks gone (even
+    a single one, which the mass-removal guard lets through). Such a run commits nothing."""
+    if options.workdir is not None:
+        return None
+    gone = sorted(e.inst.address for e in entries if e.update is not None and e.update.removed)
+    if not gone:
+        return None
+    return (f"{len(gone)} instance(s) came back deleted (first: {gone[0]}) and state {name!r} has no workdir, so "
+            f"providers ran in {os.getcwd()}, where relative paths may not resolve; nothing committed: "
+            f"set one with `kl state set {name} --workdir DIR` (or give --workdir DIR for this run)")
+
+
+def _check_workdir(name: str, options: RefreshOptions) -> None:
+    if options.workdir is not None and not os.path.isdir(options.workdir):
+        raise KlError(f"workdir {options.workdir} of state {name!r} does not exist on this host; nothing was refreshed "
+                      f"(`kl state set {name} --workdir DIR` changes it, --workdir DIR overrides it for one run)")
 
 
 def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
@@ -308,8 +333,10 @@ def run(
     progress: ProgressFn | None = None,
     cancel: Cancellation | None = None,
     secrets: Redactor | None = None,
+    on_lock_wait: LockWaitFn | None = None,
 ) -> Result:
-    """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given)."""
+    """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given);
+    ``on_lock_wait`` hears about every retry while waiting for someone else's lock."""
     started = time.monotonic()
     cancel = cancel or Cancellation()
     secrets = Redactor() if secrets is None else secrets
@@ -334,9 +361,10 @@ def run(
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
-        holder = locks.current(conn, sid)
-        if holder is not None:
-            raise locks.StateLocked(name, holder)
+        _check_workdir(name, options)  # before any provider starts
+        if not options.dry_run:  # a dry run writes no version, so it needs no lock
+            wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
+                          on_wait=on_lock_wait)
 
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
@@ -370,7 +398,8 @@ def run(
         result.drift = [_drift_of(e) for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
                         if e.update is not None and e.update.changed]
 
-        commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled)
+        commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled,
+                                          _unplaced_removal(name, entries, options))
         if cancel.cancelled:
             result.status, result.error = "cancelled", cancel.reason
         elif why_not:
@@ -383,10 +412,13 @@ def run(
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved}
             to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
-                                                             result.run_id, touched)
+                                                             result.run_id, touched, lock_timeout=options.lock_timeout,
+                                                             sleep=cancel.wait, on_lock_wait=on_lock_wait)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
+    except LockWaitCancelled:
+        result.status, result.error = "cancelled", cancel.reason
     except KlError as exc:
         result.status, result.error = "failed", secrets.redact(str(exc))
     except psycopg.OperationalError as exc:
@@ -400,6 +432,12 @@ def run(
         result.duration_s = round(time.monotonic() - started, 3)
         _finish(conn, result, to_version_id)
     return result
+
+
+def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str) -> None:
+    holder = locks.current(conn, sid)
+    if holder is not None:
+        raise locks.StateLocked(name, holder, "--lock-timeout DURATION waits for it; --dry-run does not need it")
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:

@@ -23,6 +23,7 @@ class StateLocked(KlError):
         since = holder.get("Created") or "?"
         message = f"state {name!r} is locked by {who} ({op}, lock {holder.get('ID')}, since {since})"
         super().__init__(f"{message}; {hint}" if hint else message)
+        self.name = name
         self.holder = holder
 
 
@@ -92,5 +93,23 @@ def force_release(conn: psycopg.Connection, state_id: str, actor: str | None, *,
         row = conn.cursor(row_factory=dict_row).execute(_DELETE_ANY_LOCK, (state_id, only_info, only_info)).fetchone()
         if row is None:
             return None
+        conn.execute(_EVENT, (state_id, "force_unlock", row["lock_id"], row["who"], actor, json.dumps(row["info"])))
+    return dict(row["info"])
+
+
+_DELETE_BY_ID = "DELETE FROM state_locks WHERE state_id = %s AND lock_id = %s RETURNING lock_id, who, info"
+
+
+def unlock_by_id(conn: psycopg.Connection, state_id: str, name: str, lock_id: str, actor: str | None) -> dict[str, Any] | None:
+    """``kl state unlock``: release the lock only if its ID is LOCK_ID (the ID is the confirmation,
+    as in ``terraform force-unlock``), recorded as a force_unlock event. The released LockInfo;
+    None when the state is not locked; StateLocked when another lock holds it."""
+    with conn.transaction():
+        row = conn.cursor(row_factory=dict_row).execute(_DELETE_BY_ID, (state_id, lock_id)).fetchone()
+        if row is None:
+            holder = current(conn, state_id)
+            if holder is None:
+                return None
+            raise StateLocked(name, holder, f"its lock ID is not {lock_id}; nothing unlocked")
         conn.execute(_EVENT, (state_id, "force_unlock", row["lock_id"], row["who"], actor, json.dumps(row["info"])))
     return dict(row["info"])

@@ -24,7 +24,8 @@ SELECT v.serial, v.lineage, v.terraform_version,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'managed') AS managed,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'data') AS data,
        (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = %(sid)s) AS open_drift,
-       (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s) AS locked_by
+       (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s) AS locked_by,
+       (SELECT info FROM state_locks l WHERE l.state_id = %(sid)s) AS lock
 FROM (SELECT 1) one
 LEFT JOIN LATERAL ({current}) v ON true
 """).format(current=current_version_of(sql.Placeholder("sid")))

@@ -75,7 +75,7 @@ def test_every_option_has_a_help_line_and_every_command_an_example(path):
 
 
 def test_durations_accept_days():
-    from kilolock.refresh.options import parse_duration
+    from kilolock.durations import parse_duration
 
     assert parse_duration("1d") == 86400 and parse_duration("1d12h") == 86400 * 1.5
 

@@ -162,6 +162,9 @@ class Chaos:
         (self.tf_dir / "main.tf").write_text(MAIN_TF)
         self.terraform("init")
         self.reapply()
+        # Where each state's providers run: deletions (fake_gone, an edited local_file) commit only then.
+        self.kl("state", "set", "fake", "--workdir", str(self.work))
+        self.kl("state", "set", "real", "--workdir", str(self.tf_dir))
 
     def terraform(self, *args: str) -> None:
         r = subprocess.run([str(TERRAFORM), *args, "-input=false", "-no-color"], cwd=self.tf_dir,

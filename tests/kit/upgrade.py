@@ -178,7 +178,8 @@ def _precise_state(serial: int) -> bytes:
 
 def populate(conn: psycopg.Connection) -> None:
     """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
-    drift), refresh runs in each end state, held and released locks, provider configs and schemas."""
+    drift), refresh runs in each end state, held and released locks, provider configs and schemas,
+    per-state refresh settings."""
     import kilolock
     from kilolock import schema as sch
     from kilolock import tfstate
@@ -188,6 +189,7 @@ def populate(conn: psycopg.Connection) -> None:
         provider_configs,
         provider_schemas,
         refresh_runs,
+        settings,
         versions,
     )
 
@@ -248,6 +250,12 @@ def populate(conn: psycopg.Connection) -> None:
     provider_configs.upsert(conn, prod_id, "registry.terraform.io/hashicorp/null", "",
                             config={"token": {"env": "NULL_TOKEN"}}, pinned_version="3.2.1")
     provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "west", pinned_version="2.1.2")
+    # Refresh settings (0008): one state with all of them, one with a setting set and then unset.
+    settings.update(conn, prod_id, settings.Changes({"workdir": "/srv/terraform/prod", "provider_search_paths": ("/opt/kl/providers", "/usr/share/terraform/plugins"),
+                                                     "provider_parallelism": 4, "actor": "cron@ops"}), "fixture@cli")
+    precise_id = versions.state_id(conn, "precise")
+    settings.update(conn, precise_id, settings.Changes({"actor": "ci@ops", "workdir": "/tmp/precise"}), "fixture@cli")
+    settings.update(conn, precise_id, settings.Changes(unset=("workdir",)), "fixture@cli")
     provider_schemas.put(conn, "registry.terraform.io/hashicorp/null", "2.1.2", sch.provider_schema_from_json({
         "protocol_version": 5,
         "provider": {"version": 0, "block": {}},

@@ -85,7 +85,8 @@ def test_refresh_against_real_providers_finds_an_out_of_band_deletion(run_pyz, d
     assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 4, 0, 0)
 
     (ws / "out" / "two.txt").unlink()
-    r = run_pyz("refresh", "prod", *search, cwd=ws)
+    assert run_pyz("state", "set", "prod", "--workdir", str(ws)).returncode == 0  # deletions commit only with a workdir
+    r = run_pyz("refresh", "prod", *search, cwd=tmp_path)  # and then from any directory
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["changed_addresses"] == ['local_file.f["two"]'] and out["resources_changed"] == 1

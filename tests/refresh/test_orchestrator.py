@@ -10,12 +10,14 @@ import pytest
 
 from kilolock import schema as sch
 from kilolock import tfstate
+from kilolock.durations import parse_duration
 from kilolock.errors import KlError
 from kilolock.redact import MASK, Redactor
 from kilolock.refresh import orchestrator
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
-from kilolock.refresh.options import RefreshOptions, parse_duration
+from kilolock.refresh.options import RefreshOptions
 from kilolock.store import locks, versions
+from kit.paths import REPO
 
 NULL = "registry.terraform.io/hashicorp/null"
 
@@ -128,6 +130,8 @@ def attrs(n, **extra):
 
 
 def run(conn, factory, **opts):
+    # A run that says where its providers run; runs without a workdir have tests of their own.
+    opts.setdefault("workdir", str(REPO))
     return orchestrator.run(conn, "prod", factory, RefreshOptions(actor="tester", **opts))
 
 
@@ -369,7 +373,7 @@ def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):
     ]
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("5m", 300), ("1h", 3600), ("1m30s", 90), ("500ms", 0.5)])
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("5m", 300), ("1h", 3600), ("1m30s", 90), ("500ms", 0.5), ("1d", 86400), ("1d12h", 129600)])
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -424,3 +428,148 @@ def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_sta
     assert b"1 stale run(s) marked failed" in r.stderr
     refresh_runs.finish(alive, live_run, status="succeeded", checked=0, changed=0, failed=0, error_summary=None, to_version_id=None)
     alive.close()
+
+
+# --- where providers run, and waiting for locks (issue 12) -----------------------------------------
+
+
+def test_a_deletion_found_without_a_workdir_is_not_committed_even_one_alone(conn, make_state):
+    # One instance gone is below the mass-removal guard; without a workdir it may be a relative path
+    # read from the wrong directory, so nothing is committed and the message names the fix.
+    seed(conn, make_state, attrs(3))
+    res = run(conn, FakeFactory(world={"id2": None}), workdir=None)
+    assert res.status == "failed" and res.to_serial is None and res.changed_addresses == ["null_resource.r2"]
+    assert "1 instance(s) came back deleted (first: null_resource.r2) and state 'prod' has no workdir" in res.error
+    assert "`kl state set prod --workdir DIR`" in res.error and "\n" not in res.error
+    assert current(conn)[0] == 1 and run_row(conn, res.run_id)[0] == "failed"
+    # A change that deletes nothing commits as before, workdir or not.
+    res = run(conn, FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "v"}}}), workdir=None)
+    assert res.status == "succeeded" and res.to_serial == 2
+    # With a workdir the same deletion is reality.
+    res = run(conn, FakeFactory(world={"id2": None}))
+    assert res.status == "succeeded" and res.to_serial == 3
+
+
+def test_a_workdir_missing_on_this_host_fails_before_any_provider_starts(conn, make_state, tmp_path):
+    seed(conn, make_state, attrs(2))
+    f = FakeFactory()
+    res = run(conn, f, workdir=str(tmp_path / "elsewhere"))
+    assert res.status == "failed" and f.opened == [] and f.calls == []
+    assert res.error.startswith(f"workdir {tmp_path / 'elsewhere'} of state 'prod' does not exist on this host; nothing was refreshed")
+    assert run_row(conn, res.run_id)[0] == "failed" and current(conn)[0] == 1
+
+
+def hold_lock(conn, who="alice@laptop"):
+    sid = versions.state_id(conn, "prod")
+    info = locks.lock_info("OperationTypeApply", who, "1.0.3")
+    locks.acquire(conn, sid, "prod", info, "alice")
+    return sid, info
+
+
+def test_a_dry_run_reads_a_locked_state_and_writes_nothing(conn, make_state):
+    seed(conn, make_state, attrs(2))
+    sid, info = hold_lock(conn)
+    f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "v"}}})
+    res = run(conn, f, dry_run=True)
+    assert res.status == "succeeded" and res.to_serial is None and res.changed_addresses == ["null_resource.r1"]
+    assert len(f.reads()) == 2 and current(conn)[0] == 1
+    assert locks.current(conn, sid) == info  # still held, untouched
+
+
+def test_lock_timeout_waits_for_the_holder_at_the_start(conn, db_url, make_state):
+    import psycopg
+
+    seed(conn, make_state, attrs(2))
+    sid, info = hold_lock(conn)
+    conn.commit()
+    waits = []
+
+    def release_later():
+        time.sleep(0.6)
+        with psycopg.connect(db_url, autocommit=True) as other:
+            locks.release(other, sid, info["ID"], "alice")
+
+    t = threading.Thread(target=release_later)
+    t.start()
+    try:
+        res = orchestrator.run(conn, "prod", FakeFactory(), RefreshOptions(actor="tester", workdir=str(REPO), lock_timeout=10),
+                               on_lock_wait=lambda holder, waited, timeout: waits.append((holder["ID"], waited, timeout)))
+    finally:
+        t.join()
+    assert res.status == "succeeded" and res.to_serial == 2, res.error
+    assert waits and {w[0] for w in waits} == {info["ID"]} and all(w[2] == 10 for w in waits)
+    assert waits[-1][1] >= 0.3  # it really waited, with more than one retry
+
+
+def test_lock_timeout_gives_up_saying_how_long_it_waited(conn, make_state):
+    seed(conn, make_state, attrs(2))
+    hold_lock(conn)
+    started = time.monotonic()
+    f = FakeFactory()
+    res = run(conn, f, lock_timeout=0.5)
+    assert 0.5 <= time.monotonic() - started < 5
+    assert res.status == "failed" and "locked by alice@laptop" in res.error and res.error.endswith("waited 0.5s (--lock-timeout)")
+    assert f.calls == [] and current(conn)[0] == 1
+    # Without --lock-timeout the refusal says what would help.
+    res = run(conn, FakeFactory())
+    assert "--lock-timeout DURATION waits for it; --dry-run does not need it" in res.error
+
+
+def test_lock_timeout_waits_for_a_lock_taken_during_the_reads_then_commits(conn, db_url, make_state):
+    import psycopg
+
+    seed(conn, make_state, attrs(2))
+    conn.commit()
+    sid = versions.state_id(conn, "prod")
+    taken: list[dict] = []
+    releaser: list[threading.Thread] = []
+
+    def lock_meanwhile(ident):
+        if ident == "id1" and not taken:
+            with psycopg.connect(db_url, autocommit=True) as other:
+                info = locks.lock_info("OperationTypeApply", "bob@ci", "1.0.3")
+                locks.acquire(other, sid, "prod", info, "bob")
+            taken.append(info)
+
+            def release_later():
+                time.sleep(0.6)
+                with psycopg.connect(db_url, autocommit=True) as other:
+                    locks.release(other, sid, info["ID"], "bob")
+
+            releaser.append(threading.Thread(target=release_later))
+            releaser[0].start()
+
+    f = FakeFactory()
+    f.on_read = lock_meanwhile
+    waits = []
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO), lock_timeout=10, provider_parallelism=1),
+                           on_lock_wait=lambda holder, waited, timeout: waits.append(holder["Who"]))
+    releaser[0].join()
+    assert res.status == "succeeded" and res.to_serial == 2, res.error
+    assert waits and set(waits) == {"bob@ci"}
+    assert conn.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+
+
+def test_cancelling_while_waiting_for_a_lock_ends_the_run_cancelled(conn, make_state):
+    seed(conn, make_state, attrs(2))
+    hold_lock(conn)
+    cancel = orchestrator.Cancellation()
+    threading.Timer(0.3, cancel.cancel, args=("interrupted (SIGINT)",)).start()
+    started = time.monotonic()
+    res = orchestrator.run(conn, "prod", FakeFactory(), RefreshOptions(actor="tester", workdir=str(REPO), lock_timeout=60),
+                           cancel=cancel)
+    assert time.monotonic() - started < 5
+    assert (res.status, res.error) == ("cancelled", "interrupted (SIGINT)")
+    assert run_row(conn, res.run_id)[0] == "cancelled"
+
+
+def test_unlock_by_id_releases_only_the_named_lock(conn, make_state):
+    seed(conn, make_state, attrs(1))
+    sid, info = hold_lock(conn)
+    with pytest.raises(locks.StateLocked, match="its lock ID is not wrong-id; nothing unlocked"):
+        locks.unlock_by_id(conn, sid, "prod", "wrong-id", "ops")
+    assert locks.current(conn, sid) == info
+    assert locks.unlock_by_id(conn, sid, "prod", info["ID"], "ops") == info
+    assert locks.current(conn, sid) is None and locks.unlock_by_id(conn, sid, "prod", info["ID"], "ops") is None
+    ev = conn.execute("SELECT event, lock_id, who, actor FROM lock_events ORDER BY created_at DESC LIMIT 1").fetchone()
+    assert ev == ("force_unlock", info["ID"], "alice@laptop", "ops")

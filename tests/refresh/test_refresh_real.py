@@ -92,7 +92,7 @@ def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, works
 def test_out_of_band_deletion_removes_the_instance_and_kl_drift_lists_it(run_kl, db_url, workspace):
     import_state(run_kl, workspace)
     (workspace / "out" / "two.txt").unlink()
-    r, out = kl_refresh(run_kl, workspace)
+    r, out = kl_refresh(run_kl, workspace, "--workdir", ".")  # a deletion is committed only with a workdir said
     assert r.returncode == 0, r.stderr
     assert out["changed_addresses"] == ['local_file.f["two"]'] and out["resources_changed"] == 1
     keys = [i["index_key"] for res in pulled(run_kl)["resources"] if res["type"] == "local_file" for i in res["instances"]]
@@ -160,7 +160,7 @@ def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url
 def test_dry_run_and_table_output(run_kl, db_url, workspace):
     serial = import_state(run_kl, workspace)
     (workspace / "out" / "one.txt").write_text("edited out of band")
-    r = run_kl("refresh", "prod", *SEARCH, "--dry-run", cwd=workspace)
+    r = run_kl("refresh", "prod", *SEARCH, "--dry-run", "--workdir", ".", cwd=workspace)  # an edited local_file reads as gone
     text = r.stdout.decode()
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(":", 1) for line in text.splitlines() if ":" in line and not line.startswith(" "))

@@ -111,6 +111,7 @@ def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
     cache = make(FAKE_SLOW_SECONDS="2")
     # fake_gone changes the state, so the commit has lifecycle rows to close.
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_gone"])).returncode == 0
+    assert run_kl("state", "set", "prod", "--workdir", str(cache)).returncode == 0  # a deletion commits only with one
     before = serials(db_url)
     proc = _start_refresh(cache)
     wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")

@@ -180,6 +180,7 @@ def test_one_log_line_per_request_by_default_never_a_credential(db_url, make_sta
         assert client.request("GET", "/states/a%0Aforged").status in (400, 404)
         proc.terminate()
         proc.wait(timeout=30)
+        assert proc.stderr is not None
         lines = [line for line in proc.stderr.read().splitlines() if line.startswith("kl serve: ")]
     finally:
         if proc.poll() is None:
@@ -203,6 +204,7 @@ def test_quiet_serve_logs_no_requests(db_url):
         assert Client(f"http://127.0.0.1:{port}").request("GET", "/healthz").status == 200
         proc.terminate()
         proc.wait(timeout=30)
+        assert proc.stderr is not None
         assert "GET" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
