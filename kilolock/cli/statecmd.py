@@ -116,7 +116,7 @@ SETTINGS = ("workdir", "provider-search-path", "provider-parallelism", "actor")
 
 
 def add_set_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     parser.add_argument("--workdir", type=cli_args.utf8_text, metavar="DIR",
                         help="where kl refresh runs providers (the Terraform configuration's directory on the "
                              "refreshing host; a relative DIR is made absolute here)")
@@ -160,7 +160,7 @@ def run_set(args: argparse.Namespace) -> int:
 
 
 def add_show_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     cli_args.add_format(parser)
 
 
@@ -193,7 +193,7 @@ def _show_settings(name: str, stored: Any) -> None:
 
 
 def add_unlock_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name)
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
     parser.add_argument("--lock-id", required=True, type=cli_args.utf8_text, metavar="ID",
                         help="the ID of the lock to release, as kl status shows it (the confirmation)")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who unlocks it (default: $USER@cli)")

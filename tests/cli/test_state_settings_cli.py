@@ -11,9 +11,11 @@ from kit.pg import one_row
 
 
 def err_line(r) -> str:
-    text = r.stderr.decode()
-    assert text.count("\n") == 1 and "Traceback" not in text, text
-    return text.strip()
+    """The one `kl:` line (a usage error adds the command's usage line after it)."""
+    lines = r.stderr.decode().splitlines()
+    assert lines and "Traceback" not in r.stderr.decode(), lines
+    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("usage: kl ")), lines
+    return lines[0].strip()
 
 
 def test_set_show_and_unset_settings(db_url, run_kl, make_state, tmp_path):
