@@ -60,7 +60,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd"),
     Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",
             "kilolock.cli.refreshcmd"),
-    Command("drift", "what refresh found changed or deleted, until the next apply", "kilolock.cli.driftcmd"),
+    Command("drift", "what refresh found changed or deleted, since when; --all: resolved drift too", "kilolock.cli.driftcmd"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd"),
     Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd"),
     _group("provider", "provider configuration and version pins", "kilolock.cli.providercmd", (

@@ -146,3 +146,32 @@ def test_deleting_the_state_deletes_its_records(conn):
     with conn.transaction():
         versions.delete_state(conn, versions.state_id(conn, "prod"))
     assert records(conn) == []
+
+
+def test_kl_drift_table_all_and_status_agree(conn, run_kl):
+    write(conn, state(1, {"a": A, "b": B}), "apply")
+    write(conn, state(2, {"a": {**A, "id": "x"}}, marks={"a": MARK}), "refresh")  # a changed, b deleted
+    write(conn, state(3, {"a": A}), "refresh")  # a read back
+    text = run_kl("drift", "prod").stdout.decode()
+    assert text.startswith("null_resource.b: deleted at v2 (first detected v2, ") and ", open " in text
+    assert "null_resource.a" not in text and "the object no longer exists" in text
+    text = run_kl("drift", "prod", "--all").stdout.decode()
+    assert "null_resource.a: changed at v2 (first detected v2, " in text and "resolved at v3 by refresh" in text
+    assert "  .id: \"a\" → \"x\"" in text and "  .secret: (sensitive) → (sensitive)" not in text  # secret did not change
+    listed = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
+    status = json.loads(run_kl("status", "prod", "--format", "json").stdout)
+    assert status["open_drift"] == listed["total"] == len(listed["drift"]) == 1
+    r = run_kl("drift", "nope", "--all")
+    assert r.returncode == 1 and r.stderr.decode().startswith("kl: no state named 'nope'") and r.stderr.count(b"\n") == 1
+
+
+def test_the_api_serves_the_same_document(conn):
+    from kilolock.server import api
+
+    write(conn, state(1, {"a": A}), "apply")
+    write(conn, state(2, {"a": {**A, "secret": "changed"}}, marks={"a": MARK}), "refresh")
+    body = json.loads(api.drift_report(conn, "prod").body)
+    [e] = body["drift"]
+    assert (body["total"], body["open"], e["kind"], e["first_detected"]["serial"], e["changed_attributes"]) == (1, 1, "changed", 2, ["secret"])
+    assert e["changes"] == [{"path": ".secret", "before": "(sensitive)", "after": "(sensitive)"}]
+    assert api.drift_report(conn, "nope").status == 404
