@@ -92,21 +92,26 @@ WHERE NOT EXISTS (SELECT 1 FROM resources now_open
 
 -- 1. The new lifecycle identity for existing rows. Only `identity` is not a column: it is read
 --    from the row's opening version (every hashed field was equal there, under the old hash too).
-WITH identities AS (
-    SELECT r.id, inst.obj -> 'identity' AS identity
-    FROM resources r
-    JOIN state_versions v ON v.id = r.opened_by_version_id,
+--    Two set-based passes, each linear: every row without an identity, then the rows whose object
+--    has one, found by a hash join on (opening version, mode, type, name, module, key, deposed).
+UPDATE resources r
+SET content_hash = encode(sha256(convert_to(jsonb_build_array(to_jsonb(r.status), r.attributes, NULL::jsonb)::text, 'UTF8')), 'hex');
+
+WITH identities AS MATERIALIZED (
+    SELECT v.id AS version_id, res.doc ->> 'mode' AS mode, res.doc ->> 'type' AS type, res.doc ->> 'name' AS name,
+           COALESCE(res.doc ->> 'module', '') AS module, COALESCE(inst.obj -> 'index_key', 'null'::jsonb) AS index_key,
+           COALESCE(inst.obj ->> 'deposed', '') AS deposed, inst.obj -> 'identity' AS identity
+    FROM state_versions v,
          jsonb_array_elements(v.raw_state -> 'resources') AS res(doc),
          jsonb_array_elements(res.doc -> 'instances') AS inst(obj)
-    WHERE res.doc ->> 'mode' = r.mode AND res.doc ->> 'type' = r.type AND res.doc ->> 'name' = r.name
-      AND COALESCE(res.doc ->> 'module', '') = r.module
-      AND (inst.obj -> 'index_key') IS NOT DISTINCT FROM r.index_key
-      AND COALESCE(inst.obj ->> 'deposed', '') = r.deposed
-      AND inst.obj ? 'identity'
+    WHERE NOT v.encrypted AND inst.obj ? 'identity'
+      AND EXISTS (SELECT 1 FROM resources x WHERE x.opened_by_version_id = v.id)
 )
 UPDATE resources r
-SET content_hash = encode(sha256(convert_to(jsonb_build_array(
-        to_jsonb(r.status), r.attributes, (SELECT i.identity FROM identities i WHERE i.id = r.id))::text, 'UTF8')), 'hex');
+SET content_hash = encode(sha256(convert_to(jsonb_build_array(to_jsonb(r.status), r.attributes, i.identity)::text, 'UTF8')), 'hex')
+FROM identities i
+WHERE i.version_id = r.opened_by_version_id AND i.mode = r.mode AND i.type = r.type AND i.name = r.name
+  AND i.module = r.module AND i.index_key = COALESCE(r.index_key, 'null'::jsonb) AND i.deposed = r.deposed;
 
 -- 4. The views.
 DROP VIEW current_resource_drift;
