@@ -55,7 +55,8 @@ class WriteResult:
     created: bool  # False: an idempotent retry of the current version, nothing written
     opened: int = 0
     closed: int = 0
-    unchanged: int = 0
+    unchanged: int = 0  # lifecycles kept, including those whose metadata alone was updated
+    metadata_updated: int = 0  # open rows whose marks, provider address or schema version changed in place
 
 
 def content_hash(raw: bytes) -> str:
@@ -343,13 +344,15 @@ def write_version(
         if state is None:
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
             return WriteResult(state_id=sid, version=version, created=True)
-        opened, closed, unchanged = _index_lifecycles(conn, sid, version, state, touched)
+        opened, closed, relabelled = _index_lifecycles(conn, sid, version, state, touched)
         drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
-    return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed, unchanged=unchanged)
+    return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
+                       unchanged=len(state.instances) - opened, metadata_updated=relabelled)
 
 
 def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
                       touched: set[tuple[str, str]] | None) -> tuple[int, int, int]:
+    """Index the version's objects; returns (opened, closed, metadata updated in place)."""
     cur = conn.cursor()
     cur.execute(_DESCRIPTORS_TABLE)
     cur.execute(_SCOPE_TABLE)
@@ -376,7 +379,7 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     cur.execute("ANALYZE kl_incoming")
     params = {"sid": sid, "vid": version.id, "serial": version.serial, "scoped": touched is not None}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
-    cur.execute(_UPDATE_METADATA, params)
+    relabelled = cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
     cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")
-    return opened, closed, len(state.instances) - opened
+    return opened, closed, relabelled

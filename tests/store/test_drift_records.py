@@ -51,7 +51,7 @@ A, B = {"id": "a", "secret": "s", "triggers": {"k": "1"}}, {"id": "b", "secret":
 def test_new_sensitivity_marks_alone_keep_the_lifecycle_and_are_no_drift(conn):
     write(conn, state(1, {"a": A, "b": B}), "import")
     res = write(conn, state(2, {"a": A, "b": B}, marks={"a": MARK, "b": MARK}), "refresh")
-    assert (res.opened, res.closed) == (0, 0)
+    assert (res.opened, res.closed, res.unchanged, res.metadata_updated) == (0, 0, 2, 2)
     assert lifecycles(conn) == [("null_resource.a", 1, None), ("null_resource.b", 1, None)]
     # the open row follows the metadata, in place; the version keeps it exactly
     assert [r[0] for r in conn.execute("SELECT sensitive_attributes FROM resources")] == [MARK, MARK]
