@@ -175,3 +175,23 @@ def test_the_api_serves_the_same_document(conn):
     assert (body["total"], body["open"], e["kind"], e["first_detected"]["serial"], e["changed_attributes"]) == (1, 1, "changed", 2, ["secret"])
     assert e["changes"] == [{"path": ".secret", "before": "(sensitive)", "after": "(sensitive)"}]
     assert api.drift_report(conn, "nope").status == 404
+
+
+def test_scoped_refresh_commits_keep_the_same_drift_records_as_a_full_reindex(conn, db_url):
+    # The refresh commit indexes only the objects it touched; a replay of every version through the
+    # full index must give the same lifecycles and the same drift records.
+    from kit.invariants import reindex_mismatches
+
+    write(conn, state(1, {"a": A, "b": B, "c": {"id": "c"}}), "apply")
+    steps = [({"a": {**A, "id": "x"}, "b": B, "c": {"id": "c"}}, {"a": MARK}, {("null_resource.a", "")}),
+             ({"a": {**A, "id": "y"}, "c": {"id": "c"}}, {"a": MARK, "c": MARK}, {("null_resource.a", ""), ("null_resource.b", ""), ("null_resource.c", "")}),
+             ({"a": A, "c": {"id": "c"}}, {"a": MARK, "c": MARK}, {("null_resource.a", "")})]
+    for serial, (objects, marks, touched) in enumerate(steps, start=2):
+        raw = state(serial, objects, marks=marks)
+        versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="t",
+                               expect_serial=serial - 1, expect_lineage="l", touched=touched)
+    assert records(conn) == [("null_resource.a", "changed", 2, 3, 4, "refresh", ["id"]),
+                             ("null_resource.b", "deleted", 3, 3, None, None, None)]
+    assert reindex_mismatches(db_url, "prod") == []
+    conn.execute("UPDATE drift_records SET first_detected_serial = 3 WHERE address = 'null_resource.a'")
+    assert any("drift records differ" in p for p in reindex_mismatches(db_url, "prod"))
