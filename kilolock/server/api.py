@@ -30,15 +30,16 @@ def versions(conn: psycopg.Connection, name: str) -> Response:
     return json_body(200, {"version": 1, "state": name, "versions": rows})
 
 
-def drift_report(conn: psycopg.Connection, name: str) -> Response:
-    """The open drift, the same document as `kl drift --format json`, sensitive values masked."""
+def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = False) -> Response:
+    """The drift document of `kl drift --format json [--all]`, sensitive values masked."""
     try:
-        with conn.transaction():  # one snapshot: the rows and the count agree
-            rows = drift_store.list_drift(conn, name)
+        with conn.transaction():  # one snapshot: the rows and the counts agree
+            rows = drift_store.list_drift(conn, name, include_resolved=include_resolved)
             open_count = drift_store.count_drift(conn, name)
+            total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
     except StateNotFound as exc:
         return text(404, str(exc))
-    return json_body(200, drift.document(name, rows, total=open_count, open_count=open_count, include_resolved=False))
+    return json_body(200, drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved))
 
 
 def health(conn: psycopg.Connection) -> Response:

@@ -175,6 +175,10 @@ def test_the_api_serves_the_same_document(conn):
     assert (body["total"], body["open"], e["kind"], e["first_detected"]["serial"], e["changed_attributes"]) == (1, 1, "changed", 2, ["secret"])
     assert e["changes"] == [{"path": ".secret", "before": "(sensitive)", "after": "(sensitive)"}]
     assert api.drift_report(conn, "nope").status == 404
+    write(conn, state(3, {"a": A}, marks={"a": MARK}), "apply")
+    assert json.loads(api.drift_report(conn, "prod").body)["drift"] == []
+    body = json.loads(api.drift_report(conn, "prod", include_resolved=True).body)
+    assert (body["total"], body["open"], body["drift"][0]["resolved"]["how"]) == (1, 0, "apply")
 
 
 def test_scoped_refresh_commits_keep_the_same_drift_records_as_a_full_reindex(conn, db_url):
