@@ -14,12 +14,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kilolock.drift import duration
     from kilolock.store import db, summary
 
     with db.open_store() as conn:
         s = summary.state_status(conn, args.name)
+    oldest = s.pop("open_drift_oldest_for")
     if args.format == "json":
-        render.emit_json({"version": 1, **s})
+        render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds())})
         return 0
     last: Any = "never"
     if s["last_refresh"]:
@@ -36,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
             ("managed", s["managed"]),
             ("data", s["data"]),
             ("last refresh", last),
-            ("open drift", s["open_drift"]),
+            ("open drift", s["open_drift"] if oldest is None else
+             f"{s['open_drift']} (oldest first detected v{s['open_drift_first_serial']}, open {duration(oldest.total_seconds())})"),
             ("locked", s["locked_by"] or "no"),
         ]
     )

@@ -161,6 +161,8 @@ def test_kl_drift_table_all_and_status_agree(conn, run_kl):
     listed = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
     status = json.loads(run_kl("status", "prod", "--format", "json").stdout)
     assert status["open_drift"] == listed["total"] == len(listed["drift"]) == 1
+    assert status["open_drift_first_serial"] == 2 and status["open_drift_oldest_s"] >= 0
+    assert "open drift:   1 (oldest first detected v2, open " in run_kl("status", "prod").stdout.decode()
     r = run_kl("drift", "nope", "--all")
     assert r.returncode == 1 and r.stderr.decode().startswith("kl: no state named 'nope'") and r.stderr.count(b"\n") == 1
 
