@@ -1,9 +1,12 @@
 """What changed inside one resource instance, for people: attribute paths with before/after,
-sensitive values masked."""
+sensitive values masked; and the drift document (`kl drift --format json`, the drift API) built
+from drift record rows."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from kilolock import schema as sch
@@ -53,3 +56,43 @@ def show(v: Any) -> str:
     if v == MASK:
         return MASK
     return json.dumps(v, ensure_ascii=False, sort_keys=True)
+
+
+def duration(seconds: float) -> str:
+    """A duration for people, two units at most: 3d 4h, 2h 5m, 7m 3s, 12s."""
+    s = max(0, int(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    parts = [f"{n}{u}" for n, u in ((d, "d"), (h, "h"), (m, "m"), (s, "s")) if n]
+    return " ".join(parts[:2]) or "0s"
+
+
+def entry(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One drift record row (store.drift.list_drift) as the document's entry. A deleted object's
+    every attribute "→ null" says nothing more than "deleted", so its changes are empty."""
+    changed = [] if r["drift_kind"] == "deleted" else changes(
+        r["previous_attributes"], r["current_attributes"], r["previous_sensitive_attributes"], r["current_sensitive_attributes"])
+    open_for: timedelta = r["open_for"]
+    resolved = None if r["resolved_serial"] is None else {
+        "serial": r["resolved_serial"], "at": r["resolved_at"], "how": r["resolved_how"]}
+    return {
+        "address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
+        "status": "open" if resolved is None else "resolved",
+        "detected_serial": r["detected_serial"], "detected_at": r["detected_at"],
+        "first_detected": {"serial": r["first_detected_serial"], "at": r["first_detected_at"]},
+        "last_confirmed_serial": r["last_confirmed_serial"],
+        "open_for_s": int(open_for.total_seconds()),
+        "resolved": resolved,
+        "refresh_run_id": str(r["refresh_run_id"]) if r["refresh_run_id"] else None,
+        "changed_attributes": r["changed_attributes"],
+        "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changed],
+    }
+
+
+def document(state: str, rows: Iterable[Mapping[str, Any]], *, total: int, open_count: int, include_resolved: bool) -> dict[str, Any]:
+    """The drift document: ``total`` entries match the selection (open ones, or all with
+    ``include_resolved``), ``rows`` may be fewer (a limit); ``open`` is the open count, exactly
+    what ``kl status`` says."""
+    return {"version": 1, "state": state, "all": include_resolved, "total": total, "open": open_count,
+            "drift": [entry(r) for r in rows]}

@@ -67,7 +67,7 @@ COMMANDS: tuple[Command, ...] = (
             example="kl status prod"),
     Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",
             "kilolock.cli.refreshcmd", example="kl refresh prod --dry-run"),
-    Command("drift", "what refresh found changed or deleted, until the next apply", "kilolock.cli.driftcmd",
+    Command("drift", "what refresh found changed or deleted, since when; --all: resolved drift too", "kilolock.cli.driftcmd",
             example="kl drift prod"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
     Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd",

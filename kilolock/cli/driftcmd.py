@@ -1,7 +1,8 @@
-"""``kl drift``: the current_resource_drift view, for people and tools.
+"""``kl drift``: the drift records (open ones, or all with --all), for people and tools.
 
-Gathering (``drift_document``) and rendering (``render_table``, ``render_markdown``) are apart: the
-renderers take the JSON document, so a field the document gains reaches every format."""
+Gathering (``drift_document``, built by ``kilolock.drift.document``) and rendering
+(``render_table``, ``render_markdown``) are apart: the renderers take the JSON document, so a field
+the document gains reaches every format."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from kilolock.cli import exitcodes, render
 
 EXAMPLE = """examples:
   kl drift prod
+  kl drift prod --all                                    # resolved drift too: when and how it ended
   kl drift --states 'team/**' --detailed-exitcode -q     # CI gate: exit 2 when any state has drift
   kl drift prod --format markdown >> "$GITHUB_STEP_SUMMARY\""""
 
@@ -23,48 +25,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
                         help="every state whose name matches: * within one /-separated segment, ** across")
     parser.add_argument("--limit", type=cli_args.positive, help="show at most N drifted instances per state")
+    parser.add_argument("--all", action="store_true", help="resolved drift too, with when and how it was resolved")
     cli_args.add_format(parser, markdown=True)
     exitcodes.add_gate_arguments(parser, "now")
 
 
-def drift_document(conn: Any, name: str, limit: int | None) -> dict[str, Any]:
+def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bool = False) -> dict[str, Any]:
+    """The drift document of state NAME (kilolock.drift.document), as `--format json` prints it."""
     from kilolock.store import drift as drift_store
 
-    rows = drift_store.list_drift(conn, name, limit)
-    total = drift_store.count_drift(conn, name)
-    return {
-        "version": 1,
-        "state": name,
-        "total": total,
-        "drift": [
-            {"address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
-             "detected_serial": r["detected_serial"], "detected_at": r["detected_at"],
-             "refresh_run_id": str(r["refresh_run_id"]) if r["refresh_run_id"] else None,
-             "changes": _changes(r)}
-            for r in rows
-        ],
-    }
+    with conn.transaction():  # one snapshot: the rows and both counts agree
+        rows = drift_store.list_drift(conn, name, limit, include_resolved=include_resolved)
+        open_count = drift_store.count_drift(conn, name)
+        total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
+    return drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved)
 
 
-def _changes(r: dict[str, Any]) -> list[dict[str, Any]]:
-    if r["drift_kind"] == "deleted":  # every attribute "→ null" says nothing more than "deleted"
-        return []
-    return [{"path": c.path, "before": c.before, "after": c.after}
-            for c in drift.changes(r["previous_attributes"], r["current_attributes"],
-                                   r["previous_sensitive_attributes"], r["current_sensitive_attributes"])]
+def _headline(e: dict[str, Any]) -> str:
+    first = e["first_detected"]
+    since = f"first detected v{first['serial']}, {render.when(first['at'])}"
+    if e["resolved"] is None:
+        return f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])})"
+    r = e["resolved"]
+    return (f"{e['kind']} at v{e['detected_serial']} ({since}), resolved at v{r['serial']} by {r['how']}, "
+            f"{render.when(r['at'])} (was open {drift.duration(e['open_for_s'])})")
 
 
 def render_table(doc: dict[str, Any]) -> None:
     items = doc["drift"]
     if not items:
-        print(f"{doc['state']}: no drift")
+        print(f"{doc['state']}: no drift" if not doc["all"] else f"{doc['state']}: no drift, open or resolved")
         return
-    for item in items:
-        deposed = f" (deposed {item['deposed']})" if item["deposed"] else ""
-        print(f"{item['address']}{deposed}: {item['kind']} at v{item['detected_serial']}")
-        if item["kind"] == "deleted":
-            print("  the object no longer exists")
-        for c in item["changes"]:
+    for e in items:
+        deposed = f" (deposed {e['deposed']})" if e["deposed"] else ""
+        print(f"{e['address']}{deposed}: {_headline(e)}")
+        if e["kind"] == "deleted":
+            print("  the object no longer exists" if e["resolved"] is None else "  the object was gone")
+        for c in e["changes"]:
             print(f"  {c['path']}: {drift.show(c['before'])} → {drift.show(c['after'])}")
     if doc["total"] > len(items):
         print(f"... and {doc['total'] - len(items)} more (--limit)")
@@ -73,16 +70,17 @@ def render_table(doc: dict[str, Any]) -> None:
 def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:
     """For CI step summaries and pull-request comments: one section per state, a table per instance."""
     total = doc["total"]
-    print(f"{heading} Drift in `{doc['state']}`: " + (f"{total} instance(s)" if total else "none"))
-    for item in doc["drift"]:
-        deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
+    what = "drift, open and resolved" if doc["all"] else "Drift"
+    print(f"{heading} {what[0].upper() + what[1:]} in `{doc['state']}`: " + (f"{total} instance(s)" if total else "none"))
+    for e in doc["drift"]:
+        deposed = f" (deposed `{e['deposed']}`)" if e["deposed"] else ""
         print()
-        print(f"**`{item['address']}`**{deposed}: {item['kind']} at v{item['detected_serial']}")
-        if item["kind"] == "deleted":
-            print("\nThe object no longer exists.")
-        if item["changes"]:
+        print(f"**`{e['address']}`**{deposed}: {_headline(e)}")
+        if e["kind"] == "deleted":
+            print("\nThe object no longer exists." if e["resolved"] is None else "\nThe object was gone.")
+        if e["changes"]:
             print()
-            print(render.markdown_changes(item["changes"]))
+            print(render.markdown_changes(e["changes"]))
     if total > len(doc["drift"]):
         print(f"\n… and {total - len(doc['drift'])} more (--limit)")
 
@@ -95,16 +93,17 @@ def run(args: argparse.Namespace) -> int:
         args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
     with db.open_store() as conn:
         if args.states is None:
-            docs = [drift_document(conn, args.state, args.limit)]
+            docs = [drift_document(conn, args.state, args.limit, args.all)]
         else:
             names = globs.select(args.states, [r["name"] for r in summary.list_states(conn)])
-            docs = [drift_document(conn, n, args.limit) for n in names]
-    open_drift = sum(d["total"] for d in docs)
+            docs = [drift_document(conn, n, args.limit, args.all) for n in names]
+    open_drift = sum(d["open"] for d in docs)  # the gate counts open drift, --all or not
     if args.format == "json":
         if args.states is None:
             render.emit_json(docs[0])
         else:
-            render.emit_json({"version": 1, "states_glob": args.states, "total": open_drift, "states": docs})
+            render.emit_json({"version": 1, "states_glob": args.states, "total": sum(d["total"] for d in docs),
+                              "open": open_drift, "states": docs})
     elif not args.quiet:
         if args.states is not None and not docs:
             print(f"no state matches {args.states!r}")

@@ -26,6 +26,11 @@ def _text(v: Any) -> str:
     return str(v)
 
 
+def when(v: datetime) -> str:
+    """A time with its zone offset, in the local zone, as every table shows times."""
+    return _text(v)
+
+
 def key_values(pairs: Sequence[tuple[str, Any]]) -> None:
     width = max((len(k) for k, _ in pairs), default=0)
     for key, value in pairs:

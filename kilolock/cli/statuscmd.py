@@ -21,13 +21,16 @@ def _lock_text(info: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kilolock.drift import duration
     from kilolock.store import db, refresh_runs, summary, versions
 
     with db.open_store() as conn:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, versions.state_id(conn, args.name))
+    oldest = s.pop("open_drift_oldest_for")
     if args.format == "json":
-        render.emit_json({"version": 1, **s, "dead_runs": dead})
+        render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),
+                          "dead_runs": dead})
         return 0
     last: Any = "never"
     if s["last_refresh"]:
@@ -44,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
             ("managed", s["managed"]),
             ("data", s["data"]),
             ("last refresh", last),
-            ("open drift", s["open_drift"]),
+            ("open drift", s["open_drift"] if oldest is None else
+             f"{s['open_drift']} (oldest first detected v{s['open_drift_first_serial']}, open {duration(oldest.total_seconds())})"),
             ("locked", _lock_text(s["lock"]) if s["lock"] else "no"),
         ]
     )

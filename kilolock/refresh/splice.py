@@ -21,8 +21,8 @@ class InstanceUpdate:
     sensitive_paths: list[sch.AttributePath] = field(default_factory=list)
 
 
-# What the lifecycle index hashes (kilolock.store.versions): an object that differs in none of
-# these keeps its lifecycle.
+# What the lifecycle index looks at (kilolock.store.versions: the hashed fields and the metadata it
+# updates in place): an object that differs in none of these needs no index work at all.
 _INDEXED_FIELDS = ("schema_version", "status", "attributes", "sensitive_attributes", "identity")
 
 

@@ -1,8 +1,6 @@
 """The read-only JSON API for tools: states, versions, drift (sensitive values masked), health."""
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from kilolock import drift
@@ -32,21 +30,16 @@ def versions(conn: psycopg.Connection, name: str) -> Response:
     return json_body(200, {"version": 1, "state": name, "versions": rows})
 
 
-def drift_report(conn: psycopg.Connection, name: str) -> Response:
+def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = False) -> Response:
+    """The drift document of `kl drift --format json [--all]`, sensitive values masked."""
     try:
-        rows = drift_store.list_drift(conn, name)
+        with conn.transaction():  # one snapshot: the rows and the counts agree
+            rows = drift_store.list_drift(conn, name, include_resolved=include_resolved)
+            open_count = drift_store.count_drift(conn, name)
+            total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
     except StateNotFound as exc:
         return text(404, str(exc))
-    out: list[dict[str, Any]] = []
-    for r in rows:
-        changes = [] if r["drift_kind"] == "deleted" else drift.changes(
-            r["previous_attributes"], r["current_attributes"],
-            r["previous_sensitive_attributes"], r["current_sensitive_attributes"])
-        out.append({"address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
-                    "detected_serial": r["detected_serial"], "detected_at": r["detected_at"],
-                    "refresh_run_id": str(r["refresh_run_id"]) if r["refresh_run_id"] else None,
-                    "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes]})
-    return json_body(200, {"version": 1, "state": name, "total": len(out), "drift": out})
+    return json_body(200, drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved))
 
 
 def health(conn: psycopg.Connection) -> Response:

@@ -290,7 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/api/v1/"):
             if method != "GET":
                 return text(405, f"{method} is not allowed on {path}: the API is read-only", Allow="GET")
-            return self._api(path[len("/api/v1/"):])
+            return self._api(path[len("/api/v1/"):], parse_qs(url.query, keep_blank_values=True))
         return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/")
 
     def _has_unread_body(self) -> bool:
@@ -314,17 +314,21 @@ class _Handler(BaseHTTPRequestHandler):
                 return backend.lock_state(conn, name, body, principal)
             return backend.unlock_state(conn, name, body, principal, self.server.config.policy)
 
-    def _api(self, rest: str) -> Response:
+    def _api(self, rest: str, params: dict[str, list[str]]) -> Response:
         if rest == "states":
             with self.server.pool.connection() as conn:
                 return api.states(conn)
         if rest.startswith("states/"):
             inner = rest[len("states/"):]
-            for suffix, view in (("/versions", api.versions), ("/drift", api.drift_report)):
-                if inner.endswith(suffix):
-                    name = parse_state_name(inner[: -len(suffix)])
-                    with self.server.pool.connection() as conn:
-                        return view(conn, name)
+            if inner.endswith("/drift"):  # ?all=1: resolved drift too, as `kl drift --all`
+                name = parse_state_name(inner[: -len("/drift")])
+                include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")
+                with self.server.pool.connection() as conn:
+                    return api.drift_report(conn, name, include_resolved)
+            if inner.endswith("/versions"):
+                name = parse_state_name(inner[: -len("/versions")])
+                with self.server.pool.connection() as conn:
+                    return api.versions(conn, name)
         return text(404, f"no such API endpoint /api/v1/{rest}: try states, states/<name>/versions, states/<name>/drift")
 
 

@@ -1,4 +1,8 @@
-"""Reads of the current_resource_drift view."""
+"""Reads of the drift records: `current_resource_drift` (open ones) and `resource_drift` (all).
+
+`kl drift`, the drift API and `kl status`'s open count all read current_resource_drift, so the
+count is exactly the rows listed.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -8,24 +12,38 @@ from psycopg.rows import dict_row
 
 from kilolock.store.versions import state_id
 
-_LIST = """
-SELECT address, deposed, drift_kind, type, detected_serial, detected_at, previous_attributes, current_attributes,
-       previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id
+_COLS = """address, deposed, drift_kind, type, detected_serial, detected_at, previous_attributes, current_attributes,
+       previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
+       first_detected_at, last_confirmed_serial, open_for, changed_attributes"""
+
+_LIST_OPEN = f"""
+SELECT {_COLS}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how
 FROM current_resource_drift WHERE state_id = %s
 ORDER BY address, deposed
 LIMIT %s
 """
 
-_COUNT = "SELECT count(*) FROM current_resource_drift WHERE state_id = %s"
+# Open ones first, then the resolved ones, latest first.
+_LIST_ALL = f"""
+SELECT {_COLS}, resolved_serial, resolved_at, resolved_how
+FROM resource_drift WHERE state_id = %s
+ORDER BY resolved_serial DESC NULLS FIRST, address, deposed, first_detected_serial DESC
+LIMIT %s
+"""
+
+_COUNT_OPEN = "SELECT count(*) FROM current_resource_drift WHERE state_id = %s"
+_COUNT_ALL = "SELECT count(*) FROM drift_records WHERE state_id = %s"
 
 
-def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
+               include_resolved: bool = False) -> list[dict[str, Any]]:
     """Raises StateNotFound for an unknown state, so "no drift" and "no such state" differ."""
     sid = state_id(conn, name)
-    return conn.cursor(row_factory=dict_row).execute(_LIST, (sid, limit)).fetchall()
+    query = _LIST_ALL if include_resolved else _LIST_OPEN
+    return conn.cursor(row_factory=dict_row).execute(query, (sid, limit)).fetchall()
 
 
-def count_drift(conn: psycopg.Connection, name: str) -> int:
+def count_drift(conn: psycopg.Connection, name: str, *, include_resolved: bool = False) -> int:
     sid = state_id(conn, name)
-    row = conn.execute(_COUNT, (sid,)).fetchone()
+    row = conn.execute(_COUNT_ALL if include_resolved else _COUNT_OPEN, (sid,)).fetchone()
     return int(row[0]) if row else 0

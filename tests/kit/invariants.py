@@ -2,8 +2,9 @@
 
 What must hold after any fault, checked against the database and the process table only:
 - versions: serials strictly increase and every stored version parses as Terraform state;
-- lifecycles: the `resources` rows equal what a re-index of the stored versions from scratch gives
-  (replayed through kl's own write path inside a transaction that is rolled back);
+- lifecycles: the `resources` rows, and the drift records, equal what a re-index of the stored
+  versions from scratch gives (replayed through kl's own write path inside a transaction that is
+  rolled back);
 - audit: no refresh_runs row is left `running` by a finished process;
 - locks: no state lock is left behind by a refresh;
 - processes: no provider (or kl) process carrying our mark outlives the run (kit.procs).
@@ -33,6 +34,21 @@ def _lifecycle_rows(conn: psycopg.Connection, state_id: str) -> list[tuple]:
     ).fetchall()
 
 
+# What a drift record holds, minus ids: the same history gives the same records.
+_DRIFT_COLS = ("address", "deposed", "kind", "changed_attributes", "first_detected_serial", "detected_serial",
+               "resolved_serial", "resolved_how")
+
+
+def _drift_rows(conn: psycopg.Connection, state_id: str) -> list[tuple]:
+    return conn.execute(
+        f"""SELECT {", ".join(f"d.{c}" for c in _DRIFT_COLS)}, b.create_serial, cur.create_serial
+            FROM drift_records d JOIN resources b ON b.id = d.baseline_resource_id
+            LEFT JOIN resources cur ON cur.id = d.current_resource_id
+            WHERE d.state_id = %s ORDER BY d.address, d.deposed, d.first_detected_serial""",
+        (state_id,),
+    ).fetchall()
+
+
 def reindex_mismatches(db_url: str, state: str) -> list[str]:
     """Differences between the stored lifecycle rows of STATE and a re-index from scratch: every
     stored version replayed in serial order into a scratch state by kl's own write_version (the full,
@@ -54,6 +70,7 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
             versions.write_version(conn, scratch, tfstate.parse_state(text, origin=f"v{serial}"), text.encode(),
                                    source=source, actor=actor, force=True)
         rebuilt = _lifecycle_rows(conn, versions.state_id(conn, scratch))
+        drift_stored, drift_rebuilt = _drift_rows(conn, sid), _drift_rows(conn, versions.state_id(conn, scratch))
         conn.rollback()
     out = []
     stored_set, rebuilt_set = set(map(repr, stored)), set(map(repr, rebuilt))
@@ -63,6 +80,8 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
     for r in rebuilt:
         if repr(r) not in stored_set:
             out.append(f"re-index has a lifecycle row the store lacks: {r[0]} create={r[13]} delete={r[14]}")
+    if drift_stored != drift_rebuilt:
+        out.append(f"drift records differ from a re-index: stored {drift_stored}, re-indexed {drift_rebuilt}")
     return out
 
 

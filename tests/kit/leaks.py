@@ -18,8 +18,8 @@ from kit.pg import one_row
 
 LOUD = {"KL_LOG": "debug", "TF_LOG": "trace"}  # kl's own debug logs and the providers' logs on stderr
 # These hold the state itself (attributes, secrets included) by design, like a .tfstate file; the
-# drift view shows their attributes to SQL users.
-STATE_TABLES = frozenset({"state_versions", "resources", "current_resource_drift"})
+# drift views show their attributes to SQL users (drift_records itself holds attribute names only).
+STATE_TABLES = frozenset({"state_versions", "resources", "current_resource_drift", "resource_drift"})
 
 Channels = dict[str, bytes]
 

@@ -178,8 +178,8 @@ def _precise_state(serial: int) -> bytes:
 
 def populate(conn: psycopg.Connection) -> None:
     """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
-    drift), refresh runs in each end state, held and released locks, provider configs and schemas,
-    per-state refresh settings."""
+    drift records, open and resolved), refresh runs in each end state, held and released locks, provider
+    configs and schemas, per-state refresh settings."""
     import kilolock
     from kilolock import schema as sch
     from kilolock import tfstate
@@ -221,6 +221,28 @@ def populate(conn: psycopg.Connection) -> None:
     refresh_runs.finish(conn, failed, status="failed", checked=3, changed=0, failed=1,
                         error_summary="null_resource.plain: provider exited", to_version_id=None)
     refresh_runs.begin(conn, prod_id, v3.id, "fixture@cli")  # left running: its process "died"
+
+    # history (0007 on): drift records open and resolved in every way, and lifecycles whose
+    # metadata alone changed (marks, the provider address, the schema version) in place.
+    def history(serial: int, objects: dict[str, dict[str, Any]], marked: tuple[str, ...] = (), legacy: bool = False,
+                schema_version: int = 0) -> bytes:
+        provider = 'provider["registry.terraform.io/-/null"]' if legacy else _NULL
+        return json.dumps({"version": 4, "terraform_version": "1.0.3", "serial": serial, "lineage": "history-lineage",
+                           "outputs": {}, "resources": [
+            {"mode": "managed", "type": "null_resource", "name": n, "provider": provider,
+             "instances": [{"schema_version": schema_version, "attributes": attrs,
+                            "sensitive_attributes": [[{"type": "get_attr", "value": "id"}]] if n in marked else []}]}
+            for n, attrs in objects.items()]}).encode()
+
+    a, b, c, d = ({"id": x, "triggers": {"k": x}} for x in "abcd")
+    import_file("history", history(1, {"a": a, "b": b, "c": c, "d": d}, legacy=True), "import")
+    import_file("history", history(2, {"a": a, "b": b, "c": c, "d": d}), "apply")  # provider address rewritten
+    import_file("history", history(3, {"a": a, "b": b, "c": c, "d": d}, marked=("a", "b")), "refresh")  # marks only
+    import_file("history", history(4, {"a": {**a, "id": "a2"}, "c": c, "d": d}, marked=("a",)), "refresh")  # a changed, b gone
+    import_file("history", history(5, {"a": a, "c": c, "d": d}, marked=("a",)), "refresh")  # a read back: resolved
+    import_file("history", history(6, {"a": a, "b": b, "c": c, "d": d}, marked=("a",), schema_version=1), "apply")  # b recreated
+    import_file("history", history(7, {"a": a, "b": b, "d": {**d, "triggers": {"k": "d2"}}}, marked=("a",), schema_version=1),
+                "refresh")  # c gone, d changed: left open
 
     # precise: hand-written JSON whose bytes only survive if jsonb and the layout stay exact.
     import_file("precise", _precise_state(1), "import")

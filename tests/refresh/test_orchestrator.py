@@ -401,10 +401,12 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
                WHERE s.name = %s AND r.delete_serial IS NULL""", (name,)).fetchall())
 
     assert open_rows("prod") == open_rows("reindexed")
-    # only what drifted (and the newly marked object) got a new lifecycle; the rest kept theirs
+    # only what drifted got a new lifecycle; the newly marked object kept its own (marks are
+    # metadata, updated in place), as did the rest
     reopened = {a for (a,) in conn.execute(
         "SELECT address FROM resources r JOIN state_versions v ON v.id = r.opened_by_version_id WHERE v.source = 'refresh'")}
-    assert reopened == {"null_resource.drifts", "null_resource.marked", "null_resource.old"}
+    assert reopened == {"null_resource.drifts", "null_resource.old"}
+    assert conn.execute("SELECT sensitive_attributes <> '[]' FROM resources WHERE address = 'null_resource.marked'").fetchone() == (True,)
 
 
 def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_state, run_kl):

@@ -220,6 +220,9 @@ def test_json_api(client, db_url, make_state):
     assert changes['triggers["k"]'] == ("old", "new")
     assert changes["pw"] == ("(sensitive)", "(sensitive)")
     assert "hunter" not in json.dumps(drift)
+    assert (drift["drift"][0]["first_detected"]["serial"], drift["open"]) == (2, 1)
+    everything = client.request("GET", "/api/v1/states/api/drift?all=1").json()
+    assert (everything["all"], everything["total"]) == (True, 1)
     assert client.request("GET", "/api/v1/states/nope/versions").status == 404
     assert client.request("GET", "/healthz").json() == {"status": "ok"}
 

@@ -1,0 +1,110 @@
+"""Drift you can trust, end to end (issue 12): a Terraform 1.0.3 state, real providers, real refreshes.
+
+The first refresh after an import adds schema-sensitive marks only: no drift, and no lifecycle's
+opened-at moves. One out-of-band deletion seen by two refreshes is one `deleted` record whose
+first detection stays fixed; `kl status` counts exactly what `kl drift` lists; the next apply
+resolves it and `kl drift --all` shows when and how.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from kit.paths import PLUGIN_CACHE
+from kit.pg import one_row
+from kit.tfworkspace import terraform
+
+TWO = 'local_file.f["two"]'
+
+
+def import_state(run_kl, ws: Path) -> int:
+    r = run_kl("state", "import", "prod", str(ws / "terraform.tfstate"), "--source", "apply")
+    assert r.returncode == 0, r.stderr
+    return json.loads((ws / "terraform.tfstate").read_text())["serial"]
+
+
+def kl_refresh(run_kl, ws: Path) -> tuple:
+    r = run_kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", cwd=ws)
+    assert r.stdout, r.stderr
+    return r, json.loads(r.stdout)
+
+
+def lifecycles(db_url: str) -> dict[tuple[str, str], tuple]:
+    with psycopg.connect(db_url) as c:
+        return {(a, d): (rid, create, marks) for a, d, rid, create, marks in c.execute(
+            "SELECT address, deposed, id, create_serial, sensitive_attributes FROM resources WHERE delete_serial IS NULL")}
+
+
+def drift_doc(run_kl, *extra: str) -> dict:
+    r = run_kl("drift", "prod", "--format", "json", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def open_drift(run_kl) -> int:
+    r = run_kl("status", "prod", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["open_drift"]
+
+
+def version_time(db_url: str, serial: int) -> datetime:
+    with psycopg.connect(db_url) as c:
+        created: datetime = one_row(c, "SELECT created_at FROM state_versions WHERE serial = %s", (serial,))[0]
+        return created
+
+
+def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_resolves_it(run_kl, db_url, workspace: Path):
+    serial = import_state(run_kl, workspace)
+    imported = lifecycles(db_url)
+
+    # 1. The first refresh adds schema-sensitive marks, nothing else.
+    r, out = kl_refresh(run_kl, workspace)
+    assert r.returncode == 0 and (out["status"], out["resources_changed"]) == ("succeeded", 0), out
+    after = lifecycles(db_url)
+    assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in imported.items()}  # same rows, opened-at unchanged
+    newly_marked = sorted(a for (a, d), v in after.items() if v[2] != imported[(a, d)][2])
+    assert 'random_password.p' in newly_marked, newly_marked  # the marks were written, in place
+    assert drift_doc(run_kl)["drift"] == [] and open_drift(run_kl) == 0
+
+    # 2. An out-of-band deletion, seen by two refreshes.
+    (workspace / "out" / "two.txt").unlink()
+    r, out = kl_refresh(run_kl, workspace)
+    assert out["status"] == "succeeded" and out["changed_addresses"] == [TWO], out
+    detected = out["to_serial"]
+    first = drift_doc(run_kl)
+    r, out = kl_refresh(run_kl, workspace)
+    assert out["status"] == "succeeded" and out["resources_changed"] == 0, out
+    second = drift_doc(run_kl)
+    at = version_time(db_url, detected)
+    assert first["drift"][0]["first_detected"] == second["drift"][0]["first_detected"] == {"serial": detected, "at": at.isoformat()}
+    [entry] = second["drift"]
+    assert datetime.fromisoformat(entry["first_detected"]["at"]).utcoffset() is not None  # a time with its zone
+    assert entry["open_for_s"] >= 0 and entry["refresh_run_id"]
+    assert {k: v for k, v in entry.items() if k not in ("open_for_s", "refresh_run_id")} == {
+        "address": TWO, "deposed": None, "kind": "deleted", "type": "local_file", "status": "open",
+        "detected_serial": detected, "detected_at": at.isoformat(),
+        "first_detected": {"serial": detected, "at": at.isoformat()}, "last_confirmed_serial": detected + 1,
+        "resolved": None, "changed_attributes": None, "changes": []}
+    assert (second["total"], second["open"], second["all"]) == (1, 1, False)
+    assert open_drift(run_kl) == second["total"] == 1
+    text = run_kl("drift", "prod").stdout.decode()
+    assert text.startswith(f"{TWO}: deleted at v{detected} (first detected v{detected}, ") and text.count(TWO) == 1, text
+
+    # 3. Terraform applies from what kl holds and recreates the file: the drift is resolved.
+    pulled = run_kl("state", "pull", "prod")
+    (workspace / "terraform.tfstate").write_bytes(pulled.stdout)
+    terraform(workspace, "apply", "-auto-approve")
+    assert (workspace / "out" / "two.txt").exists()
+    applied = import_state(run_kl, workspace)
+    assert drift_doc(run_kl)["drift"] == [] and open_drift(run_kl) == 0
+    everything = drift_doc(run_kl, "--all")
+    assert (everything["total"], everything["open"], everything["all"]) == (1, 0, True)
+    [done] = everything["drift"]
+    assert (done["address"], done["kind"], done["status"], done["first_detected"]["serial"]) == (TWO, "deleted", "resolved", detected)
+    assert (done["resolved"]["serial"], done["resolved"]["how"]) == (applied, "recreated")
+    text = run_kl("drift", "prod", "--all").stdout.decode()
+    assert f"resolved at v{applied} by recreated" in text, text
+    assert serial < detected < applied
