@@ -23,6 +23,9 @@ TWO = 'local_file.f["two"]'
 def import_state(run_kl, ws: Path) -> int:
     r = run_kl("state", "import", "prod", str(ws / "terraform.tfstate"), "--source", "apply")
     assert r.returncode == 0, r.stderr
+    # The local_file paths are relative to the workspace: refreshes read them from there, from anywhere.
+    r = run_kl("state", "set", "prod", "--workdir", str(ws))
+    assert r.returncode == 0, r.stderr
     return json.loads((ws / "terraform.tfstate").read_text())["serial"]
 
 

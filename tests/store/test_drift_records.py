@@ -82,7 +82,7 @@ def test_the_issue_scenario_marks_then_one_deletion_is_one_record(conn):
     d = doc(conn)
     assert [(e["address"], e["kind"], e["detected_serial"], e["first_detected"]["serial"], e["last_confirmed_serial"], e["status"])
             for e in d["drift"]] == [("null_resource.a", "deleted", 3, 3, 4, "open"), ("null_resource.c", "changed", 3, 3, 4, "open")]
-    assert d["drift"][1]["changes"] == [{"path": ".id", "before": "c", "after": "c2"}]
+    assert d["drift"][1]["changes"] == [{"path": "id", "before": "c", "after": "c2"}]
     assert d["total"] == d["open"] == summary.state_status(conn, "prod")["open_drift"] == 2
     # the deleted branch never reports the lifecycle as it was before the (metadata-only) refresh
     assert lifecycles(conn)[0] == ("null_resource.a", 1, 3)
@@ -97,7 +97,7 @@ def test_a_drift_stays_one_record_while_open_first_detection_fixed(conn):
     [e] = doc(conn)["drift"]
     assert e["first_detected"] == {"serial": 2, "at": v2.created_at} and e["last_confirmed_serial"] == 4
     # measured against what the apply wrote, not against the previous refresh
-    assert e["changes"] == [{"path": '.triggers["k"]', "before": "1", "after": "3"}]
+    assert e["changes"] == [{"path": 'triggers["k"]', "before": "1", "after": "3"}]
     assert e["changes"] and e["open_for_s"] >= 0 and e["resolved"] is None
     # then it is deleted: still the same record, now `deleted`
     write(conn, state(5, {"b": B}), "refresh")
@@ -113,7 +113,7 @@ def test_a_refresh_reading_the_object_back_resolves_it(conn):
     assert doc(conn)["drift"] == [] and summary.state_status(conn, "prod")["open_drift"] == 0
     [e] = doc(conn, include_resolved=True)["drift"]
     assert (e["status"], e["resolved"]["serial"], e["resolved"]["how"]) == ("resolved", 3, "refresh")
-    assert e["changes"] == [{"path": ".id", "before": "a", "after": "x"}]  # what the drift was
+    assert e["changes"] == [{"path": "id", "before": "a", "after": "x"}]  # what the drift was
     # drifting again later is a new record
     write(conn, state(4, {"a": {**A, "id": "y"}}), "refresh")
     assert [r[:5] for r in records(conn)] == [("null_resource.a", "changed", 2, 2, 3), ("null_resource.a", "changed", 4, 4, None)]
@@ -158,7 +158,7 @@ def test_kl_drift_table_all_and_status_agree(conn, run_kl):
     assert "null_resource.a" not in text and "the object no longer exists" in text
     text = run_kl("drift", "prod", "--all").stdout.decode()
     assert "null_resource.a: changed at v2 (first detected v2, " in text and "resolved at v3 by refresh" in text
-    assert "  .id: \"a\" → \"x\"" in text and "  .secret: (sensitive) → (sensitive)" not in text  # secret did not change
+    assert "  id: \"a\" → \"x\"" in text and "  secret: (sensitive) → (sensitive)" not in text  # secret did not change
     listed = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
     status = json.loads(run_kl("status", "prod", "--format", "json").stdout)
     assert status["open_drift"] == listed["total"] == len(listed["drift"]) == 1
@@ -176,7 +176,7 @@ def test_the_api_serves_the_same_document(conn):
     body = json.loads(api.drift_report(conn, "prod").body)
     [e] = body["drift"]
     assert (body["total"], body["open"], e["kind"], e["first_detected"]["serial"], e["changed_attributes"]) == (1, 1, "changed", 2, ["secret"])
-    assert e["changes"] == [{"path": ".secret", "before": "(sensitive)", "after": "(sensitive)"}]
+    assert e["changes"] == [{"path": "secret", "before": "(sensitive)", "after": "(sensitive)"}]
     assert api.drift_report(conn, "nope").status == 404
     write(conn, state(3, {"a": A}, marks={"a": MARK}), "apply")
     assert json.loads(api.drift_report(conn, "prod").body)["drift"] == []
