@@ -44,6 +44,7 @@ resource "null_resource" "deploy" {
 TF
 "$tf" init -input=false >/dev/null && "$tf" apply -input=false -auto-approve >/dev/null
 kl state import demo terraform.tfstate --source apply >/dev/null
+kl state set demo --workdir . >/dev/null   # its local_file paths are relative to this directory
 cp terraform.tfstate before.tfstate
 
 echo "out-of-band: someone edits app.conf by hand"
@@ -75,4 +76,4 @@ t3=$(now)
 echo
 "$py" -c 'import sys; a, b, c, d = map(float, sys.argv[1:]); print(f"timings: raw files + jq {b - a:.2f}s, kl refresh + SELECT {d - c:.2f}s")' "$t0" "$t1" "$t2" "$t3"
 echo "Both tools ran the same provider binaries on the same state; the kl answer stays queryable"
-echo "(SELECT … FROM current_resource_drift) until the next apply clears it."
+echo "(SELECT … FROM current_resource_drift) until an apply, or a refresh that reads it back, resolves it."
