@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,6 +51,8 @@ def server(db_url: str) -> Iterator[str]:
     assert proc.stderr is not None  # piped just above
     line = proc.stderr.readline()
     assert "kl serve:" in line, f"kl serve did not start: {line}{proc.stderr.read() if proc.poll() is not None else ''}"
+    # kl serve logs a line per request: keep reading them, or a full pipe would stall the server.
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
