@@ -113,9 +113,9 @@ def run_pull(args: argparse.Namespace) -> int:
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=cli_args.state_name, help="the state")
     parser.add_argument("serial_from", metavar="FROM_SERIAL", nargs="?", type=cli_args.serial,
-                        help="the older version (default: the one before the current version)")
+                        help="the version to compare from (default: the one before the current version)")
     parser.add_argument("serial_to", metavar="TO_SERIAL", nargs="?", type=cli_args.serial,
-                        help="the newer version (default: the current version)")
+                        help="the version to compare to (default: the current version; either may be the older)")
     cli_args.add_format(parser, markdown=True)
 
 

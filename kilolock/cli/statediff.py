@@ -72,6 +72,9 @@ def document(state: str, serial_from: int | None, serial_to: int, rows: Iterable
     for r in rows:
         sides.setdefault((r["address"], r["deposed"]), {})[bool(r["at_to"])] = r
     instances = [_instance(s.get(False), s.get(True), schemas or {}) for s in sides.values()]
+    # A lifecycle reopened with the same attributes and status changed metadata only (marks that
+    # reopened one before migration 0007, or an identity kl does not index): not a change.
+    instances = [i for i in instances if i["action"] != "changed" or i["changes"] or i["status"]]
     counts = {a: sum(1 for i in instances if i["action"] == a) for a in ACTIONS}
     return {"version": 1, "state": state, "from": serial_from, "to": serial_to, **counts, "instances": instances}
 

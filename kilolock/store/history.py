@@ -19,15 +19,29 @@ from kilolock.store.versions import state_id
 _LAST_TWO = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial DESC LIMIT 2"
 _SERIALS = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND serial = ANY(%s)"
 
-_OPEN_AT = "(create_serial <= {n} AND (delete_serial IS NULL OR delete_serial > {n}))"
+_OPEN_AT = "(r.create_serial <= {n} AND (r.delete_serial IS NULL OR r.delete_serial > {n}))"
 _AT_FROM = _OPEN_AT.format(n="%(from)s")
 _AT_TO = _OPEN_AT.format(n="%(to)s")
 
+# A row open at exactly one of the two serials was opened or closed by a version between them, so
+# the versions in between lead to the rows through their opened-by / closed-by indexes: the cost is
+# what changed in the range, not the state's whole history. (A row both opened and closed in the
+# range is open at neither: no row comes through both branches.)
+_BETWEEN = """
+SELECT id FROM state_versions
+WHERE state_id = %(sid)s AND serial > LEAST(%(from)s, %(to)s) AND serial <= GREATEST(%(from)s, %(to)s)
+"""
+_COLUMNS = f"r.address, r.deposed, r.mode, r.type, r.provider, r.status, r.attributes, r.sensitive_attributes, {_AT_TO} AS at_to"
 _DIFFERING = f"""
-SELECT address, deposed, mode, type, provider, status, attributes, sensitive_attributes, {_AT_TO} AS at_to
-FROM resources
-WHERE state_id = %(sid)s AND ({_AT_FROM} OR {_AT_TO}) AND NOT ({_AT_FROM} AND {_AT_TO})
-ORDER BY address, deposed
+WITH between_versions AS ({_BETWEEN})
+SELECT * FROM (
+    SELECT {_COLUMNS} FROM resources r
+    WHERE r.opened_by_version_id IN (SELECT id FROM between_versions) AND ({_AT_FROM}) <> ({_AT_TO})
+    UNION ALL
+    SELECT {_COLUMNS} FROM resources r
+    WHERE r.closed_by_version_id IN (SELECT id FROM between_versions) AND ({_AT_FROM}) <> ({_AT_TO})
+) differing
+ORDER BY address, deposed, at_to
 """
 
 

@@ -175,3 +175,19 @@ def test_schema_sensitive_values_are_masked_before_any_refresh_marked_them(db_ur
     code, out, _ = _kl("state", "diff", "s")
     assert code == 0 and "token: (sensitive) → (sensitive)" in out and "s3cret" not in out and "t0p" not in out, out
     assert 'id: "a" → "a2"' in out
+
+
+def test_a_lifecycle_reopened_for_marks_alone_is_no_change(db_url):
+    """Before migration 0007 new marks reopened a lifecycle: such a pair of rows is no change."""
+    _write(db_url, "old", _doc(1, {"a": [_obj({"id": "a"})], "b": [_obj({"id": "b"})]}))
+    _write(db_url, "old", _doc(2, {"a": [_obj({"id": "a"})], "b": [_obj({"id": "b2"})]}))
+    with psycopg.connect(db_url, autocommit=True) as c:  # what the old index wrote for a's marks at v2
+        c.execute("""
+            WITH v2 AS (SELECT v.id FROM state_versions v JOIN states s ON s.id = v.state_id WHERE s.name = 'old' AND v.serial = 2),
+                 closed AS (UPDATE resources SET delete_serial = 2, closed_by_version_id = (SELECT id FROM v2)
+                            WHERE address = 'null_resource.a' RETURNING *)
+            INSERT INTO resources (state_id, address, deposed, mode, type, name, module, index_key, provider, schema_version,
+                                   status, attributes, sensitive_attributes, content_hash, create_serial, opened_by_version_id)
+            SELECT state_id, address, deposed, mode, type, name, module, index_key, provider, schema_version, status,
+                   attributes, '[[{"type": "get_attr", "value": "id"}]]', content_hash || 'x', 2, (SELECT id FROM v2) FROM closed""")
+    assert [(i["address"], i["action"]) for i in _json("old")["instances"]] == [("null_resource.b", "changed")]
