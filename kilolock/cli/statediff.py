@@ -6,7 +6,7 @@ differ between the two versions (store/history.py); the renderers take the docum
 drift's do, so a field it gains reaches every format."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kilolock import drift
@@ -32,7 +32,9 @@ def schema_keys(rows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     return keys
 
 
-def _schema_sensitive(rows: Iterable[Mapping[str, Any]], schemas: Schemas) -> list[Any]:
+def _schema_sensitive(rows: Sequence[Mapping[str, Any]], schemas: Schemas) -> list[Any]:
+    """Paths a cached schema of the objects' provider calls sensitive, in either object (any version
+    kl has seen: a mismatched shape only finds fewer paths)."""
     from kilolock import schema as sch
     from kilolock.sensitive import sensitive_paths
 
