@@ -11,7 +11,7 @@ from typing import Any
 
 from kilolock import schema as sch
 from kilolock.redact import MASK
-from kilolock.sensitive import covered, marked_paths
+from kilolock.sensitive import marked_paths
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,10 @@ def _walk(before: Any, after: Any, path: sch.AttributePath, out: list[tuple[sch.
         return
     if isinstance(before, dict) and isinstance(after, dict):
         for k in sorted(set(before) | set(after)):
-            # Without the schema, an object attribute below the top level cannot be told from a
-            # map key; top-level keys are always attributes, deeper ones print as keys (["k"]).
-            step: sch.PathStep = sch.GetAttr(k) if not path else sch.Index(k)
+            # Without the schema, an object attribute cannot always be told from a map key:
+            # top-level keys are attributes, and so are the keys of a list or set element (a
+            # nested block, rule[0].cidr); other keys print as map keys (tags["env"]).
+            step: sch.PathStep = sch.GetAttr(k) if not path or _is_element(path[-1]) else sch.Index(k)
             _walk(before.get(k), after.get(k), path + (step,), out)
         return
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
@@ -38,14 +39,28 @@ def _walk(before: Any, after: Any, path: sch.AttributePath, out: list[tuple[sch.
     out.append((path, before, after))
 
 
+def _is_element(step: sch.PathStep) -> bool:
+    return isinstance(step, sch.Index) and isinstance(step.key, int)
+
+
+def _loose(path: sch.AttributePath) -> tuple[str | int, ...]:
+    """PATH with attribute and map-key steps alike: the walk guesses which a key is, Terraform's
+    marks know, and a guess must never unmask a secret."""
+    return tuple(step.name if isinstance(step, sch.GetAttr) else step.key for step in path)
+
+
 def changes(before: dict[str, Any] | None, after: dict[str, Any] | None,
-            sensitive_before: list[Any] | None = None, sensitive_after: list[Any] | None = None) -> list[Change]:
-    sensitive = marked_paths(sensitive_before) + marked_paths(sensitive_after)
+            sensitive_before: list[Any] | None = None, sensitive_after: list[Any] | None = None,
+            schema_sensitive: Iterable[sch.AttributePath] = ()) -> list[Change]:
+    """Attribute-level changes, values masked at paths marked in either object or SCHEMA_SENSITIVE."""
+    marked = marked_paths(sensitive_before) + marked_paths(sensitive_after) + list(schema_sensitive)
+    sensitive = [_loose(p) for p in marked]
     found: list[tuple[sch.AttributePath, Any, Any]] = []
     _walk(before or {}, after or {}, (), found)
     out = []
     for path, b, a in found:
-        if covered(path, sensitive):
+        loose = _loose(path)
+        if any(loose[: len(s)] == s or s[: len(loose)] == loose for s in sensitive):  # sensitive.covered, loosely
             b = MASK if b is not None else None
             a = MASK if a is not None else None
         out.append(Change(sch.path_display(path), b, a))

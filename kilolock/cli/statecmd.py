@@ -1,4 +1,4 @@
-"""``kl state import|list|versions|pull|set|show|unlock``."""
+"""``kl state import|list|versions|pull|diff|set|show|unlock``."""
 from __future__ import annotations
 
 import argparse
@@ -107,6 +107,33 @@ def run_pull(args: argparse.Namespace) -> int:
     with db.open_store() as conn:
         text = versions.raw_state_text(conn, args.name, args.serial)
     sys.stdout.write(tfstate.pretty_state(text))
+    return 0
+
+
+def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=cli_args.state_name, help="the state")
+    parser.add_argument("serial_from", metavar="FROM_SERIAL", nargs="?", type=cli_args.serial,
+                        help="the version to compare from (default: the one before the current version)")
+    parser.add_argument("serial_to", metavar="TO_SERIAL", nargs="?", type=cli_args.serial,
+                        help="the version to compare to (default: the current version; either may be the older)")
+    cli_args.add_format(parser, markdown=True)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from kilolock.cli import statediff
+    from kilolock.store import db, history
+
+    with db.open_store() as conn, conn.transaction():  # one snapshot: the serials checked are the ones read
+        sid, serial_from, serial_to = history.endpoints(conn, args.name, args.serial_from, args.serial_to)
+        rows = [] if serial_from is None else history.differing_objects(conn, sid, serial_from, serial_to)
+        schemas = history.cached_schemas(conn, statediff.schema_keys(rows))
+    doc = statediff.document(args.name, serial_from, serial_to, rows, schemas)
+    if args.format == "json":
+        render.emit_json(doc)
+    elif args.format == "markdown":
+        statediff.render_markdown(doc)
+    else:
+        statediff.render_table(doc)
     return 0
 
 

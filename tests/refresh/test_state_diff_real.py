@@ -1,0 +1,165 @@
+"""kl state diff on versions Terraform 1.0.3 wrote (issue 12): apply, change variables, apply
+again, import each state file; the diff is exactly what changed, in Terraform's path form, with
+the value of a sensitive variable masked; a taint is a status change and nothing else."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kit.paths import LOCAL_V, PLUGIN_CACHE, RANDOM_V, TERRAFORM
+from kit.tfworkspace import terraform, terraform_env
+
+DIFF_TF = f"""
+terraform {{
+  required_providers {{
+    null  = {{ source = "hashicorp/null", version = "2.1.2" }}
+    local = {{ source = "hashicorp/local", version = "{LOCAL_V}" }}
+  }}
+}}
+variable "v" {{ type = string }}
+variable "secret" {{
+  type      = string
+  sensitive = true
+}}
+variable "names" {{ type = set(string) }}
+resource "null_resource" "keep" {{ triggers = {{ fixed = "x" }} }}
+resource "null_resource" "n" {{ triggers = {{ v = var.v, fixed = "y" }} }}
+resource "null_resource" "s" {{ triggers = {{ secret = var.secret }} }}
+resource "null_resource" "each" {{
+  for_each = var.names
+  triggers = {{ name = each.key }}
+}}
+resource "local_file" "f" {{
+  filename = "${{path.module}}/out/f.txt"
+  content  = "v is ${{var.v}}"
+}}
+"""
+
+
+def apply(ws: Path, v: str, secret: str, names: list[str]) -> None:
+    # In a file, as a secret would be: never on a command line.
+    (ws / "vars.auto.tfvars.json").write_text(json.dumps({"v": v, "secret": secret, "names": names}))
+    terraform(ws, "apply", "-auto-approve")
+
+
+def import_version(run_kl, ws: Path) -> int:
+    r = run_kl("state", "import", "prod", str(ws / "terraform.tfstate"), "--source", "apply")
+    assert r.returncode == 0, r.stderr
+    serial: int = json.loads((ws / "terraform.tfstate").read_text())["serial"]
+    return serial
+
+
+def diff(run_kl, *args: str) -> dict:
+    r = run_kl("state", "diff", "prod", *args, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    doc: dict = json.loads(r.stdout)
+    return doc
+
+
+def attributes(ws: Path) -> dict[str, dict]:
+    doc = json.loads((ws / "terraform.tfstate").read_text())
+    out = {}
+    for res in doc["resources"]:
+        for inst in res["instances"]:
+            key = "" if "index_key" not in inst else f'["{inst["index_key"]}"]'
+            out[f'{res["type"]}.{res["name"]}{key}'] = inst["attributes"]
+    return out
+
+
+RANDOM_TF = f"""
+terraform {{
+  required_providers {{
+    random = {{ source = "hashicorp/random", version = "{RANDOM_V}" }}
+  }}
+}}
+variable "len" {{ type = number }}
+resource "random_password" "p" {{ length = var.len }}
+"""
+
+
+def workspace(tmp_path: Path, config: str) -> Path:
+    for path in (TERRAFORM, PLUGIN_CACHE / "registry.terraform.io/hashicorp/local" / LOCAL_V):
+        if not path.exists():
+            pytest.fail(f"{path} is missing: run scripts/test-terraform.sh and scripts/test-providers.sh", pytrace=False)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "main.tf").write_text(config)
+    terraform(ws, "init")
+    return ws
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return workspace(tmp_path, DIFF_TF)
+
+
+def test_diff_of_two_applies_is_what_terraform_changed(run_kl, db_url, ws: Path):
+    apply(ws, "one", "hunter2", ["a", "b"])
+    first = import_version(run_kl, ws)
+    before = attributes(ws)
+    apply(ws, "two", "hunter3", ["b", "c"])
+    second = import_version(run_kl, ws)
+    after = attributes(ws)
+
+    doc = diff(run_kl)
+    assert (doc["from"], doc["to"], doc["added"], doc["removed"], doc["changed"]) == (first, second, 1, 1, 3), doc
+    got = {(i["address"], i["action"]): i["changes"] for i in doc["instances"]}
+    n_before, n_after = before["null_resource.n"], after["null_resource.n"]
+    s_before, s_after = before["null_resource.s"], after["null_resource.s"]
+    f_before, f_after = before["local_file.f"], after["local_file.f"]
+    # null_resource.keep and each["b"] did not change: they are not listed.
+    assert {"path": "content", "before": "v is one", "after": "v is two"} in got[("local_file.f", "changed")]
+    assert got == {
+        ('null_resource.each["a"]', "removed"): [],
+        ('null_resource.each["c"]', "added"): [],
+        # every attribute Terraform's two files differ in (content, id and the provider's digests)
+        ("local_file.f", "changed"): [{"path": k, "before": f_before.get(k), "after": f_after.get(k)}
+                                      for k in sorted(set(f_before) | set(f_after)) if f_before.get(k) != f_after.get(k)],
+        ("null_resource.n", "changed"): [
+            {"path": "id", "before": n_before["id"], "after": n_after["id"]},
+            {"path": 'triggers["v"]', "before": "one", "after": "two"}],
+        ("null_resource.s", "changed"): [
+            {"path": "id", "before": s_before["id"], "after": s_after["id"]},
+            {"path": 'triggers["secret"]', "before": "(sensitive)", "after": "(sensitive)"}],
+    }
+    text = run_kl("state", "diff", "prod").stdout.decode()
+    assert text.startswith(f"prod: v{first} → v{second}: 1 added, 1 removed, 3 changed\n"), text
+    assert "hunter" not in text and 'triggers["secret"]: (sensitive) → (sensitive)' in text, text
+    md = run_kl("state", "diff", "prod", str(first), str(second), "--format", "markdown").stdout.decode()
+    assert '| `triggers["v"]` | `"one"` | `"two"` |' in md, md
+
+
+def test_taint_is_a_status_change_only(run_kl, db_url, ws: Path):
+    apply(ws, "one", "hunter2", ["a"])
+    import_version(run_kl, ws)
+    r = subprocess.run([str(TERRAFORM), "taint", "-no-color", "null_resource.keep"], cwd=ws, env=terraform_env(),
+                       capture_output=True, text=True, timeout=120)  # taint takes no -input
+    assert r.returncode == 0, r.stderr
+    import_version(run_kl, ws)
+    doc = diff(run_kl)
+    assert [(i["address"], i["action"], i["status"], i["changes"]) for i in doc["instances"]] == [
+        ("null_resource.keep", "changed", {"before": None, "after": "tainted"}, [])]
+
+
+def test_a_schema_sensitive_value_terraform_did_not_mark_is_masked_once_kl_knows_the_schema(run_kl, db_url, tmp_path: Path):
+    """random_password.result is sensitive by the provider's schema; Terraform 1.0.3 writes no
+    mark for it. A kl refresh caches the schema (and marks the object): a later diff masks it."""
+    ws = workspace(tmp_path, RANDOM_TF)
+    (ws / "vars.auto.tfvars.json").write_text(json.dumps({"len": 12}))
+    terraform(ws, "apply", "-auto-approve")
+    import_version(run_kl, ws)
+    r = run_kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(ws))
+    assert r.returncode == 0, r.stderr
+    (ws / "terraform.tfstate").write_bytes(run_kl("state", "pull", "prod").stdout)  # Terraform goes on from kl's version
+    (ws / "vars.auto.tfvars.json").write_text(json.dumps({"len": 14}))
+    terraform(ws, "apply", "-auto-approve")
+    import_version(run_kl, ws)
+    secret = json.loads((ws / "terraform.tfstate").read_text())["resources"][0]["instances"][0]["attributes"]["result"]
+    [p] = diff(run_kl)["instances"]
+    assert (p["address"], p["action"]) == ("random_password.p", "changed")
+    changes = {c["path"]: (c["before"], c["after"]) for c in p["changes"]}
+    assert changes["length"] == (12, 14) and changes["result"] == ("(sensitive)", "(sensitive)"), changes
+    assert secret not in run_kl("state", "diff", "prod").stdout.decode()
