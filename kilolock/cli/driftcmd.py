@@ -16,7 +16,10 @@ EXAMPLE = """examples:
   kl drift prod
   kl drift prod --all                                    # resolved drift too: when and how it ended
   kl drift --states 'team/**' --detailed-exitcode -q     # CI gate: exit 2 when any state has drift
-  kl drift prod --format markdown >> "$GITHUB_STEP_SUMMARY\""""
+  kl drift prod --format markdown >> "$GITHUB_STEP_SUMMARY"
+  kl drift ignore add --states prod --address 'null_resource.*' --reason 'rebuilt nightly'
+                                                         # ignore rules: kl drift ignore --help
+  kl drift --states ignore                               # a state literally named "ignore\""""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
                         help="every state whose name matches: * within one /-separated segment, ** across")
     parser.add_argument("--limit", type=cli_args.positive, help="show at most N drifted instances per state")
-    parser.add_argument("--all", action="store_true", help="resolved drift too, with when and how it was resolved")
+    parser.add_argument("--all", action="store_true",
+                        help="resolved drift too, with when and how it was resolved, and drift an ignore rule hides")
     cli_args.add_format(parser, markdown=True)
     exitcodes.add_gate_arguments(parser, "now")
 
@@ -44,6 +48,11 @@ def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bo
 def _headline(e: dict[str, Any]) -> str:
     first = e["first_detected"]
     since = f"first detected v{first['serial']}, {render.when(first['at'])}"
+    if e["ignored_by"] is not None:
+        ign = e["ignored_by"]
+        why = f": {ign['reason']}" if ign["reason"] else ""
+        return (f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])}), "
+                f"ignored by rule {ign['rule']}{why}")
     if e["resolved"] is None:
         return f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])})"
     r = e["resolved"]
