@@ -44,7 +44,7 @@ def add(conn, states: str, address: str, path: str | None = None, reason: str | 
         states, address, sch.path_parse(path) if path else None, reason, expires_in_s), "t")
 
 
-BASE = {
+BASE: dict[str, dict[str, Any]] = {
     "null_resource.web": {"id": "w", "triggers": {"env": "prod", "stamp": "1"}},
     "null_resource.db": {"id": "d", "triggers": {"env": "prod", "stamp": "1"}},
     "local_file.conf": {"id": "c", "content": "x", "filename": "conf"},
