@@ -267,3 +267,25 @@ def test_a_state_named_ignore_is_reached_with_states(conn, run_kl):
     r = run_kl("drift", "--states", "ignore", "--detailed-exitcode", "-q")
     assert r.returncode == 2
     assert "null_resource.web" in run_kl("drift", "--states", "ignore").stdout.decode()
+
+
+ADDRESSES = ['null_resource.a', 'null_resource.a[0]', 'null_resource.a["k.v"]', 'local_file.f["two"]',
+             'module.m.null_resource.a', 'module.m.module.n.null_resource.a[1]', 'data.x.y', 'null_resource.ab']
+
+
+@pytest.mark.parametrize("glob", ["null_resource.*", "null_resource.a", "null_resource.a[*]", 'local_file.f["two"]',
+                                  'local_file.f["t?o"]', "module.m.*", "module.m.**", "**.null_resource.a", "**",
+                                  "*.a*", "module.*.null_resource.*"])
+def test_address_globs_mean_the_same_in_python_and_postgresql(conn, glob):
+    from kilolock import globs
+
+    pattern = globs.compile_address_glob(glob)
+    in_sql = {a for (a,) in conn.execute("SELECT a FROM unnest(%s::text[]) a WHERE a ~ %s",
+                                         (ADDRESSES, globs.address_regex(glob))).fetchall()}
+    assert in_sql == {a for a in ADDRESSES if pattern.fullmatch(a)}
+    expected = {"null_resource.*": {"null_resource.a", "null_resource.a[0]", "null_resource.ab"},
+                'local_file.f["t?o"]': {'local_file.f["two"]'},
+                "**.null_resource.a": {"null_resource.a", "module.m.null_resource.a"},  # ** is zero or more segments
+                "module.m.**": {"module.m.null_resource.a", "module.m.module.n.null_resource.a[1]"}}
+    if glob in expected:
+        assert in_sql == expected[glob]
