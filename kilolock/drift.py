@@ -93,9 +93,11 @@ def entry(r: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def document(state: str, rows: Iterable[Mapping[str, Any]], *, total: int, open_count: int, include_resolved: bool) -> dict[str, Any]:
+def document(state: str, rows: Iterable[Mapping[str, Any]], *, total: int, open_count: int, ignored_count: int,
+             include_resolved: bool) -> dict[str, Any]:
     """The drift document: ``total`` entries match the selection (open ones, or all with
     ``include_resolved``: ignored and resolved ones too), ``rows`` may be fewer (a limit); ``open``
-    is the open count (ignored records left out), exactly what ``kl status`` says."""
+    is the open count (ignored records left out), exactly what ``kl status`` says; ``ignored`` the
+    open records an ignore rule hides."""
     return {"version": 1, "state": state, "all": include_resolved, "total": total, "open": open_count,
-            "drift": [entry(r) for r in rows]}
+            "ignored": ignored_count, "drift": [entry(r) for r in rows]}

@@ -42,7 +42,9 @@ def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bo
         rows = drift_store.list_drift(conn, name, limit, include_resolved=include_resolved)
         open_count = drift_store.count_drift(conn, name)
         total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
-    return drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved)
+        ignored = drift_store.count_ignored(conn, name)
+    return drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
+                          include_resolved=include_resolved)
 
 
 def _headline(e: dict[str, Any]) -> str:
@@ -64,7 +66,6 @@ def render_table(doc: dict[str, Any]) -> None:
     items = doc["drift"]
     if not items:
         print(f"{doc['state']}: no drift" if not doc["all"] else f"{doc['state']}: no drift, open or resolved")
-        return
     for e in items:
         deposed = f" (deposed {e['deposed']})" if e["deposed"] else ""
         print(f"{e['address']}{deposed}: {_headline(e)}")
@@ -74,6 +75,8 @@ def render_table(doc: dict[str, Any]) -> None:
             print(f"  {c['path']}: {drift.show(c['before'])} → {drift.show(c['after'])}")
     if doc["total"] > len(items):
         print(f"... and {doc['total'] - len(items)} more (--limit)")
+    if not doc["all"] and doc["ignored"]:  # hidden, not forgotten
+        print(f"({doc['ignored']} more ignored by rules: kl drift {doc['state']} --all)")
 
 
 def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:

@@ -35,6 +35,7 @@ LIMIT %s
 
 _COUNT_OPEN = "SELECT count(*) FROM current_resource_drift WHERE state_id = %s"
 _COUNT_ALL = "SELECT count(*) FROM drift_records WHERE state_id = %s"
+_COUNT_IGNORED = "SELECT count(*) FROM resource_drift WHERE state_id = %s AND ignore_rule_id IS NOT NULL"
 
 
 def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
@@ -48,4 +49,10 @@ def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
 def count_drift(conn: psycopg.Connection, name: str, *, include_resolved: bool = False) -> int:
     sid = state_id(conn, name)
     row = conn.execute(_COUNT_ALL if include_resolved else _COUNT_OPEN, (sid,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def count_ignored(conn: psycopg.Connection, name: str) -> int:
+    """Open records an ignore rule hides: not open drift, but said, so that none is forgotten."""
+    row = conn.execute(_COUNT_IGNORED, (state_id(conn, name),)).fetchone()
     return int(row[0]) if row else 0

@@ -49,9 +49,9 @@ def test_a_glob_over_addresses_hides_real_drift_until_the_rule_is_removed(run_kl
     assert r.returncode == 0, r.stderr
     rule = int(r.stdout)
     assert gate(run_kl) == 0 and status_open(run_kl) == 0
-    assert run_kl("drift", "prod").stdout.decode() == "prod: no drift\n"
+    assert run_kl("drift", "prod").stdout.decode() == "prod: no drift\n(2 more ignored by rules: kl drift prod --all)\n"
     doc = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
-    assert (doc["total"], doc["open"], doc["drift"]) == (0, 0, [])
+    assert (doc["total"], doc["open"], doc["ignored"], doc["drift"]) == (0, 0, 2, [])
     everything = json.loads(run_kl("drift", "prod", "--all", "--format", "json").stdout)
     assert (everything["total"], everything["open"]) == (2, 0)
     assert sorted((e["address"], e["kind"], e["status"], e["ignored_by"]["rule"], e["ignored_by"]["reason"])

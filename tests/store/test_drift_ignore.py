@@ -31,7 +31,9 @@ def doc(conn, name: str = "prod", include_resolved: bool = False) -> dict:
     rows = drift_store.list_drift(conn, name, include_resolved=include_resolved)
     open_count = drift_store.count_drift(conn, name)
     total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
-    return drift_model.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved)
+    return drift_model.document(name, rows, total=total, open_count=open_count,
+                                 ignored_count=drift_store.count_ignored(conn, name),
+                                 include_resolved=include_resolved)
 
 
 def open_addresses(conn, name: str = "prod") -> list[str]:
@@ -68,8 +70,9 @@ def test_a_glob_over_addresses_hides_records_everywhere_open_drift_is_counted_an
     assert open_addresses(conn) == ["local_file.conf"]
     status = summary.state_status(conn, "prod")
     assert (status["open_drift"], status["open_drift_first_serial"]) == (1, 2)
+    assert doc(conn)["ignored"] == 2
     full = doc(conn, include_resolved=True)
-    assert (full["total"], full["open"]) == (3, 1)
+    assert (full["total"], full["open"], full["ignored"]) == (3, 1, 2)
     by_address = {e["address"]: e for e in full["drift"]}
     assert by_address["local_file.conf"]["status"] == "open" and by_address["local_file.conf"]["ignored_by"] is None
     for address in ("null_resource.db", "null_resource.web"):
@@ -196,7 +199,7 @@ def test_the_api_agrees(conn):
     drifted(conn)
     add(conn, "prod", "null_resource.*", reason="r")
     body = json.loads(api.drift_report(conn, "prod").body)
-    assert (body["open"], [e["address"] for e in body["drift"]]) == (1, ["local_file.conf"])
+    assert (body["open"], body["ignored"], [e["address"] for e in body["drift"]]) == (1, 2, ["local_file.conf"])
     body = json.loads(api.drift_report(conn, "prod", include_resolved=True).body)
     assert [e["status"] for e in body["drift"]] == ["open", "ignored", "ignored"]
 
@@ -210,13 +213,16 @@ def test_kl_drift_ignore_add_list_remove(conn, run_kl):
     assert r.returncode == 0, r.stderr
     rule = int(r.stdout)
     assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2  # local_file.conf still open
+    lines = run_kl("drift", "prod").stdout.decode().splitlines()
+    assert lines[0].startswith("local_file.conf: deleted at v2 (") and lines[-1] == "(2 more ignored by rules: kl drift prod --all)"
     r = run_kl("drift", "ignore", "add", "--states", "prod", "--address", "local_file.conf", "--path", "content")
     assert int(r.stdout) == rule + 1
     assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2  # a deletion is under no path
     third = int(run_kl("drift", "ignore", "add", "--states", "prod", "--address", "local_*.*").stdout)
     assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 0
-    assert run_kl("drift", "prod").stdout.decode() == "prod: no drift\n"
+    assert run_kl("drift", "prod").stdout.decode() == "prod: no drift\n(3 more ignored by rules: kl drift prod --all)\n"
     text = run_kl("drift", "prod", "--all").stdout.decode()
+    assert "more ignored" not in text
     assert "null_resource.web: changed at v2 (first detected v2, " in text and f"ignored by rule {rule}: nightly" in text
     assert "local_file.conf: deleted at v2 (" in text and f"ignored by rule {third}\n" in text
     status = json.loads(run_kl("status", "prod", "--format", "json").stdout)
