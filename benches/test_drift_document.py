@@ -69,7 +69,7 @@ def _document(conn: psycopg.Connection) -> str:
     with conn.transaction():
         rows = drift_store.list_drift(conn, "prod")
         total = drift_store.count_drift(conn, "prod")
-    doc = drift.document("prod", rows, total=total, open_count=total, include_resolved=False)
+    doc = drift.document("prod", rows, total=total, open_count=total, ignored_count=0, include_resolved=False)
     return json.dumps(doc, indent=2, default=json_default)
 
 

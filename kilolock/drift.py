@@ -91,23 +91,28 @@ def entry(r: Mapping[str, Any]) -> dict[str, Any]:
     open_for: timedelta = r["open_for"]
     resolved = None if r["resolved_serial"] is None else {
         "serial": r["resolved_serial"], "at": r["resolved_at"], "how": r["resolved_how"]}
+    ignored = None if r.get("ignore_rule_id") is None else {"rule": r["ignore_rule_id"], "reason": r["ignore_reason"]}
+    status = "resolved" if resolved is not None else "ignored" if ignored is not None else "open"
     return {
         "address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
-        "status": "open" if resolved is None else "resolved",
+        "status": status,
         "detected_serial": r["detected_serial"], "detected_at": r["detected_at"],
         "first_detected": {"serial": r["first_detected_serial"], "at": r["first_detected_at"]},
         "last_confirmed_serial": r["last_confirmed_serial"],
         "open_for_s": int(open_for.total_seconds()),
         "resolved": resolved,
+        "ignored_by": ignored,  # the ignore rule that hides this open record (kl drift ignore)
         "refresh_run_id": str(r["refresh_run_id"]) if r["refresh_run_id"] else None,
         "changed_attributes": r["changed_attributes"],
         "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changed],
     }
 
 
-def document(state: str, rows: Iterable[Mapping[str, Any]], *, total: int, open_count: int, include_resolved: bool) -> dict[str, Any]:
+def document(state: str, rows: Iterable[Mapping[str, Any]], *, total: int, open_count: int, ignored_count: int,
+             include_resolved: bool) -> dict[str, Any]:
     """The drift document: ``total`` entries match the selection (open ones, or all with
-    ``include_resolved``), ``rows`` may be fewer (a limit); ``open`` is the open count, exactly
-    what ``kl status`` says."""
+    ``include_resolved``: ignored and resolved ones too), ``rows`` may be fewer (a limit); ``open``
+    is the open count (ignored records left out), exactly what ``kl status`` says; ``ignored`` the
+    open records an ignore rule hides."""
     return {"version": 1, "state": state, "all": include_resolved, "total": total, "open": open_count,
-            "drift": [entry(r) for r in rows]}
+            "ignored": ignored_count, "drift": [entry(r) for r in rows]}

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kilolock.cli.commands import COMMANDS, Command
+from kilolock.cli.commands import COMMANDS, DRIFT_IGNORE, Command
 from kilolock.cli.exitcodes import DETAILED_EXITCODE, exit_code
 from kilolock.errors import KlError, UsageError, one_line
 
@@ -92,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drift_ignore_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"kl drift {DRIFT_IGNORE.name}", description=DRIFT_IGNORE.summary)
+    parser.set_defaults(_command=None, _parser=parser)  # no ACTION: kl prints the group's help
+    _add_commands(parser, DRIFT_IGNORE.actions, "ignore_command", "ACTION")
+    return parser
+
+
+def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The parser for ARGV and what it parses: `kl drift ignore ...` goes to the ignore group
+    (`kl drift STATE` would take `ignore` for a state name)."""
+    if argv[:2] == ["drift", DRIFT_IGNORE.name]:
+        return _drift_ignore_parser(), argv[2:]
+    return build_parser(), argv
+
+
 _TRACE = 5  # the level kilolock.provider.logbridge registers as TRACE (provider hclog trace lines)
 _LEVELS = {"trace": _TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
            "warning": logging.WARNING, "error": logging.ERROR}
@@ -111,8 +126,8 @@ def _configure_logging() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser, argv = _parser_for(argv)
     # Read before parsing: a usage error must exit 1 under it too, and parsing is what failed.
     detailed = DETAILED_EXITCODE in argv[: argv.index("--")] if "--" in argv else DETAILED_EXITCODE in argv
     try:

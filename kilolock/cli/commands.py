@@ -45,6 +45,17 @@ def _group(name: str, summary: str, module: str, actions: tuple[tuple[str, str, 
     return Command(name, summary, actions=tuple(Command(a, s, module, a, example=e) for a, s, e in actions))
 
 
+# `kl drift ignore ACTION`: `kl drift` itself takes a positional STATE, so kilolock.cli.main routes
+# `drift ignore` to this group before the drift parser sees it (a state named `ignore` is reached
+# with `kl drift --states ignore`).
+DRIFT_IGNORE = _group("ignore", "rules that hide drift from open drift; the records stay (kl drift --all)",
+                      "kilolock.cli.ignorecmd", (
+    ("add", "add a rule; prints its id",
+     """kl drift ignore add --states 'team/**' --address 'null_resource.*' --path 'triggers["stamp"]' --expires 7d"""),
+    ("list", "the rules, with how many open drift records each hides now", "kl drift ignore list --format json"),
+    ("remove", "delete a rule: what it hid is open drift again", "kl drift ignore remove 3"),
+))
+
 COMMANDS: tuple[Command, ...] = (
     Command("version", "print versions, codec backend and paths", "kilolock.cli.versioncmd", example="kl version"),
     _group("db", "manage the database", "kilolock.cli.dbcmd", (
@@ -69,8 +80,8 @@ COMMANDS: tuple[Command, ...] = (
             example="kl status prod"),
     Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",
             "kilolock.cli.refreshcmd", example="kl refresh prod --dry-run"),
-    Command("drift", "what refresh found changed or deleted, since when; --all: resolved drift too", "kilolock.cli.driftcmd",
-            example="kl drift prod"),
+    Command("drift", "what refresh found changed or deleted, since when; --all: resolved and ignored drift too; "
+            "kl drift ignore: ignore rules", "kilolock.cli.driftcmd", example="kl drift prod"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
     Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd",
             example="KL_SERVE_TOKEN=... kl serve --listen 127.0.0.1:8080"),

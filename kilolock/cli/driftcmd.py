@@ -16,7 +16,10 @@ EXAMPLE = """examples:
   kl drift prod
   kl drift prod --all                                    # resolved drift too: when and how it ended
   kl drift --states 'team/**' --detailed-exitcode -q     # CI gate: exit 2 when any state has drift
-  kl drift prod --format markdown >> "$GITHUB_STEP_SUMMARY\""""
+  kl drift prod --format markdown >> "$GITHUB_STEP_SUMMARY"
+  kl drift ignore add --states prod --address 'null_resource.*' --reason 'rebuilt nightly'
+                                                         # ignore rules: kl drift ignore --help
+  kl drift --states ignore                               # a state literally named "ignore\""""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
                         help="every state whose name matches: * within one /-separated segment, ** across")
     parser.add_argument("--limit", type=cli_args.positive, help="show at most N drifted instances per state")
-    parser.add_argument("--all", action="store_true", help="resolved drift too, with when and how it was resolved")
+    parser.add_argument("--all", action="store_true",
+                        help="resolved drift too, with when and how it was resolved, and drift an ignore rule hides")
     cli_args.add_format(parser, markdown=True)
     exitcodes.add_gate_arguments(parser, "now")
 
@@ -38,12 +42,19 @@ def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bo
         rows = drift_store.list_drift(conn, name, limit, include_resolved=include_resolved)
         open_count = drift_store.count_drift(conn, name)
         total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
-    return drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved)
+        ignored = drift_store.count_ignored(conn, name)
+    return drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
+                          include_resolved=include_resolved)
 
 
 def _headline(e: dict[str, Any]) -> str:
     first = e["first_detected"]
     since = f"first detected v{first['serial']}, {render.when(first['at'])}"
+    if e["ignored_by"] is not None:
+        ign = e["ignored_by"]
+        why = f": {ign['reason']}" if ign["reason"] else ""
+        return (f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])}), "
+                f"ignored by rule {ign['rule']}{why}")
     if e["resolved"] is None:
         return f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])})"
     r = e["resolved"]
@@ -55,7 +66,6 @@ def render_table(doc: dict[str, Any]) -> None:
     items = doc["drift"]
     if not items:
         print(f"{doc['state']}: no drift" if not doc["all"] else f"{doc['state']}: no drift, open or resolved")
-        return
     for e in items:
         deposed = f" (deposed {e['deposed']})" if e["deposed"] else ""
         print(f"{e['address']}{deposed}: {_headline(e)}")
@@ -65,6 +75,8 @@ def render_table(doc: dict[str, Any]) -> None:
             print(f"  {c['path']}: {drift.show(c['before'])} → {drift.show(c['after'])}")
     if doc["total"] > len(items):
         print(f"... and {doc['total'] - len(items)} more (--limit)")
+    if not doc["all"] and doc["ignored"]:  # hidden, not forgotten
+        print(f"({doc['ignored']} more ignored by rules: kl drift {doc['state']} --all)")
 
 
 def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:

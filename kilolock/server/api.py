@@ -37,9 +37,11 @@ def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = F
             rows = drift_store.list_drift(conn, name, include_resolved=include_resolved)
             open_count = drift_store.count_drift(conn, name)
             total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
+            ignored = drift_store.count_ignored(conn, name)
     except StateNotFound as exc:
         return text(404, str(exc))
-    return json_body(200, drift.document(name, rows, total=total, open_count=open_count, include_resolved=include_resolved))
+    return json_body(200, drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
+                                         include_resolved=include_resolved))
 
 
 def health(conn: psycopg.Connection) -> Response:

@@ -1,7 +1,8 @@
 """Reads of the drift records: `current_resource_drift` (open ones) and `resource_drift` (all).
 
 `kl drift`, the drift API and `kl status`'s open count all read current_resource_drift, so the
-count is exactly the rows listed.
+count is exactly the rows listed. Records an ignore rule hides (migration 0009) are not there;
+with ``include_resolved`` they come with the rule that hides them (ignore_rule_id, ignore_reason).
 """
 from __future__ import annotations
 
@@ -17,22 +18,24 @@ _COLS = """address, deposed, drift_kind, type, detected_serial, detected_at, pre
        first_detected_at, last_confirmed_serial, open_for, changed_attributes"""
 
 _LIST_OPEN = f"""
-SELECT {_COLS}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how
+SELECT {_COLS}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how,
+       NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason
 FROM current_resource_drift WHERE state_id = %s
 ORDER BY address, deposed
 LIMIT %s
 """
 
-# Open ones first, then the resolved ones, latest first.
+# Open ones first, then the ignored ones, then the resolved ones, latest first.
 _LIST_ALL = f"""
-SELECT {_COLS}, resolved_serial, resolved_at, resolved_how
+SELECT {_COLS}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason
 FROM resource_drift WHERE state_id = %s
-ORDER BY resolved_serial DESC NULLS FIRST, address, deposed, first_detected_serial DESC
+ORDER BY resolved_serial DESC NULLS FIRST, ignore_rule_id NULLS FIRST, address, deposed, first_detected_serial DESC
 LIMIT %s
 """
 
 _COUNT_OPEN = "SELECT count(*) FROM current_resource_drift WHERE state_id = %s"
 _COUNT_ALL = "SELECT count(*) FROM drift_records WHERE state_id = %s"
+_COUNT_IGNORED = "SELECT count(*) FROM resource_drift WHERE state_id = %s AND ignore_rule_id IS NOT NULL"
 
 
 def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
@@ -46,4 +49,10 @@ def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
 def count_drift(conn: psycopg.Connection, name: str, *, include_resolved: bool = False) -> int:
     sid = state_id(conn, name)
     row = conn.execute(_COUNT_ALL if include_resolved else _COUNT_OPEN, (sid,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def count_ignored(conn: psycopg.Connection, name: str) -> int:
+    """Open records an ignore rule hides: not open drift, but said, so that none is forgotten."""
+    row = conn.execute(_COUNT_IGNORED, (state_id(conn, name),)).fetchone()
     return int(row[0]) if row else 0

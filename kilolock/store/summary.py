@@ -24,10 +24,10 @@ SELECT v.serial, v.lineage, v.terraform_version,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'managed') AS managed,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'data') AS data,
        (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = %(sid)s) AS open_drift,
-       (SELECT min(d.first_detected_serial) FROM drift_records d
-        WHERE d.state_id = %(sid)s AND d.resolved_version_id IS NULL) AS open_drift_first_serial,
-       (SELECT max(now() - d.first_detected_at) FROM drift_records d
-        WHERE d.state_id = %(sid)s AND d.resolved_version_id IS NULL) AS open_drift_oldest_for,
+       (SELECT min(d.first_detected_serial) FROM current_resource_drift d
+        WHERE d.state_id = %(sid)s) AS open_drift_first_serial,
+       (SELECT max(now() - d.first_detected_at) FROM current_resource_drift d
+        WHERE d.state_id = %(sid)s) AS open_drift_oldest_for,
        (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s) AS locked_by,
        (SELECT info FROM state_locks l WHERE l.state_id = %(sid)s) AS lock
 FROM (SELECT 1) one

@@ -9,7 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from kilolock.cli import build_parser, main
-from kilolock.cli.commands import COMMANDS, Command
+from kilolock.cli.commands import COMMANDS, DRIFT_IGNORE, Command
 from kilolock.cli.exitcodes import exit_code
 
 
@@ -72,6 +72,22 @@ def test_every_option_has_a_help_line_and_every_command_an_example(path):
             assert a.help and a.help.strip(), f"kl {' '.join(path)}: {a.option_strings or a.dest} has no help"
     text = sub.format_help()
     assert re.search(r"^examples?:\n  \S", text, re.MULTILINE) and "kl " + path[0] in text.split("example")[-1], text
+
+
+@pytest.mark.parametrize("action", [c.name for c in DRIFT_IGNORE.actions])
+def test_drift_ignore_actions_have_help_lines_and_examples(action):
+    # `kl drift ignore ACTION` is parsed by its own group parser (kl drift takes a STATE)
+    from kilolock.cli import _parser_for
+
+    parser, rest = _parser_for(["drift", "ignore", action])
+    assert rest == [action]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[action]
+    sub.add_pending_arguments()
+    for a in sub._actions:
+        if not isinstance(a, argparse._HelpAction):
+            assert a.help and a.help.strip(), f"kl drift ignore {action}: {a.option_strings or a.dest} has no help"
+    text = sub.format_help()
+    assert text.startswith(f"usage: kl drift ignore {action} ") and "example:\n  kl drift ignore " + action in text, text
 
 
 def test_durations_accept_days():

@@ -179,12 +179,13 @@ def _precise_state(serial: int) -> bytes:
 def populate(conn: psycopg.Connection) -> None:
     """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
     drift records, open and resolved), refresh runs in each end state, held and released locks, provider
-    configs and schemas, per-state refresh settings."""
+    configs and schemas, per-state refresh settings, drift ignore rules (one active, one expired)."""
     import kilolock
     from kilolock import schema as sch
     from kilolock import tfstate
     from kilolock.server import store_ops
     from kilolock.store import (
+        ignore_rules,
         locks,
         provider_configs,
         provider_schemas,
@@ -243,6 +244,11 @@ def populate(conn: psycopg.Connection) -> None:
     import_file("history", history(6, {"a": a, "b": b, "c": c, "d": d}, marked=("a",), schema_version=1), "apply")  # b recreated
     import_file("history", history(7, {"a": a, "b": b, "d": {**d, "triggers": {"k": "d2"}}}, marked=("a",), schema_version=1),
                 "refresh")  # c gone, d changed: left open
+    # Ignore rules (0009): one hides d's open drift (a path rule); one expired, so hides nothing.
+    ignore_rules.add_rule(conn, ignore_rules.NewRule("hist*", "null_resource.d", sch.path_parse('triggers["k"]'),
+                                                     "fixture: rebuilt nightly"), "fixture@cli")
+    expired = ignore_rules.add_rule(conn, ignore_rules.NewRule("**", "**", None, None, 60.0), "fixture@cli")
+    conn.execute("UPDATE drift_ignore_rules SET expires_at = created_at - interval '1 day' WHERE id = %s", (expired,))
 
     # precise: hand-written JSON whose bytes only survive if jsonb and the layout stay exact.
     import_file("precise", _precise_state(1), "import")

@@ -90,7 +90,7 @@ def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_reso
         "address": TWO, "deposed": None, "kind": "deleted", "type": "local_file", "status": "open",
         "detected_serial": detected, "detected_at": at.isoformat(),
         "first_detected": {"serial": detected, "at": at.isoformat()}, "last_confirmed_serial": detected + 1,
-        "resolved": None, "changed_attributes": None, "changes": []}
+        "resolved": None, "ignored_by": None, "changed_attributes": None, "changes": []}
     assert (second["total"], second["open"], second["all"]) == (1, 1, False)
     assert open_drift(run_kl) == second["total"] == 1
     text = run_kl("drift", "prod").stdout.decode()

@@ -43,7 +43,9 @@ def doc(conn, include_resolved: bool = False) -> dict:
     rows = drift_store.list_drift(conn, "prod", include_resolved=include_resolved)
     open_count = drift_store.count_drift(conn, "prod")
     total = drift_store.count_drift(conn, "prod", include_resolved=True) if include_resolved else open_count
-    return drift_model.document("prod", rows, total=total, open_count=open_count, include_resolved=include_resolved)
+    return drift_model.document("prod", rows, total=total, open_count=open_count,
+                                 ignored_count=drift_store.count_ignored(conn, "prod"),
+                                 include_resolved=include_resolved)
 
 
 A, B = {"id": "a", "secret": "s", "triggers": {"k": "1"}}, {"id": "b", "secret": "t", "triggers": None}

@@ -1,0 +1,124 @@
+"""``kl drift ignore add|list|remove``: rules that hide drift records from open drift.
+
+A rule never deletes a record: ``kl drift --all`` shows what it hides as ``ignored`` with the rule,
+and removing the rule (or its expiry) makes the records open drift again. kl routes ``kl drift
+ignore ...`` here before ``kl drift STATE`` parses (kilolock.cli.main), so a state literally named
+``ignore`` is reached as ``kl drift --states ignore``."""
+from __future__ import annotations
+
+import argparse
+
+from kilolock.cli import args as cli_args
+from kilolock.cli import render
+
+
+def address_glob(text: str) -> str:
+    """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across."""
+    cli_args.utf8_text(text)
+    from kilolock.errors import UsageError
+    from kilolock.globs import compile_address_glob
+
+    try:
+        compile_address_glob(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def attribute_path(text: str) -> str:
+    """``--path``: an attribute path as Terraform writes one (tags["env"], rule[0].cidr)."""
+    cli_args.utf8_text(text)
+    from kilolock.schema import path_parse
+
+    try:
+        path_parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def duration(text: str) -> float:
+    """``--expires``: 30s, 15m, 12h, 7d (and combinations: 1d12h)."""
+    from kilolock.durations import parse_duration
+    from kilolock.errors import UsageError
+
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rule_id(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rule id (a whole number, see `kl drift ignore list`)") from None
+    if not 1 <= n < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rule id (see `kl drift ignore list`)")
+    return n
+
+
+def add_add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--states", metavar="GLOB", required=True, type=cli_args.state_glob,
+                        help="states whose name matches: * within one /-separated segment, ** across")
+    parser.add_argument("--address", metavar="GLOB", required=True, type=address_glob,
+                        help="resource addresses that match: * within one .-separated segment, ** across")
+    parser.add_argument("--path", metavar="ATTRIBUTE_PATH", type=attribute_path,
+                        help='only drift whose every change lies at or under this attribute path (tags["env"]); '
+                             "a deleted object is ignored only by a rule without --path")
+    parser.add_argument("--reason", type=cli_args.utf8_text, help="why: shown by list and by kl drift --all")
+    parser.add_argument("--expires", metavar="DURATION", type=duration,
+                        help="the rule stops matching after this long: s, m, h or d (30m, 12h, 7d)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who adds it (default: $USER@cli)")
+
+
+def run_add(args: argparse.Namespace) -> int:
+    from kilolock.schema import path_parse
+    from kilolock.store import db, ignore_rules
+
+    rule = ignore_rules.NewRule(args.states, args.address, path_parse(args.path) if args.path else None,
+                                args.reason, args.expires)
+    with db.open_store() as conn:
+        new_id = ignore_rules.add_rule(conn, rule, args.actor or cli_args.default_actor())
+    print(new_id)  # alone on stdout, for scripts: id=$(kl drift ignore add ...)
+    return 0
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kilolock.store import db, ignore_rules
+
+    with db.open_store() as conn:
+        rows = ignore_rules.list_rules(conn)
+    if args.format == "json":
+        render.emit_json({"version": 1, "rules": [
+            {"id": r["id"], "states": r["states_glob"], "address": r["address_glob"], "path": r["path"],
+             "reason": r["reason"], "created_at": r["created_at"], "created_by": r["created_by"],
+             "expires_at": r["expires_at"], "expired": r["expired"], "hides": r["hidden"]} for r in rows]})
+        return 0
+    if not rows:
+        print("no drift ignore rules")
+        return 0
+    render.table(
+        ["id", "states", "address", "path", "hides", "expires", "reason"],
+        [(r["id"], r["states_glob"], r["address_glob"], r["path"], r["hidden"],
+          (("expired " if r["expired"] else "") + render.when(r["expires_at"])) if r["expires_at"] else "never",
+          r["reason"]) for r in rows],
+    )
+    return 0
+
+
+def add_remove_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", type=rule_id, help="the rule's id (kl drift ignore list)")
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    from kilolock.store import db, ignore_rules
+
+    with db.open_store() as conn:
+        ignore_rules.remove_rule(conn, args.id)
+    print(f"removed drift ignore rule {args.id}: what it hid is open drift again")
+    return 0
