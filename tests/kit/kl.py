@@ -19,6 +19,9 @@ def kl_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "kilolock", *args]
 
 
+NO_DATABASE = "postgresql:///kl-test-asked-for-no-database?host=/nonexistent-kl-test-socket-dir"
+
+
 def run_kl(*args: str, input: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120,
            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess[bytes]:
     """Run kl with the test's environment (KL_DATABASE_URL) plus ENV; output captured."""
@@ -27,5 +30,10 @@ def run_kl(*args: str, input: bytes | None = None, env: dict[str, str] | None = 
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     if env:
         full_env.update(env)
+    if "KL_DATABASE_URL" not in full_env and "KL_DATA_DIR" not in full_env:
+        # Neither a test database (db_url) nor a data dir of the test's own: kl would fall back to
+        # the machine's embedded database, shared with every other run. Point it at nothing, so
+        # such a test fails on its first query instead of reading another run's states.
+        full_env["KL_DATABASE_URL"] = NO_DATABASE
     return subprocess.run(kl_cmd(*args), input=input, capture_output=True,
                           env=full_env, timeout=timeout, cwd=str(cwd or REPO))

@@ -29,7 +29,7 @@ def refresh(run_kl, ws: Path) -> tuple[int, dict]:
     return r.returncode, json.loads(r.stdout)
 
 
-def test_a_glob_over_addresses_hides_real_drift_until_the_rule_is_removed(run_kl, workspace: Path):
+def test_a_glob_over_addresses_hides_real_drift_until_the_rule_is_removed(run_kl, db_url: str, workspace: Path):
     assert run_kl("state", "import", "prod", str(workspace / "terraform.tfstate"), "--source", "apply").returncode == 0
     r = run_kl("state", "set", "prod", "--workdir", str(workspace))
     assert r.returncode == 0, r.stderr
