@@ -11,6 +11,7 @@ from typing import Any
 from kilolock import drift
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
+from kilolock.errors import KlError
 
 EXAMPLE = """examples:
   kl drift prod
@@ -108,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
             docs = [drift_document(conn, args.state, args.limit, args.all)]
         else:
             names = globs.select(args.states, [r["name"] for r in summary.list_states(conn)])
+            if not names:
+                # A gate over nothing would pass forever: a mistyped glob must not look like "no drift".
+                raise KlError(f"no state matches {args.states!r} (see `kl state list`)")
             docs = [drift_document(conn, n, args.limit, args.all) for n in names]
     open_drift = sum(d["open"] for d in docs)  # the gate counts open drift, --all or not
     if args.format == "json":
@@ -117,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
             render.emit_json({"version": 1, "states_glob": args.states, "total": sum(d["total"] for d in docs),
                               "open": open_drift, "states": docs})
     elif not args.quiet:
-        if args.states is not None and not docs:
-            print(f"no state matches {args.states!r}")
         for i, doc in enumerate(docs):
             if args.format == "markdown":
                 if i:

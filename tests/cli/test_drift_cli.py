@@ -62,8 +62,8 @@ def test_states_glob_is_one_gate_over_many_states(drifted):
     assert code == 0 and [(s["state"], s["total"]) for s in doc["states"]] == [("team/dev", 1), ("team/dev/eu", 1), ("team/prod", 0)]
     assert doc["states"][1]["drift"][0]["kind"] == "deleted"
     assert _kl("drift", "--states", "prod", "--detailed-exitcode")[0] == 0
-    code, out, _ = _kl("drift", "--states", "ghost/*", "--detailed-exitcode")
-    assert code == 0 and out == "no state matches 'ghost/*'\n"
+    code, out, err = _kl("drift", "--states", "ghost/*", "--detailed-exitcode")
+    assert code == 1 and out == "" and err == "kl: no state matches 'ghost/*' (see `kl state list`)\n", err
     code, out, _ = _kl("drift", "--states", "team/**")
     assert out.splitlines()[0] == "team/dev:" and "team/prod: no drift" in out
 
