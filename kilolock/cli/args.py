@@ -84,6 +84,42 @@ def state_glob(text: str) -> str:
     return text
 
 
+def address_glob(text: str) -> str:
+    """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across."""
+    utf8_text(text)
+    from kilolock.errors import UsageError
+    from kilolock.globs import compile_address_glob
+
+    try:
+        compile_address_glob(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def attribute_path(text: str) -> str:
+    """``--path``: an attribute path as Terraform writes one (tags["env"], rule[0].cidr)."""
+    utf8_text(text)
+    from kilolock.schema import path_parse
+
+    try:
+        path_parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def duration(text: str) -> float:
+    """``--expires``: 30s, 15m, 12h, 7d (and combinations: 1d12h)."""
+    from kilolock.durations import parse_duration
+    from kilolock.errors import UsageError
+
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def default_actor() -> str:
     try:
         user = getpass.getuser()

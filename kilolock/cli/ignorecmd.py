@@ -12,42 +12,6 @@ from kilolock.cli import args as cli_args
 from kilolock.cli import render
 
 
-def address_glob(text: str) -> str:
-    """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across."""
-    cli_args.utf8_text(text)
-    from kilolock.errors import UsageError
-    from kilolock.globs import compile_address_glob
-
-    try:
-        compile_address_glob(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def attribute_path(text: str) -> str:
-    """``--path``: an attribute path as Terraform writes one (tags["env"], rule[0].cidr)."""
-    cli_args.utf8_text(text)
-    from kilolock.schema import path_parse
-
-    try:
-        path_parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def duration(text: str) -> float:
-    """``--expires``: 30s, 15m, 12h, 7d (and combinations: 1d12h)."""
-    from kilolock.durations import parse_duration
-    from kilolock.errors import UsageError
-
-    try:
-        return parse_duration(text)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def rule_id(text: str) -> int:
     try:
         n = int(text)
@@ -61,13 +25,13 @@ def rule_id(text: str) -> int:
 def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", metavar="GLOB", required=True, type=cli_args.state_glob,
                         help="states whose name matches: * within one /-separated segment, ** across")
-    parser.add_argument("--address", metavar="GLOB", required=True, type=address_glob,
+    parser.add_argument("--address", metavar="GLOB", required=True, type=cli_args.address_glob,
                         help="resource addresses that match: * within one .-separated segment, ** across")
-    parser.add_argument("--path", metavar="ATTRIBUTE_PATH", type=attribute_path,
+    parser.add_argument("--path", metavar="ATTRIBUTE_PATH", type=cli_args.attribute_path,
                         help='only drift whose every change lies at or under this attribute path (tags["env"]); '
                              "a deleted object is ignored only by a rule without --path")
     parser.add_argument("--reason", type=cli_args.utf8_text, help="why: shown by list and by kl drift --all")
-    parser.add_argument("--expires", metavar="DURATION", type=duration,
+    parser.add_argument("--expires", metavar="DURATION", type=cli_args.duration,
                         help="the rule stops matching after this long: s, m, h or d (30m, 12h, 7d)")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who adds it (default: $USER@cli)")
 
