@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=int, default=256, metavar="N",
                         help="open client connections at once, a thread each (default 256); more get 503")
     parser.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
+    parser.add_argument("--metrics-open-on-loopback", action="store_true",
+                        help="serve /metrics without credentials to clients on this host (a local Prometheus); "
+                             "other clients and every other path still authenticate")
     parser.add_argument("-q", "--quiet", action="store_true", help="no request log (default: one line per request on stderr)")
     parser.add_argument("--hash-password", action="store_true",
                         help="read a password (prompt, or standard input) and print its hash for --users-file")
@@ -99,7 +102,7 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     db.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
     url = db.resolve_target().url
     config = ServerConfig(max_body=parse_size(args.max_body), timeout=args.timeout, pool_size=args.pool_size,
-                          max_connections=args.max_connections,
+                          max_connections=args.max_connections, metrics_open_on_loopback=args.metrics_open_on_loopback,
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
         return KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
@@ -115,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    print(f"kl serve: Terraform http backend at {server.url}/states/<name>", file=sys.stderr, flush=True)
+    print(f"kl serve: Terraform http backend at {server.url}/states/<name>, Prometheus metrics at {server.url}/metrics",
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

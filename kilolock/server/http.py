@@ -1,10 +1,12 @@
 """Sockets and HTTP framing: the standard library's ThreadingHTTPServer, one thread per connection,
 one pooled database connection per request. Bounded bodies, socket timeouts, optional TLS.
 
-Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /healthz.
+Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /metrics (Prometheus),
+/healthz.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import ssl
 import threading
@@ -21,6 +23,8 @@ from kilolock.names import parse_state_name
 from kilolock.server import api, backend
 from kilolock.server.auth import Authenticator, Principal
 from kilolock.server.backend import Response, text
+from kilolock.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from kilolock.server.metrics import ServerMetrics, route_of
 from kilolock.server.options import DEFAULT_MAX_BODY
 from kilolock.server.pool import ConnectionPool, PoolExhausted
 from kilolock.store.db import DatabaseError
@@ -37,6 +41,7 @@ def _printable(text: str, limit: int = 200) -> str:
     return out if len(out) <= limit else out[:limit] + "…"
 
 _CHUNK = 1024 * 1024
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,9 @@ class ServerConfig:
     pool_wait: float = 30.0
     max_connections: int = 256  # one thread each; beyond this, new connections get 503 at once
     policy: backend.BackendPolicy = field(default_factory=backend.BackendPolicy)
+    # /metrics without credentials for clients on this host only (a local Prometheus); everything
+    # else keeps the server's authentication.
+    metrics_open_on_loopback: bool = False
 
 
 _BUSY_TEXT = b"server busy: too many open connections; retry\n"
@@ -63,6 +71,7 @@ class KilolockHTTPServer(ThreadingHTTPServer):
         self.config = config
         self.auth = auth
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
+        self.metrics = ServerMetrics(self.pool.connection)
         self.tls = tls
         self._connection_slots = threading.BoundedSemaphore(config.max_connections)
         super().__init__(address, _Handler)
@@ -165,6 +174,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, resp: Response) -> None:
         self.log_request(resp.status)
+        started = getattr(self, "_started", None)
+        method = getattr(self, "command", None) or "-"
+        self.server.metrics.observe(route_of(urlsplit(getattr(self, "path", "") or "").path),
+                                    method if method in _METHODS else "other", resp.status,
+                                    time.monotonic() - started if started is not None else 0.0)
         reason = self.responses.get(resp.status, ("",))[0]
         headers = {"Server": self.version_string(), "Date": self.date_time_string(),
                    "Content-Type": resp.content_type, "Content-Length": str(len(resp.body))}
@@ -283,6 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return api.health(conn)
         principal = self.server.auth.authenticate(self.headers.get("Authorization"))
         self._principal = principal
+        if path == "/metrics" and method == "GET" and (principal is not None or self._metrics_open()):
+            return Response(200, self.server.metrics.exposition(), METRICS_CONTENT_TYPE)
         if principal is None:
             return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
         if path.startswith("/states/"):
@@ -291,7 +307,17 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 return text(405, f"{method} is not allowed on {path}: the API is read-only", Allow="GET")
             return self._api(path[len("/api/v1/"):], parse_qs(url.query, keep_blank_values=True))
-        return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/")
+        if path == "/metrics":
+            return text(405, f"{method} is not allowed on /metrics", Allow="GET")
+        return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/, metrics at /metrics")
+
+    def _metrics_open(self) -> bool:
+        if not self.server.config.metrics_open_on_loopback:
+            return False
+        try:
+            return ipaddress.ip_address(self.client_address[0]).is_loopback
+        except ValueError:
+            return False
 
     def _has_unread_body(self) -> bool:
         return bool(self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"))

@@ -1,0 +1,88 @@
+"""`/metrics` in Prometheus' text format, written by prometheus-client (never formatted by hand).
+
+Two sources: what the database says about the states (read at each scrape by ``StoreCollector``,
+so every replica of `kl serve` agrees with `kl status`), and what this process saw (HTTP requests,
+counted in memory). Each server owns its registry: two servers in one process (the tests) do not
+share counters.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from kilolock.store.metrics import DURATION_BUCKETS, store_figures
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class StoreCollector(Collector):
+    def __init__(self, connection: Callable[[], AbstractContextManager[psycopg.Connection]]) -> None:
+        self._connection = connection
+
+    def collect(self) -> Iterator[Metric]:
+        with self._connection() as conn:
+            figures = store_figures(conn)
+        drift = GaugeMetricFamily("kilolock_state_open_drift",
+                                  "Resource instances with open drift (as kl status and kl drift count them)",
+                                  labels=["state"])
+        last = GaugeMetricFamily("kilolock_state_last_successful_refresh_timestamp_seconds",
+                                 "When the newest succeeded refresh of the state finished (Unix time)",
+                                 labels=["state"])
+        for s in figures.states:
+            drift.add_metric([s.name], s.open_drift)
+            if s.last_success is not None:  # never refreshed: no sample, rather than a 1970 one
+                last.add_metric([s.name], s.last_success)
+        runs = CounterMetricFamily("kilolock_refresh_runs", "Refresh runs recorded, by outcome",
+                                   labels=["state", "status"])
+        for name, status, count in figures.runs:
+            runs.add_metric([name, status], count)
+        durations = HistogramMetricFamily("kilolock_refresh_duration_seconds",
+                                          "Duration of finished refresh runs", labels=["state"])
+        for d in figures.durations:
+            buckets = [(_le(b), float(n)) for b, n in zip(DURATION_BUCKETS, d.cumulative, strict=True)]
+            buckets.append(("+Inf", float(d.count)))
+            durations.add_metric([d.name], buckets, d.total_seconds)
+        yield from (drift, last, runs, durations)
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class ServerMetrics:
+    """The registry one `kl serve` exposes, and the counters its request handler feeds."""
+
+    def __init__(self, connection: Callable[[], AbstractContextManager[psycopg.Connection]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(StoreCollector(connection))
+        self.requests = Counter("kilolock_http_requests", "HTTP requests answered, by route and status",
+                                ["route", "method", "status"], registry=self.registry)
+        self.request_seconds = Histogram("kilolock_http_request_duration_seconds", "Time to answer an HTTP request",
+                                         ["route"], registry=self.registry)
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.request_seconds.labels(route).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_of(path: str) -> str:
+    """A request path as a bounded label: state names would make one series per state and client."""
+    if path.startswith("/states/"):
+        return "/states/{name}"
+    if path.startswith("/api/v1/states/"):
+        for suffix in ("/drift", "/versions"):
+            if path.endswith(suffix):
+                return "/api/v1/states/{name}" + suffix
+        return "other"
+    if path in ("/api/v1/states", "/metrics", "/healthz"):
+        return path
+    return "other"

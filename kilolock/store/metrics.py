@@ -1,0 +1,94 @@
+"""What `/metrics` reports about the stored states, read fresh at each scrape.
+
+Counts come from kl's own tables (refresh_runs, current_resource_drift), not from counters kept in
+a process: every `kl serve` replica, and one restarted a minute ago, reports the same figures as
+`kl status`, whichever process ran the refreshes.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+# Upper bounds (seconds) of the refresh-duration histogram: a small state refreshes in well under a
+# second, a large one against a slow cloud API in minutes.
+DURATION_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+
+_STATES = """
+SELECT s.name,
+       (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = s.id) AS open_drift,
+       (SELECT extract(epoch FROM max(rr.finished_at)) FROM refresh_runs rr
+        WHERE rr.state_id = s.id AND rr.status = 'succeeded') AS last_success
+FROM states s
+ORDER BY s.name
+"""
+
+_RUNS = """
+SELECT s.name, rr.status, count(*) AS runs
+FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
+GROUP BY s.name, rr.status
+ORDER BY s.name, rr.status
+"""
+
+# Finished runs per state and per bucket: `bucket` is how many bounds lie below the duration, so
+# the run counts in every `le` from DURATION_BUCKETS[bucket] on (len: only in +Inf). A running run
+# has no duration yet and is left out.
+_DURATIONS = """
+SELECT s.name, x.bucket, count(*) AS runs, sum(x.d) AS seconds
+FROM (SELECT y.state_id, y.d, (SELECT count(*) FROM unnest(%(buckets)s::float8[]) b WHERE b < y.d) AS bucket
+      FROM (SELECT rr.state_id, extract(epoch FROM rr.finished_at - rr.started_at)::float8 AS d
+            FROM refresh_runs rr WHERE rr.finished_at IS NOT NULL) y) x
+JOIN states s ON s.id = x.state_id
+GROUP BY s.name, x.bucket
+ORDER BY s.name, x.bucket
+"""
+
+
+@dataclass(frozen=True)
+class StateFigures:
+    name: str
+    open_drift: int
+    last_success: float | None  # Unix seconds of the newest succeeded run's finish
+
+
+@dataclass(frozen=True)
+class DurationFigures:
+    name: str
+    cumulative: tuple[int, ...]  # runs at or under each of DURATION_BUCKETS
+    count: int
+    total_seconds: float
+
+
+@dataclass(frozen=True)
+class StoreFigures:
+    states: list[StateFigures]
+    runs: list[tuple[str, str, int]]  # (state, status, runs)
+    durations: list[DurationFigures]
+
+
+def store_figures(conn: psycopg.Connection) -> StoreFigures:
+    """One consistent read (a REPEATABLE READ snapshot): the gauges and the histogram agree."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur = conn.cursor(row_factory=dict_row)
+        states = [StateFigures(r["name"], r["open_drift"], None if r["last_success"] is None else float(r["last_success"]))
+                  for r in cur.execute(_STATES)]
+        runs = [(r["name"], r["status"], r["runs"]) for r in cur.execute(_RUNS)]
+        rows = cur.execute(_DURATIONS, {"buckets": list(DURATION_BUCKETS)}).fetchall()
+    return StoreFigures(states, runs, _histograms(rows))
+
+
+def _histograms(rows: list[dict[str, Any]]) -> list[DurationFigures]:
+    per_state: dict[str, tuple[list[int], list[float]]] = {}
+    for r in rows:
+        counts, total = per_state.setdefault(r["name"], ([0] * (len(DURATION_BUCKETS) + 1), [0.0]))
+        counts[r["bucket"]] += r["runs"]
+        total[0] += float(r["seconds"])
+    out = []
+    for name, (counts, total) in per_state.items():
+        cumulative = list(itertools.accumulate(counts))
+        out.append(DurationFigures(name, tuple(cumulative[:-1]), cumulative[-1], total[0]))
+    return out

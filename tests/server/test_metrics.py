@@ -1,0 +1,107 @@
+"""/metrics: prometheus-client's own parser reads it, and its figures are the ones `kl status` and
+`kl runs` give for the same states (real refreshes with the real null provider)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kilolock.server.auth import Authenticator
+from kit.kl import run_kl as kl
+from kit.paths import PLUGIN_CACHE
+from kit.pg import one_row
+
+TOKEN = "metrics-test-token"
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture
+def imported(db_url, make_state, tmp_path):
+    for name in ("prod", "empty-path", "never"):
+        f = tmp_path / f"{name}.tfstate"
+        f.write_bytes(make_state(1, {"a": {"id": "1"}, "b": {"id": "2"}}))
+        assert kl("state", "import", name, str(f)).returncode == 0
+    return db_url
+
+
+@pytest.fixture
+def refreshed(imported, make_state, tmp_path):
+    """prod: refreshed twice by kl with the real null provider, then drift written by a refresh;
+    empty-path: one refresh that failed (no provider found); never: imported, never refreshed."""
+    for _ in range(2):
+        r = kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+    r = kl("refresh", "empty-path", "--provider-search-path", str(tmp_path), "--workdir", str(tmp_path))
+    assert r.returncode == 1, r.stderr
+    # Drift as a refresh records it: b gone in a version a refresh wrote.
+    f = tmp_path / "drift.tfstate"
+    f.write_bytes(make_state(50, {"a": {"id": "1"}}))
+    assert kl("state", "import", "prod", str(f), "--source", "refresh").returncode == 0, "drift version"
+    return imported
+
+
+def _status(name: str) -> dict:
+    r = kl("status", name, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_metrics_match_kl_status_and_runs(refreshed, start_server, conn):
+    client = start_server(auth=Authenticator(token=TOKEN))
+    assert client.request("GET", "/metrics").status == 401  # same auth as the rest of the server
+    reply = client.with_auth(f"Bearer {TOKEN}").request("GET", "/metrics")
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/plain; version="), reply.headers
+    samples = _samples(reply.text)
+
+    for name in ("prod", "empty-path", "never"):
+        assert samples[("kilolock_state_open_drift", (("state", name),))] == _status(name)["open_drift"], name
+    assert _status("prod")["open_drift"] == 1  # the test is not comparing zeros
+
+    last = one_row(conn, "SELECT extract(epoch FROM max(finished_at))::float8 FROM refresh_runs r JOIN states s "
+                         "ON s.id = r.state_id WHERE s.name = 'prod' AND r.status = 'succeeded'")[0]
+    assert samples[("kilolock_state_last_successful_refresh_timestamp_seconds", (("state", "prod"),))] == pytest.approx(last)
+    assert not any(k[0] == "kilolock_state_last_successful_refresh_timestamp_seconds" and k[1] == (("state", "never"),)
+                   for k in samples), "a state never refreshed has no sample, not 1970"
+
+    for name, runs in (("prod", {"succeeded": 2}), ("empty-path", {"failed": 1})):
+        r = kl("runs", name, "--format", "json")
+        listed = json.loads(r.stdout)
+        rows = listed["runs"] if isinstance(listed, dict) else listed
+        assert {st: sum(1 for x in rows if x["status"] == st) for st in runs} == runs, rows
+        for status, n in runs.items():
+            assert samples[("kilolock_refresh_runs_total", (("state", name), ("status", status)))] == n
+        count = samples[("kilolock_refresh_duration_seconds_count", (("state", name),))]
+        assert count == sum(runs.values())
+        assert samples[("kilolock_refresh_duration_seconds_bucket", (("le", "+Inf"), ("state", name)))] == count
+        # Cumulative: no bucket holds fewer runs than a smaller one.
+        buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items()
+                         if k[0] == "kilolock_refresh_duration_seconds_bucket" and dict(k[1])["state"] == name)
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+
+
+def test_requests_are_counted_by_route_not_by_state_name(imported, start_server):
+    client = start_server()
+    for name in ("prod", "never"):
+        assert client.request("GET", f"/states/{name}").status == 200
+    assert client.request("GET", "/nowhere").status == 404
+    samples = _samples(client.request("GET", "/metrics").text)
+    assert samples[("kilolock_http_requests_total", (("method", "GET"), ("route", "/states/{name}"), ("status", "200")))] == 2
+    assert samples[("kilolock_http_requests_total", (("method", "GET"), ("route", "other"), ("status", "404")))] == 1
+    assert not any("never" in str(k) for k in samples if k[0].startswith("kilolock_http_"))
+
+
+def test_metrics_open_on_loopback_only_when_asked(imported, start_server):
+    closed = start_server(auth=Authenticator(token=TOKEN))
+    assert closed.request("GET", "/metrics").status == 401
+    open_ = start_server(auth=Authenticator(token=TOKEN), metrics_open_on_loopback=True)
+    assert open_.request("GET", "/metrics").status == 200
+    assert open_.request("GET", "/states/prod").status == 401  # only /metrics is opened
+    assert open_.request("PUT", "/metrics", body=b"x").status in (401, 405)
