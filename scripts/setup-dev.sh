@@ -21,7 +21,14 @@ quiet() { if [ -n "$setup_log" ]; then "$@" >>"$setup_log" 2>&1; else "$@"; fi; 
 if [ -n "$setup_log" ]; then
     mkdir -p "$(dirname "$setup_log")"
     export KL_SETUP_LOG="$setup_log"  # test-providers.sh and test-terraform.sh log there too
-    trap 'rc=$?; [ $rc -eq 0 ] || { log "failed; the last lines of $setup_log:"; tail -n 15 "$setup_log" | sed "s/^/  | /" >&2; log "full output: $setup_log"; }' EXIT
+    on_exit() {
+        local rc=$?
+        if [ "$rc" -eq 0 ] || [ ! -s "$setup_log" ]; then return 0; fi
+        log "failed; the last lines of $setup_log:"
+        tail -n 15 "$setup_log" | sed "s/^/  | /" >&2
+        log "full output: $setup_log"
+    }
+    trap on_exit EXIT
 fi
 
 have_pg() { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; }
