@@ -125,13 +125,16 @@ def path_from_state_json(steps: list[dict[str, Any]]) -> AttributePath:
 
 def path_display(path: AttributePath) -> str:
     """The one printed form of a path, as Terraform writes one in plans and ``ignore_changes``:
-    ``tags["k"]``, ``rule[0].cidr`` (no leading dot; the empty path is the whole object)."""
+    ``tags["k"]``, ``rule[0].cidr`` (no leading dot; the empty path is the whole object). A key is
+    a JSON string that keeps UTF-8 as is (``tags["café"]``, as Terraform prints it and as kl prints
+    values) and escapes only quote, backslash and control characters. The codec's error messages
+    use it too; its Rust backend (codec_rs/src/errors.rs) writes the same text."""
     parts: list[str] = []
     for step in path:
         if isinstance(step, GetAttr):
             parts.append(("." if parts else "") + step.name)
         elif isinstance(step.key, str):
-            parts.append("[" + json.dumps(step.key) + "]")
+            parts.append("[" + json.dumps(step.key, ensure_ascii=False) + "]")
         else:
             parts.append(f"[{step.key}]")
     return "".join(parts)

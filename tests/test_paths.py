@@ -30,3 +30,10 @@ def test_what_is_displayed_parses_back(first, rest):
 def test_a_bad_path_names_where(text, where):
     with pytest.raises(ValueError, match=where):
         sch.path_parse(text)
+
+
+def test_display_keeps_utf8_in_keys_and_escapes_only_what_json_must():
+    # As Terraform prints a key, and as kl prints values (drift's json.dumps(ensure_ascii=False)).
+    assert sch.path_display((sch.GetAttr("tags"), sch.Index('café "x"\n'))) == 'tags["café \\"x\\"\\n"]'
+    assert sch.path_display((sch.Index(0), sch.GetAttr("cidr"))) == "[0].cidr"
+    assert sch.path_display(()) == ""

@@ -2,7 +2,7 @@
 //! kilolock/codec/pure/marshal.py). Input already in the wire's order (state JSON is written with
 //! sorted keys) goes straight to the output; anything else is reordered.
 
-use crate::errors::{too_deep, AtStep, PathError, Result, MAX_DEPTH};
+use crate::errors::{too_deep, AtStep, PathError, Result, Step, MAX_DEPTH};
 use crate::jsontext::{quote, write_jval, JVal, Kind, Parser};
 use crate::mp;
 use crate::numbers::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
@@ -111,7 +111,7 @@ fn marshal_list(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, d
     let mut count = 0usize;
     if !p.empty_close(b']') {
         loop {
-            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", count))?;
+            marshal(p, elem, out, depth + 1).at(|| Step::Index(count))?;
             count += 1;
             if !p.next_or_close(b']')? {
                 break;
@@ -166,7 +166,7 @@ fn marshal_set(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, de
         let mut i = 0usize;
         loop {
             let s = out.len();
-            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", i))?;
+            marshal(p, elem, out, depth + 1).at(|| Step::Index(i))?;
             if dedup.keep(out, s) {
                 count += 1;
             }
@@ -220,7 +220,7 @@ fn marshal_primitive_set(p: &mut Parser, elem: &CtyType, out: &mut Vec<u8>) -> R
                 }
                 Ok(())
             })();
-            r.at(|| format!("[{}]", i))?;
+            r.at(|| Step::Index(i))?;
             i += 1;
             if !p.next_or_close(b']')? {
                 break;
@@ -273,7 +273,7 @@ fn marshal_tuple(p: &mut Parser, kind: Kind, elems: &[CtyType], out: &mut Vec<u8
     if !p.empty_close(b']') {
         let mut i = 0usize;
         loop {
-            marshal(p, &elems[i], out, depth + 1).at(|| format!("[{}]", i))?;
+            marshal(p, &elems[i], out, depth + 1).at(|| Step::Index(i))?;
             i += 1;
             if !p.next_or_close(b']')? {
                 break;
@@ -296,7 +296,7 @@ fn marshal_map(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, de
             }
             let s = out.len();
             mp::write_str(out, key.as_bytes());
-            marshal(p, elem, out, depth + 1).at(|| format!("[{}]", quote(&key)))?;
+            marshal(p, elem, out, depth + 1).at(|| Step::Key(key.to_string()))?;
             entries.push(key, (s, out.len()));
             if !p.next_or_close(b'}')? {
                 break;
@@ -341,14 +341,14 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>,
                     }
                     out.extend_from_slice(&o.mp_keys[idx]);
                     let s = out.len();
-                    marshal(p, ty, out, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                    marshal(p, ty, out, depth + 1).at(|| Step::Attr(o.names[idx].clone()))?;
                     spans.push((s, out.len()));
                     next = idx + 1;
                 }
                 _ => {
                     let side = reordered.get_or_insert_with(|| Reordered::start(out, region, &spans, n));
                     let s = side.buf.len();
-                    marshal(p, ty, &mut side.buf, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                    marshal(p, ty, &mut side.buf, depth + 1).at(|| Step::Attr(o.names[idx].clone()))?;
                     side.set(idx, (s, side.buf.len()));
                 }
             }

@@ -1,7 +1,7 @@
 //! unmarshal: msgpack -> canonical cty JSON (sorted keys, compact, exact numbers, dynamic values
 //! as `{"type":..,"value":..}`); twin of kilolock/codec/pure/unmarshal.py.
 
-use crate::errors::{too_deep, AtStep, PathError, Result, MAX_DEPTH};
+use crate::errors::{too_deep, AtStep, PathError, Result, Step, MAX_DEPTH};
 use crate::jsontext::{quote, write_json_string};
 use crate::mp::{Head, Reader};
 use crate::numbers::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
@@ -114,7 +114,7 @@ fn unmarshal_list(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>,
         if i > 0 {
             out.push(b',');
         }
-        unmarshal(r, elem, out, depth + 1).at(|| format!("[{}]", i))?;
+        unmarshal(r, elem, out, depth + 1).at(|| Step::Index(i))?;
     }
     out.push(b']');
     Ok(())
@@ -149,7 +149,7 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
                 }
                 Ok(())
             })();
-            r2.at(|| format!("[{}]", i))?;
+            r2.at(|| Step::Index(i))?;
         }
         strings.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         strings.dedup();
@@ -188,7 +188,7 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         let mut texts: Vec<Vec<u8>> = Vec::new();
         for i in 0..n {
             let mut text = Vec::new();
-            unmarshal(r, elem, &mut text, depth + 1).at(|| format!("[{}]", i))?;
+            unmarshal(r, elem, &mut text, depth + 1).at(|| Step::Index(i))?;
             texts.push(text);
         }
         texts.sort_unstable();
@@ -214,7 +214,7 @@ fn unmarshal_tuple(r: &mut Reader, head: Head, elems: &[CtyType], out: &mut Vec<
         if i > 0 {
             out.push(b',');
         }
-        unmarshal(r, elem, out, depth + 1).at(|| format!("[{}]", i))?;
+        unmarshal(r, elem, out, depth + 1).at(|| Step::Index(i))?;
     }
     out.push(b']');
     Ok(())
@@ -256,7 +256,7 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         write_json_string(out, key.as_bytes());
         out.push(b':');
         let s = out.len();
-        unmarshal(r, elem, out, depth + 1).at(|| format!("[{}]", quote(key)))?;
+        unmarshal(r, elem, out, depth + 1).at(|| Step::Key(key.to_string()))?;
         entries.push(key, (s, out.len()));
     }
     if let Some(sorted) = entries.unsorted() {
@@ -306,14 +306,14 @@ fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectType, out: &mut Vec<u8
                 }
                 out.extend_from_slice(&o.json_keys[idx]);
                 let s = out.len();
-                unmarshal(r, ty, out, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                unmarshal(r, ty, out, depth + 1).at(|| Step::Attr(o.names[idx].clone()))?;
                 spans.push((s, out.len()));
                 next = idx + 1;
             }
             _ => {
                 let side = reordered.get_or_insert_with(|| Reordered::start(out, region, &spans, n));
                 let s = side.buf.len();
-                unmarshal(r, ty, &mut side.buf, depth + 1).at(|| format!(".{}", o.names[idx]))?;
+                unmarshal(r, ty, &mut side.buf, depth + 1).at(|| Step::Attr(o.names[idx].clone()))?;
                 side.set(idx, (s, side.buf.len()));
             }
         }

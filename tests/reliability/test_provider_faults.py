@@ -27,7 +27,7 @@ def assert_nothing_committed(db_url: str, status: str = "failed") -> None:
 
 
 @pytest.mark.parametrize("bad, expected", [
-    ("fake_garbage", "provider fake: ReadResource returned an invalid object: (root): invalid msgpack byte 0xc1"),
+    ("fake_garbage", "provider fake: ReadResource returned an invalid object: invalid msgpack byte 0xc1"),
     ("fake_unknown", "unknown value"),
     ("fake_wrongtype", "string"),
 ])

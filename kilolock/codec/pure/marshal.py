@@ -130,7 +130,7 @@ def marshal_list(value: object, t: CtyType, out: bytearray, depth: int) -> None:
         try:
             marshal(item, elem, out, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
 
 
@@ -148,7 +148,7 @@ def marshal_set(value: object, t: CtyType, out: bytearray, depth: int) -> None:
         try:
             marshal(item, elem, buf, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
         encoded.setdefault(bytes(buf), None)
     write_array_header(out, len(encoded))
@@ -179,7 +179,7 @@ def marshal_primitive_set(items: list[object], elem: CtyType, out: bytearray) ->
                 marshal_bool(item, elem, buf, 0)
                 keyed.setdefault(item, bytes(buf))
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
     write_array_header(out, len(keyed) + has_null)
     for key in sorted(keyed):  # type: ignore[type-var]
@@ -197,7 +197,7 @@ def marshal_tuple(value: object, t: CtyType, out: bytearray, depth: int) -> None
         try:
             marshal(item, elem, out, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
 
 
@@ -224,7 +224,7 @@ def marshal_map(value: object, t: CtyType, out: bytearray, depth: int) -> None:
         try:
             marshal(item, elem, buf, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{quote(key)}]")
+            exc.index(key)
             raise
         encoded[key_bytes] = bytes(buf)
     write_map_header(out, len(encoded))
@@ -259,7 +259,7 @@ def marshal_object(value: object, t: CtyType, out: bytearray, depth: int) -> Non
         try:
             marshal(item, attr_type, buf, depth + 1)
         except PathError as exc:
-            exc.segments.append("." + key)
+            exc.attr(key)
             raise
         encoded[key] = bytes(buf)
     # Every attribute goes on the wire, absent ones as nil, in sorted order.

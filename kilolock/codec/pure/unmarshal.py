@@ -112,7 +112,7 @@ def unmarshal_list(r: Reader, family: int, arg: object, t: CtyType, out: list[st
         try:
             unmarshal(r, elem, out, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
     out.append("]")
 
@@ -147,7 +147,7 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
                         raise _got("bool", family)
                     keyed.setdefault(arg, "true" if arg else "false")
             except PathError as exc:
-                exc.segments.append(f"[{i}]")
+                exc.index(i)
                 raise
         texts = [keyed[k] for k in sorted(keyed)]  # type: ignore[type-var]
         if has_null:
@@ -161,7 +161,7 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
             try:
                 unmarshal(r, elem, part, depth + 1)
             except PathError as exc:
-                exc.segments.append(f"[{i}]")
+                exc.index(i)
                 raise
             seen.add("".join(part))
         texts = sorted(seen)
@@ -179,7 +179,7 @@ def unmarshal_tuple(r: Reader, family: int, arg: object, t: CtyType, out: list[s
         try:
             unmarshal(r, elem, out, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{i}]")
+            exc.index(i)
             raise
     out.append("]")
 
@@ -211,7 +211,7 @@ def unmarshal_map(r: Reader, family: int, arg: object, t: CtyType, out: list[str
         try:
             unmarshal(r, elem, part, depth + 1)
         except PathError as exc:
-            exc.segments.append(f"[{quote(key)}]")
+            exc.index(key)
             raise
         entries[key] = "".join(part)
     # Code point order of str equals the byte order of their UTF-8 encodings.
@@ -233,7 +233,7 @@ def unmarshal_object(r: Reader, family: int, arg: object, t: CtyType, out: list[
         try:
             unmarshal(r, attr_type, part, depth + 1)
         except PathError as exc:
-            exc.segments.append("." + key)
+            exc.attr(key)
             raise
         entries[key] = "".join(part)
     # Attributes missing on the wire decode as null, like absent ones in cty JSON.
