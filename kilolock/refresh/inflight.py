@@ -14,7 +14,7 @@ WINDOW_MIN, all started under the current limit):
     load a slower provider is slower for reasons of its own, and shrinking would not help (when it
     is much slower, growth starts over at x1.5).
   - m <= GROW_BELOW x baseline: grow (x1.5 until latency first climbs, then +1/16 per window);
-  - m >= SHRINK_ABOVE x baseline: shrink towards TARGET x baseline (at most by half);
+  - m >= SHRINK_ABOVE x baseline: shrink towards TARGET x baseline (at most by a quarter);
   - in between: hold.
 A throttled answer halves the limit at once, at most once per window of reads started after the
 previous decrease (those started before it were sent at the old limit and say nothing new).
@@ -25,6 +25,7 @@ this run's share, and ``set_ceiling`` lowers or raises it while the run goes on.
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
@@ -33,17 +34,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+log = logging.getLogger("kilolock.refresh.inflight")
+
 AUTO: Literal["auto"] = "auto"
 Parallelism = int | Literal["auto"]
 
 START = 10  # Terraform's -parallelism default: auto never starts below what Terraform would do
 AUTO_MAX = 256  # auto's own ceiling: beyond this a single provider process is rarely the bottleneck
 WINDOW_MIN = 8
-GROW_BELOW = 1.1
-SHRINK_ABOVE = 1.3
-TARGET = 1.15
+# Latency bands, as multiples of the baseline. Wide enough that a busy machine's noise (kl and the
+# provider share CPUs) moves nothing; a provider that queues shows 1.5x at 1.5x its capacity.
+GROW_BELOW = 1.2
+SHRINK_ABOVE = 1.5
+TARGET = 1.3
 SLOW_START_FACTOR = 1.5
-THROTTLE_FACTOR = 0.5
+LATENCY_CUT = 0.75  # at most a quarter off per window for latency: it is the noisier signal
+THROTTLE_FACTOR = 0.5  # throttling is the API saying so: halve
 
 # What providers put in a diagnostic when the API they call throttles them: AWS (Throttling,
 # ThrottlingException, RequestLimitExceeded, "Rate exceeded"), Azure and HTTP APIs (429 Too Many
@@ -174,7 +180,7 @@ class AdaptiveLimit:
             self._set(grown)
         elif ratio >= SHRINK_ABOVE:
             self.slow_start = False
-            self._set(math.floor(self.limit * max(THROTTLE_FACTOR, TARGET / ratio)))
+            self._set(math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio)))
         else:
             self.slow_start = False
             self.epoch += 1  # hold, and measure a fresh window
@@ -207,8 +213,9 @@ class Gate:
 
     POLL = 0.05
 
-    def __init__(self, controller: FixedLimit | AdaptiveLimit) -> None:
+    def __init__(self, controller: FixedLimit | AdaptiveLimit, label: str = "provider") -> None:
         self.controller = controller
+        self.label = label
         self.in_flight = 0
         self._cond = threading.Condition()
 
@@ -229,10 +236,16 @@ class Gate:
         """latency: seconds of a good answer; None for a failure, which says nothing about load."""
         with self._cond:
             self.in_flight -= 1
+            before = self.controller.limit
             if throttled:
                 self.controller.on_throttled(epoch)
             elif latency is not None:
                 self.controller.on_latency(latency, epoch)
+            if self.controller.limit != before and log.isEnabledFor(logging.DEBUG):
+                baseline = getattr(self.controller, "baseline", None)
+                log.debug("%s: requests in flight %d -> %d (%s%s)", self.label, before, self.controller.limit,
+                          "throttled" if throttled else f"latency {latency or 0:.3f}s",
+                          f", baseline {baseline:.3f}s" if baseline is not None else "")
             if self.in_flight < self.controller.limit:
                 self._cond.notify_all()  # the limit may have grown by more than one
 

@@ -322,7 +322,7 @@ class _Run:
         lock = threading.Lock()
         # The provider never sees more calls than the gate's limit, fixed or adaptive (inflight).
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism,
-                                                     self.options.provider_caps.get(source)))
+                                                     self.options.provider_caps.get(source)), label)
         rng = random.Random()
         threads: list[threading.Thread] = []
         prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
