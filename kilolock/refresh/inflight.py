@@ -14,7 +14,9 @@ WINDOW_MIN, all started under the current limit):
     load a slower provider is slower for reasons of its own, and shrinking would not help (when it
     is much slower, growth starts over at x1.5).
   - m <= GROW_BELOW x baseline: grow (x1.5 until latency first climbs, then +1/16 per window);
-  - m >= SHRINK_ABOVE x baseline: shrink towards TARGET x baseline (at most by a quarter);
+  - m >= SHRINK_ABOVE x baseline: shrink towards TARGET x baseline (at most by a quarter); when
+    the next window is not at least 8% faster, the cut did not help (the latency is not ours): its
+    median becomes the baseline and growth starts over at x1.5;
   - in between: hold.
 A throttled answer halves the limit at once, at most once per window of reads started after the
 previous decrease (those started before it were sent at the old limit and say nothing new).
@@ -49,6 +51,7 @@ SHRINK_ABOVE = 1.5
 TARGET = 1.3
 SLOW_START_FACTOR = 1.5
 LATENCY_CUT = 0.75  # at most a quarter off per window for latency: it is the noisier signal
+CUT_MUST_HELP = 0.92  # after a latency cut, the next window's median must be this much lower
 THROTTLE_FACTOR = 0.5  # throttling is the API saying so: halve
 
 # What providers put in a diagnostic when the API they call throttles them: AWS (Throttling,
@@ -134,6 +137,7 @@ class AdaptiveLimit:
         self.baseline_limit = 0
         self._window: list[float] = []
         self._last_cut_epoch = -1
+        self._cut_at: float | None = None  # the median that made the last latency cut, until the next window
 
     def _set(self, limit: int) -> None:
         limit = max(self.minimum, min(limit, self.ceiling))
@@ -165,6 +169,12 @@ class AdaptiveLimit:
             return
         window = sorted(self._window)
         median = window[len(window) // 2]
+        cut_at, self._cut_at = self._cut_at, None
+        if cut_at is not None and median > cut_at * CUT_MUST_HELP:
+            # Fewer calls in flight and no faster: the latency is not ours (a busy machine, a slower
+            # API for everyone). Take it as the new baseline rather than cut on towards nothing.
+            self.baseline, self.baseline_limit = median, self.limit
+            self.slow_start = True
         if self.baseline is None or median < self.baseline or self.limit <= self.baseline_limit:
             if self.baseline is not None and median > self.baseline * SHRINK_ABOVE:
                 # No more load than when the baseline was taken, yet slower: the provider changed on
@@ -181,6 +191,7 @@ class AdaptiveLimit:
         elif ratio >= SHRINK_ABOVE:
             self.slow_start = False
             self._set(math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio)))
+            self._cut_at = median
         else:
             self.slow_start = False
             self.epoch += 1  # hold, and measure a fresh window

@@ -254,3 +254,19 @@ def test_the_gate_keeps_threads_within_the_limit_as_it_moves() -> None:
     assert stopped.acquire() is not None
     assert stopped.acquire(lambda: True) is None  # full, and told to stop: gives up instead of waiting
     assert stopped.report() == {"mode": "fixed", "start": 1, "max": 1, "final": 1, "throttled": 0}
+
+
+def test_a_stall_that_is_not_the_providers_load_does_not_cut_to_nothing() -> None:
+    # For two seconds every call takes twice as long whatever the load (kl's machine is busy): once
+    # a cut does not help, auto stops cutting, and after the stall it is back at capacity.
+    c = 50
+
+    def model(n: int, now: float) -> tuple[float, bool]:
+        stall = 2.0 if 1.0 < now < 3.0 else 1.0
+        return BASE * stall * max(1.0, n / c), False
+
+    sim = simulate(AdaptiveLimit(), 8000, model)
+    during = [sim.limit_at(1.0 + t / 10) for t in range(20)]
+    assert min(during) >= c * 0.6, sim.limits  # without the rule it cuts on to 15
+    assert min(sim.limit_at(3.5 + t / 10) for t in range(10)) >= c, sim.limits
+    assert sim.duration < 8000 / (c / BASE) + 1.0 + 0.6  # the ideal, the stall at half speed, the ramp-up
