@@ -262,14 +262,17 @@ class _Run:
 
     def read_with_retries(self, client: ResourceClient, entry: _Entry, gate: inflight.Gate, rng: random.Random) -> None:
         """Refresh one instance through the gate. An answer that says the API throttled the call
-        is retried after a pause (Backoff) until the instance has used up --rpc-timeout."""
-        started = time.monotonic()
+        is retried after a pause (Backoff) until the instance has used up --rpc-timeout, counted from
+        its first call (time spent waiting for a slot before it is not the provider's)."""
+        started: float | None = None
         attempt = 0
         while True:
             epoch = gate.acquire(lambda: self.cancel.cancelled)
             if epoch is None:
-                return
+                return  # cancelled while waiting for a slot: never sent
+            entry.read = True
             sent = time.monotonic()
+            started = sent if started is None else started
             try:
                 entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
             except ThrottledError as exc:
@@ -342,7 +345,6 @@ class _Run:
                     entry = next(pending, None)
                 if entry is None:
                     return
-                entry.read = True
                 self.read_with_retries(client, entry, gate, rng)
                 with lock:
                     counter["done"] += 1
