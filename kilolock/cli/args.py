@@ -53,6 +53,16 @@ def positive(text: str) -> int:
     return n
 
 
+def parallelism(text: str) -> int | str:
+    """``--provider-parallelism auto|N``: requests in flight per provider process."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither auto nor a whole number of at least 1") from None
+
+
 def serial(text: str) -> int:
     try:
         n = int(text)

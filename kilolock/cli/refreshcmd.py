@@ -30,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
     # The next four override the state's stored settings (kl state set) for this run.
-    parser.add_argument("--provider-parallelism", type=cli_args.positive,
-                        help="requests in flight per provider process (default: stored, else 10 as Terraform; 1 = serial)")
+    parser.add_argument("--provider-parallelism", type=cli_args.parallelism, metavar="auto|N",
+                        help="requests in flight per provider process: auto adapts to the provider's latency and "
+                             "throttling from 10 up; N fixes it (1 = serial) (default: stored, else auto)")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who runs it (default: stored, else $USER@cli)")
     parser.add_argument("--provider-search-path", action="append", metavar="DIR",
                         help="where provider binaries are (repeatable; replaces the stored ones; before $KL_PROVIDER_PATH and the defaults)")
@@ -57,6 +58,7 @@ def options_from_args(args: argparse.Namespace, stored: StateSettings | None = N
     import os
 
     from kilolock.durations import parse_duration
+    from kilolock.refresh.inflight import AUTO, parse_parallelism
     from kilolock.refresh.options import RefreshOptions
 
     # Relative paths on the command line mean kl's directory; stored ones are absolute already.
@@ -65,7 +67,8 @@ def options_from_args(args: argparse.Namespace, stored: StateSettings | None = N
         dry_run=args.dry_run,
         fail_fast=args.fail_fast,
         concurrency=args.concurrency or os.cpu_count() or 1,
-        provider_parallelism=args.provider_parallelism or (stored and stored.provider_parallelism) or 10,
+        provider_parallelism=parse_parallelism(str(args.provider_parallelism or (stored and stored.provider_parallelism)
+                                                   or AUTO)),
         actor=args.actor or (stored and stored.actor) or cli_args.default_actor(),
         search_paths=flag_paths or (stored and stored.provider_search_paths) or (),
         workdir=os.path.abspath(args.workdir) if args.workdir else (stored.workdir if stored else None),
@@ -135,9 +138,20 @@ def result_json(result: Any) -> dict[str, Any]:
         "drift": result.drift,
         "failures": [_failure_json(f) for f in result.failures],
         "providers": result.providers,
+        "concurrency": result.concurrency,
         "error": result.error,
         "duration_s": result.duration_s,
     }
+
+
+def concurrency_text(c: dict[str, Any]) -> str:
+    """One provider group's requests in flight, as `kl refresh` and `kl runs` show them."""
+    label = c["provider"].rsplit("/", 1)[-1] + (f".{c['alias']}" if c.get("alias") else "")
+    if c["mode"] == "fixed":
+        text = f"{label} {c['final']} (fixed)"
+    else:
+        text = f"{label} auto {c['start']} → max {c['max']} → {c['final']}"
+    return text + (f", {c['throttled']} throttled (retried)" if c.get("throttled") else "")
 
 
 def _failure_json(f: Any) -> dict[str, Any]:
@@ -172,6 +186,8 @@ def render_table(result: Any) -> None:
     )
     for p in result.providers:
         print(f"provider: {p}")
+    for c in result.concurrency:
+        print(f"in flight: {concurrency_text(c)}")
     if result.error:
         print(f"error:    {result.error}")
     if result.drift:

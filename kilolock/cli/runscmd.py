@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
@@ -31,11 +32,28 @@ def run(args: argparse.Namespace) -> int:
             {"id": r.id, "status": r.status, "from_serial": r.from_serial, "to_serial": r.to_serial,
              "started_at": r.started_at, "finished_at": r.finished_at, "resources_checked": r.resources_checked,
              "resources_changed": r.resources_changed, "resources_failed": r.resources_failed,
-             "error_summary": r.error_summary, "actor": r.actor} for r in rows]})
+             "error_summary": r.error_summary, "actor": r.actor, "concurrency": r.concurrency} for r in rows]})
         return 0
     render.table(
-        ["started", "status", "serial", "checked", "changed", "failed", "actor", "id"],
+        ["started", "status", "serial", "checked", "changed", "failed", "in flight", "actor", "id"],
         [(r.started_at, r.status, f"v{r.from_serial} → " + (f"v{r.to_serial}" if r.to_serial is not None else "-"),
-          r.resources_checked, r.resources_changed, r.resources_failed, r.actor, r.id) for r in rows],
+          r.resources_checked, r.resources_changed, r.resources_failed, in_flight(r.concurrency), r.actor, r.id)
+         for r in rows],
     )
     return 0
+
+
+def in_flight(concurrency: list[dict[str, Any]] | None) -> str:
+    """Requests in flight per provider: the most and the last (auto), or N (fixed); the provider
+    named when there are several."""
+    if not concurrency:
+        return "-"
+    parts = []
+    for c in concurrency:
+        text = f"auto, max {c['max']}, final {c['final']}" if c["mode"] == "auto" else f"{c['final']} fixed"
+        if c.get("throttled"):
+            text += f" ({c['throttled']} throttled)"
+        if len(concurrency) > 1:
+            text = c["provider"].rsplit("/", 1)[-1] + (f".{c['alias']}" if c.get("alias") else "") + " " + text
+        parts.append(text)
+    return ", ".join(parts)

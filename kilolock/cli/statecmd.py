@@ -149,8 +149,8 @@ def add_set_arguments(parser: argparse.ArgumentParser) -> None:
                              "refreshing host; a relative DIR is made absolute here)")
     parser.add_argument("--provider-search-path", action="append", type=cli_args.utf8_text, metavar="DIR",
                         help="where provider binaries are (repeatable; replaces the stored list)")
-    parser.add_argument("--provider-parallelism", type=cli_args.positive, metavar="N",
-                        help="requests in flight per provider process")
+    parser.add_argument("--provider-parallelism", type=cli_args.parallelism, metavar="auto|N",
+                        help="requests in flight per provider process: auto (adapts to the provider) or a fixed N")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who the state's refreshes are recorded as")
     parser.add_argument("--unset", action="append", choices=SETTINGS, metavar="SETTING", default=[],
                         help=f"remove a stored setting (repeatable): {', '.join(SETTINGS)}")
@@ -210,7 +210,7 @@ def _show_settings(name: str, stored: Any) -> None:
         ("state", name),
         ("workdir", stored.workdir or "(not set: providers run in kl's directory and no deletion is committed)"),
         ("provider search path", ", ".join(paths) if paths else "(not set: $KL_PROVIDER_PATH and the defaults)"),
-        ("provider parallelism", stored.provider_parallelism or "(not set: 10)"),
+        ("provider parallelism", stored.provider_parallelism or "(not set: auto)"),
         ("actor", stored.actor or "(not set: $USER@cli)"),
         ("updated", f"{render.text(stored.updated_at)} by {stored.updated_by}" if stored.updated_at else "-"),
     ])

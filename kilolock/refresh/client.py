@@ -18,6 +18,11 @@ class ResourceError(KlError):
     """A per-resource failure: recorded against the address, the run goes on (unless fail-fast)."""
 
 
+class ThrottledError(ResourceError):
+    """The provider's API throttled the call (its diagnostics say so): retried after a pause,
+    a failure only once the instance's --rpc-timeout is used up."""
+
+
 @dataclass(frozen=True)
 class ReadOutcome:
     new_state: bytes | None  # canonical JSON of the object now; None: the object is gone

@@ -11,7 +11,9 @@ import threading
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient
-from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.provider.errors import ProviderDiagnosticsError
+from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
+from kilolock.refresh.inflight import is_throttling
 from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 
@@ -63,7 +65,7 @@ class EncodingClient:
         try:
             upgraded = self._raw.upgrade_resource_state(type_name, version, raw_attributes)
         except KlError as exc:
-            raise ResourceError(f"UpgradeResourceState: {exc}") from None
+            raise _resource_error(exc, f"UpgradeResourceState: {exc}") from None
         if upgraded is None:
             raise ResourceError(f"provider {self._raw.name}: UpgradeResourceState returned no state")
         return self._decode(type_name, upgraded, "UpgradeResourceState")
@@ -78,7 +80,7 @@ class EncodingClient:
         try:
             res = self._raw.read_resource(type_name, wire, private)
         except KlError as exc:
-            raise ResourceError(str(exc)) from None
+            raise _resource_error(exc, str(exc)) from None
         if res.deferred_reason is not None:
             raise ResourceError(f"provider {self._raw.name}: deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
         if res.new_state is None:
@@ -107,3 +109,11 @@ class EncodingClient:
 
     def close(self) -> None:
         self._raw.close()
+
+
+def _resource_error(exc: KlError, message: str) -> ResourceError:
+    """Only the provider's own diagnostics can say it was throttled: a crash's stderr tail or a
+    transport error that happens to mention 503 is not a reason to call it again."""
+    if isinstance(exc, ProviderDiagnosticsError) and is_throttling(" ".join(d.describe() for d in exc.diagnostics)):
+        return ThrottledError(message)
+    return ResourceError(message)

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kilolock.errors import UsageError
+from kilolock.refresh.inflight import AUTO, Parallelism
 
 
 @dataclass(frozen=True)
@@ -12,7 +14,12 @@ class RefreshOptions:
     dry_run: bool = False
     fail_fast: bool = False
     concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)
-    provider_parallelism: int = 10  # Terraform's -parallelism default; 1 is the ADR's serial mode
+    # Requests in flight per provider process: "auto" adapts to the provider's latency and
+    # throttling, starting at Terraform's -parallelism default (10); N fixes it (1: the ADR's serial mode).
+    provider_parallelism: Parallelism = AUTO
+    # Provider source -> the most requests in flight this run may send it, whatever the setting
+    # above says. The hook for a fleet-wide per-provider limit: whoever enforces one fills this in.
+    provider_caps: Mapping[str, int] = field(default_factory=dict)
     actor: str = "unknown@cli"
     search_paths: tuple[str, ...] = ()
     timeout: float | None = None  # seconds, for the whole run
@@ -35,5 +42,8 @@ class RefreshOptions:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
-        if self.provider_parallelism < 1:
-            raise UsageError("--provider-parallelism must be at least 1")
+        if self.provider_parallelism != AUTO and (not isinstance(self.provider_parallelism, int)
+                                                  or self.provider_parallelism < 1):
+            raise UsageError("--provider-parallelism must be auto or at least 1")
+        if any(cap < 1 for cap in self.provider_caps.values()):
+            raise UsageError("a provider's requests-in-flight cap must be at least 1")

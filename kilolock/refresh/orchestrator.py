@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections import defaultdict
@@ -27,7 +28,8 @@ from kilolock import drift as attribute_drift
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
-from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError
+from kilolock.refresh import inflight
+from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError, ThrottledError
 from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
@@ -73,6 +75,9 @@ class Result:
     error: str | None = None  # the run-level reason when status is not succeeded
     duration_s: float = 0.0
     providers: list[str] = field(default_factory=list)  # "source version (binary)" per opened group
+    # Requests in flight per opened group: {"provider", "alias", "mode", "start", "max", "final",
+    # "throttled"} (inflight.Gate.report), in the order the groups finished.
+    concurrency: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Cancellation:
@@ -243,7 +248,9 @@ class _Run:
         self.cancel = cancel
         self.clients: list[ResourceClient] = []
         self.group_failures: list[Failure] = []
+        self.concurrency: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.backoff = inflight.Backoff()
 
     def record_failure(self, entry: _Entry, message: str) -> None:
         # Failure messages are printed, stored in refresh_runs and quoted in cancel reasons;
@@ -252,6 +259,45 @@ class _Run:
         entry.error = message
         if self.options.fail_fast:
             self.cancel.cancel(f"fail-fast: {entry.inst.address}: {message}")
+
+    def read_with_retries(self, client: ResourceClient, entry: _Entry, gate: inflight.Gate, rng: random.Random) -> None:
+        """Refresh one instance through the gate. An answer that says the API throttled the call
+        is retried after a pause (Backoff) until the instance has used up --rpc-timeout, counted from
+        its first call (time spent waiting for a slot before it is not the provider's)."""
+        started: float | None = None
+        attempt = 0
+        while True:
+            epoch = gate.acquire(lambda: self.cancel.cancelled)
+            if epoch is None:
+                return  # cancelled while waiting for a slot: never sent
+            entry.read = True
+            sent = time.monotonic()
+            started = sent if started is None else started
+            try:
+                entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
+            except ThrottledError as exc:
+                gate.release(epoch, throttled=True)
+                attempt += 1
+                pause = self.backoff.delay(attempt, rng)
+                if time.monotonic() + pause - started >= self.options.rpc_timeout:
+                    if not self.cancel.cancelled:
+                        self.record_failure(entry, f"{exc} (throttled {attempt} time(s); gave up after "
+                                                   f"{time.monotonic() - started:.0f}s, the --rpc-timeout per instance)")
+                    return
+                if self.cancel.wait(pause):
+                    return
+                continue
+            except KlError as exc:
+                gate.release(epoch)
+                if not self.cancel.cancelled:
+                    self.record_failure(entry, str(exc))
+            except Exception as exc:  # a bug must still fail this instance, never drop it
+                gate.release(epoch)
+                log.exception("refreshing %s", entry.inst.address)
+                self.record_failure(entry, f"internal error: {type(exc).__name__}: {exc}")
+            else:
+                gate.release(epoch, latency=time.monotonic() - sent)
+            return
 
     def run_group(self, key: GroupKey, entries: list[_Entry], opened: list[str]) -> None:
         source, alias = key
@@ -277,41 +323,51 @@ class _Run:
         pending = iter(entries)
         counter = {"done": 0}
         lock = threading.Lock()
+        # The provider never sees more calls than the gate's limit, fixed or adaptive (inflight).
+        gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism,
+                                                     self.options.provider_caps.get(source)), label)
+        rng = random.Random()
+        threads: list[threading.Thread] = []
+        prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
+
+        def add_workers() -> None:
+            # A thread per slot, started when the limit first reaches it (auto grows from 10).
+            with lock:
+                while len(threads) < min(gate.limit, total):
+                    t = threading.Thread(target=worker, name=f"{prefix}-{len(threads)}", daemon=True)
+                    threads.append(t)
+                    t.start()
 
         def worker() -> None:
-            # Workers pull the next instance until none is left: cheaper per instance than a
-            # Future each, and the provider never sees more than provider_parallelism calls.
+            # Workers pull the next instance until none is left: cheaper per instance than a Future each.
             while not self.cancel.cancelled:
                 with lock:
                     entry = next(pending, None)
                 if entry is None:
                     return
-                entry.read = True
-                try:
-                    entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
-                except KlError as exc:
-                    if not self.cancel.cancelled:
-                        self.record_failure(entry, str(exc))
-                except Exception as exc:  # a bug must still fail this instance, never drop it
-                    log.exception("refreshing %s", entry.inst.address)
-                    self.record_failure(entry, f"internal error: {type(exc).__name__}: {exc}")
+                self.read_with_retries(client, entry, gate, rng)
                 with lock:
                     counter["done"] += 1
                     done = counter["done"]
                 if self.progress:
                     self.progress(label, done, total)
+                if len(threads) < gate.limit:
+                    add_workers()
 
-        prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
-        threads = [threading.Thread(target=worker, name=f"{prefix}-{n}", daemon=True)
-                   for n in range(min(self.options.provider_parallelism, total))]
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
+            add_workers()
+            joined = 0
+            while True:  # workers may add workers: join until every started one is done
+                with lock:
+                    if joined == len(threads):
+                        break
+                    t = threads[joined]
                 t.join()
+                joined += 1
         finally:
             with self.lock:
                 self.clients.remove(client)
+                self.concurrency.append({"provider": source, "alias": alias or None, **gate.report()})
             client.close()
 
     def stop_all(self) -> None:
@@ -393,6 +449,7 @@ def run(
         result.failures = sorted(shared.group_failures, key=lambda f: f.provider or "") + sorted(
             (Failure(e.inst.address, e.error) for e in entries if e.error and e.read), key=lambda f: f.address or "")
         result.failed = sum(1 for e in entries if e.error)
+        result.concurrency = sorted(shared.concurrency, key=lambda c: (c["provider"], c["alias"] or ""))
         changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
         result.changed_addresses, result.changed = changed, len(changed)
         result.drift = [_drift_of(e) for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
@@ -451,4 +508,5 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
         summary = f"{summary}; first: {first.message}" if first.address is None else f"{summary}; first: {first.address}: {first.message}"
     finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
                  status=result.status if result.status != "running" else "failed", checked=result.checked,
-                 changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id)
+                 changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id,
+                 concurrency=result.concurrency or None)

@@ -1,11 +1,13 @@
 """The refresh audit trail (ADR 0006 refresh_runs): begun before any work, always finished."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
 
 from kilolock.store import locks
 
@@ -26,6 +28,9 @@ class RunRow:
     resources_failed: int | None
     error_summary: str | None
     actor: str | None
+    # Requests in flight per provider group (migration 0011): {"provider", "alias", "mode",
+    # "start", "max", "final", "throttled"}; None before 0011 or when no provider was opened.
+    concurrency: list[dict[str, Any]] | None = field(default=None)
 
 
 # A running refresh holds a session-level advisory lock keyed on its run id for as long as its
@@ -42,7 +47,7 @@ WHERE id = %s AND status = 'running'
 """
 _FINISH = """
 UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
-    resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s
+    resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s, concurrency = %s
 WHERE id = %s
 """
 
@@ -103,18 +108,21 @@ def finish(
     failed: int,
     error_summary: str | None,
     to_version_id: str | None,
+    concurrency: list[dict[str, Any]] | None = None,
 ) -> None:
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
     with conn.transaction():
-        conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id, run_id))
+        conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
+                               Jsonb(concurrency) if concurrency is not None else None, run_id))
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 
 
 _SELECT = """
 SELECT rr.id::text AS id, s.name AS state, rr.status, f.serial AS from_serial, t.serial AS to_serial, rr.started_at,
-       rr.finished_at, rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor
+       rr.finished_at, rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor,
+       rr.concurrency
 FROM refresh_runs rr
 JOIN states s ON s.id = rr.state_id
 JOIN state_versions f ON f.id = rr.from_version_id

@@ -22,7 +22,7 @@ COLUMNS: dict[str, str] = {
 class StateSettings:
     workdir: str | None = None
     provider_search_paths: tuple[str, ...] | None = None
-    provider_parallelism: int | None = None
+    provider_parallelism: int | str | None = None  # a number, or "auto" (migration 0011)
     actor: str | None = None
     updated_at: Any = None
     updated_by: str | None = None
@@ -50,8 +50,13 @@ def get(conn: psycopg.Connection, state_id: str) -> StateSettings:
     if row is None:
         return StateSettings()
     paths = row["provider_search_paths"]
-    return StateSettings(row["workdir"], tuple(paths) if paths is not None else None, row["provider_parallelism"],
-                         row["actor"], row["updated_at"], row["updated_by"])
+    return StateSettings(row["workdir"], tuple(paths) if paths is not None else None,
+                         _parallelism(row["provider_parallelism"]), row["actor"], row["updated_at"], row["updated_by"])
+
+
+def _parallelism(stored: str | None) -> int | str | None:
+    # Stored as text since 0011: 'auto', or a number that reads back as one.
+    return int(stored) if stored is not None and stored.isdigit() else stored
 
 
 def update(conn: psycopg.Connection, state_id: str, changes: Changes, actor: str) -> StateSettings:
@@ -72,7 +77,7 @@ def update(conn: psycopg.Connection, state_id: str, changes: Changes, actor: str
     params: dict[str, Any] = {"sid": state_id, "by": actor}
     for c in cols:
         v = assigned[c]
-        params[c] = list(v) if isinstance(v, tuple) else v
+        params[c] = list(v) if isinstance(v, tuple) else str(v) if c == "provider_parallelism" and v is not None else v
     with conn.transaction():
         conn.execute(insert, params)
     return get(conn, state_id)

@@ -45,6 +45,13 @@ def test_set_show_and_unset_settings(db_url, run_kl, make_state, tmp_path):
     shown = json.loads(run_kl("state", "show", "prod", "--format", "json").stdout)["settings"]
     assert shown == {"workdir": str(tmp_path / "tf"), "provider_search_paths": None, "provider_parallelism": 2, "actor": None}
 
+    # auto (0011) is stored as a word, a number as a number; unset means auto.
+    assert run_kl("state", "set", "prod", "--provider-parallelism", "auto").returncode == 0
+    assert json.loads(run_kl("state", "show", "prod", "--format", "json").stdout)["settings"]["provider_parallelism"] == "auto"
+    assert "provider parallelism: auto\n" in run_kl("state", "show", "prod").stdout.decode()
+    assert run_kl("state", "set", "prod", "--unset", "provider-parallelism").returncode == 0
+    assert "provider parallelism: (not set: auto)\n" in run_kl("state", "show", "prod").stdout.decode()
+
     # A workdir that this host lacks is stored (it is the refreshing host's path), with a note.
     r = run_kl("state", "set", "prod", "--workdir", "/srv/nowhere")
     assert r.returncode == 0 and err_line(r) == "note: /srv/nowhere is not a directory on this host; a refresh here would fail"
@@ -58,7 +65,7 @@ def test_set_refuses_what_it_cannot_store(db_url, run_kl, make_state):
     assert r.returncode == 2 and "nothing to change" in err_line(r)
     r = run_kl("state", "set", "prod", "--actor", "x", "--unset", "actor")
     assert r.returncode == 2 and err_line(r) == "kl: kl state set: --actor and --unset actor together; give one"
-    for bad in (["--unset", "colour"], ["--provider-parallelism", "0"]):
+    for bad in (["--unset", "colour"], ["--provider-parallelism", "0"], ["--provider-parallelism", "automatic"]):
         r = run_kl("state", "set", "prod", *bad)
         assert r.returncode == 2, (bad, r.stderr)
         err_line(r)

@@ -179,7 +179,8 @@ def _precise_state(serial: int) -> bytes:
 def populate(conn: psycopg.Connection) -> None:
     """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
     drift records, open and resolved), refresh runs in each end state, held and released locks, provider
-    configs and schemas, per-state refresh settings, drift ignore rules (one active, one expired)."""
+    configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
+    rules (one active, one expired), the requests in flight a run used."""
     import kilolock
     from kilolock import schema as sch
     from kilolock import tfstate
@@ -216,8 +217,13 @@ def populate(conn: psycopg.Connection) -> None:
     v3 = versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="fixture@cli",
                                 expect_serial=v2.serial, expect_lineage=v2.lineage).version
     locks.release(conn, prod_id, info["ID"], "fixture@cli")
+    # The requests in flight it used (0011): one adaptive provider group that was throttled, one fixed.
     refresh_runs.finish(conn, run_id, status="succeeded", checked=24, changed=2, failed=0, error_summary=None,
-                        to_version_id=v3.id)
+                        to_version_id=v3.id, concurrency=[
+                            {"provider": "registry.terraform.io/hashicorp/null", "alias": None, "mode": "auto", "start": 10,
+                             "max": 57, "final": 52, "throttled": 3},
+                            {"provider": "registry.terraform.io/hashicorp/null", "alias": "west", "mode": "fixed", "start": 4,
+                             "max": 4, "final": 4, "throttled": 0}])
     failed = refresh_runs.begin(conn, prod_id, v3.id, "fixture@cli")
     refresh_runs.finish(conn, failed, status="failed", checked=3, changed=0, failed=1,
                         error_summary="null_resource.plain: provider exited", to_version_id=None)
@@ -282,7 +288,8 @@ def populate(conn: psycopg.Connection) -> None:
     settings.update(conn, prod_id, settings.Changes({"workdir": "/srv/terraform/prod", "provider_search_paths": ("/opt/kl/providers", "/usr/share/terraform/plugins"),
                                                      "provider_parallelism": 4, "actor": "cron@ops"}), "fixture@cli")
     precise_id = versions.state_id(conn, "precise")
-    settings.update(conn, precise_id, settings.Changes({"actor": "ci@ops", "workdir": "/tmp/precise"}), "fixture@cli")
+    settings.update(conn, precise_id, settings.Changes({"actor": "ci@ops", "workdir": "/tmp/precise",
+                                                        "provider_parallelism": "auto"}), "fixture@cli")  # auto: 0011
     settings.update(conn, precise_id, settings.Changes(unset=("workdir",)), "fixture@cli")
     provider_schemas.put(conn, "registry.terraform.io/hashicorp/null", "2.1.2", sch.provider_schema_from_json({
         "protocol_version": 5,

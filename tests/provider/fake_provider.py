@@ -6,7 +6,7 @@ Behaviour is chosen by FAKE_MODE at start-up and by the resource type name per R
   types: fake_echo, fake_sensitive (adds field 6; FAKE_SENSITIVE_GARBAGE=1: a malformed one), fake_crash, fake_slow (FAKE_SLOW_SECONDS),
          fake_error, fake_gone, and bad answers: fake_garbage (not msgpack), fake_unknown (an
          unknown value), fake_wrongtype (a number where the schema says string), fake_flood
-         (FAKE_FLOOD_MB of stderr before a good answer)
+         (FAKE_FLOOD_MB of stderr before a good answer), fake_api (a cloud API with a capacity, below)
 FAKE_PROTO selects protocol 5 or 6. FAKE_UPGRADE=object makes UpgradeResourceState
 answer with a real msgpack object (so Terraform itself can use the fake). FAKE_EVENT_LOG, if set, is a file the fake appends "read",
 "stop" and "shutdown" to when those RPCs arrive, so tests can see what kl sent. AutoMTLS follows go-plugin: PLUGIN_CLIENT_CERT turns it on and
@@ -17,6 +17,11 @@ writes every ReadResource's current state there; FAKE_ECHO_STATE_IN_DIAGNOSTIC=1
 attribute into fake_error's diagnostic detail. FAKE_READ_SET='{"attr": "new value"}' makes
 ReadResource answer with those attributes changed (drift). FAKE_REPORT_ENV=A,B appends "env A=set" or
 "env A=unset" per name to FAKE_EVENT_LOG at start-up (never the value).
+Capacity model (issue 18), for fake_api reads: FAKE_CAPACITY=C (default 50) and FAKE_LATENCY=L0
+(seconds, default 0.05): with n fake_api reads in flight (this one included) a read takes L0 while
+n <= C and L0 * n / C above (the API queues: throughput stays C / L0), and above 3C it is answered
+at once with an AWS-style throttling diagnostic (`api error Throttling: Rate exceeded`, with
+"throttled" appended to FAKE_EVENT_LOG). The server has enough threads for 3C + 64 calls at once.
 """
 from __future__ import annotations
 
@@ -93,6 +98,10 @@ def serve() -> None:
             with open(os.environ["FAKE_EVENT_LOG"], "a") as fh:
                 fh.write(f"env {name}={'set' if name in os.environ else 'unset'}\n")
     slow = float(os.environ.get("FAKE_SLOW_SECONDS", "5"))
+    capacity = int(os.environ.get("FAKE_CAPACITY", "50"))
+    base_latency = float(os.environ.get("FAKE_LATENCY", "0.05"))
+    api = {"in_flight": 0}
+    api_lock = threading.Lock()
 
     def event(name: str) -> None:
         if os.environ.get("FAKE_EVENT_LOG"):
@@ -120,7 +129,8 @@ def serve() -> None:
         )
         provider_block = pb.Schema.Block(attributes=[attr("token", b'"string"', optional=True, sensitive=True)])
         resp = pb.GetProviderSchema.Response(provider=pb.Schema(block=provider_block))
-        for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone", *BAD_ANSWERS, "fake_flood"):
+        for t in ("fake_echo", "fake_sensitive", "fake_crash", "fake_slow", "fake_error", "fake_gone", *BAD_ANSWERS, "fake_flood",
+                  "fake_api"):
             resp.resource_schemas[t].CopyFrom(pb.Schema(version=2, block=block))
         return resp
 
@@ -196,6 +206,21 @@ def serve() -> None:
             stop_event.wait(slow)
             if stop_event.is_set():
                 resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="cancelled by StopProvider")
+        if t == "fake_api":
+            with api_lock:
+                api["in_flight"] += 1
+                n = api["in_flight"]
+            try:
+                if n > 3 * capacity:
+                    event("throttled")
+                    resp.diagnostics.add(severity=pb.Diagnostic.ERROR, summary="reading fake_api",
+                                         detail="operation error Fake: DescribeThings, https response error StatusCode: 400, "
+                                                "api error Throttling: Rate exceeded")
+                else:
+                    stop_event.wait(base_latency * max(1.0, n / capacity))
+            finally:
+                with api_lock:
+                    api["in_flight"] -= 1
         if t == "fake_error":
             detail = "the rule is wrong"
             if os.environ.get("FAKE_ECHO_STATE_IN_DIAGNOSTIC"):
@@ -275,7 +300,9 @@ def serve() -> None:
         ),
         grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": h(health, grpc_health_pb2.HealthCheckRequest)}),
     ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=handlers)
+    # Enough threads that the capacity model, not the server's pool, decides what a caller waits for.
+    workers = 3 * capacity + 64 if "FAKE_CAPACITY" in os.environ else 16
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), handlers=handlers)
     sock_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR") or tempfile.gettempdir()
     sock = os.path.join(sock_dir, f"fakeplugin{os.getpid()}")
     client_pem = os.environ.get("PLUGIN_CLIENT_CERT")

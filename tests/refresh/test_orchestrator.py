@@ -14,7 +14,7 @@ from kilolock.durations import parse_duration
 from kilolock.errors import KlError
 from kilolock.redact import MASK, Redactor
 from kilolock.refresh import orchestrator
-from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.store import locks, versions
 from kit.paths import REPO
@@ -227,6 +227,48 @@ def test_provider_parallelism_bounds_requests_in_flight(conn, make_state, parall
     res = run(conn, f, provider_parallelism=parallelism)
     assert res.status == "succeeded"
     assert f.max_in_flight == parallelism
+    assert res.concurrency == [{"provider": NULL, "alias": None, "mode": "fixed", "start": parallelism, "max": parallelism,
+                                "final": parallelism, "throttled": 0}]
+
+
+def test_auto_is_the_default_and_a_provider_cap_bounds_it(conn, make_state):
+    seed(conn, make_state, attrs(60))
+    f = FakeFactory()
+    f.delay = 0.01
+    res = run(conn, f)
+    assert res.status == "succeeded" and res.concurrency[0]["mode"] == "auto" and res.concurrency[0]["start"] == 10
+    assert 10 <= f.max_in_flight <= res.concurrency[0]["max"]  # the limit may grow after the last read started
+    # The hook a fleet-wide limit fills in: neither auto nor a fixed N goes above it.
+    for parallelism in ("auto", 8):
+        f = FakeFactory()
+        f.delay = 0.01
+        res = run(conn, f, provider_parallelism=parallelism, provider_caps={NULL: 3})
+        assert res.status == "succeeded" and f.max_in_flight == 3 and res.concurrency[0]["max"] == 3, parallelism
+
+
+def test_throttled_reads_are_retried_until_the_rpc_timeout(conn, make_state):
+    seed(conn, make_state, attrs(4))
+    f = FakeFactory()
+    answers = {"id1": 2, "id2": 1000}  # throttled this many times before a good answer
+
+    def on_read(ident):
+        with f.lock:
+            left = answers.get(ident, 0)
+            answers[ident] = left - 1
+        if left > 0:
+            raise ThrottledError("ReadResource null_resource: api error Throttling: Rate exceeded")
+
+    f.on_read = on_read
+    res = run(conn, f, provider_parallelism=2, rpc_timeout=1.0, dry_run=True)
+    reads = [c[1] for c in f.reads()]
+    assert reads.count("id1") == 3 and reads.count("id0") == 1  # id1: two throttled answers, then a good one
+    assert [fl.address for fl in res.failures] == ["null_resource.r2"]  # id2 never got through within 1 s
+    message = res.failures[0].message
+    assert message.startswith("ReadResource null_resource: api error Throttling: Rate exceeded (throttled ")
+    assert message.endswith("the --rpc-timeout per instance)")
+    assert 3 <= reads.count("id2") <= 8  # 0.1-0.2 s, 0.2-0.4 s, ... until 1 s has gone
+    assert res.concurrency[0]["throttled"] == 2 + reads.count("id2")
+    assert res.concurrency[0]["mode"] == "fixed" and res.concurrency[0]["final"] == 2  # fixed: retried, not adapted
 
 
 def test_groups_by_provider_and_alias(conn):

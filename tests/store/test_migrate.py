@@ -31,7 +31,18 @@ def test_expected_tables_and_view_exist(conn):
         "SELECT column_name FROM information_schema.columns WHERE table_name = 'refresh_runs' ORDER BY ordinal_position")]
     assert cols == ["id", "state_id", "from_version_id", "to_version_id", "started_at", "finished_at",
                     "resources_checked", "resources_changed", "resources_failed", "status", "error_summary",
-                    "actor", "created_at"]
+                    "actor", "created_at", "concurrency"]
+
+
+def test_stored_parallelism_is_auto_or_a_whole_number(conn):
+    # 0011: the column became text so that it can say `auto`; it takes nothing else.
+    sid = conn.execute("INSERT INTO states (name) VALUES ('p') RETURNING id").fetchone()[0]
+    for good in ("auto", "1", "64", None):
+        conn.execute("INSERT INTO state_settings (state_id, provider_parallelism) VALUES (%s, %s) "
+                     "ON CONFLICT (state_id) DO UPDATE SET provider_parallelism = EXCLUDED.provider_parallelism", (sid, good))
+    for bad in ("0", "-3", "x", "", "AUTO", "12345678901"):
+        with pytest.raises(psycopg.errors.CheckViolation), conn.transaction():
+            conn.execute("UPDATE state_settings SET provider_parallelism = %s WHERE state_id = %s", (bad, sid))
 
 
 def test_refuses_when_an_applied_file_changed(empty_db_url, monkeypatch):
