@@ -153,6 +153,18 @@ def test_a_path_rule_hides_a_record_only_when_every_change_lies_under_the_path(c
     assert [r["hidden"] for r in ignore_rules.list_rules(conn)] == [2, 1, 1, 0, 1]  # each rule that hides a record
 
 
+def test_kl_drift_all_names_every_rule_that_hides_a_record(conn, run_kl):
+    drifted(conn)
+    ids = [int(run_kl("drift", "ignore", "add", "--states", "prod", "--address", "null_resource.db", "--path", path,
+                      *(("--reason", "stamps") if path == "triggers" else ())).stdout) for path in ("triggers", "id")]
+    assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2  # web and local_file.conf
+    text = run_kl("drift", "prod", "--all").stdout.decode()
+    assert f"ignored by rules {ids[0]} (stamps), {ids[1]}\n" in text, text
+    md = run_kl("drift", "prod", "--all", "--format", "markdown").stdout.decode()
+    assert f"ignored by rules {ids[0]} (stamps), {ids[1]}\n" in md, md
+    assert [x["hides"] for x in json.loads(run_kl("drift", "ignore", "list", "--format", "json").stdout)["rules"]] == [1, 1]
+
+
 def test_a_record_whose_attributes_did_not_change_is_not_covered_by_any_path(conn):
     write(conn, "prod", state(1, BASE), "apply")
     raw = json.loads(state(2, BASE))
