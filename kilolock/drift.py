@@ -91,7 +91,9 @@ def entry(r: Mapping[str, Any]) -> dict[str, Any]:
     open_for: timedelta = r["open_for"]
     resolved = None if r["resolved_serial"] is None else {
         "serial": r["resolved_serial"], "at": r["resolved_at"], "how": r["resolved_how"]}
-    ignored = None if r.get("ignore_rule_id") is None else {"rule": r["ignore_rule_id"], "reason": r["ignore_reason"]}
+    ignored = None if r.get("ignore_rule_id") is None else {
+        "rule": r["ignore_rule_id"], "reason": r["ignore_reason"],
+        "rules": r.get("ignore_rules") or [{"rule": r["ignore_rule_id"], "reason": r["ignore_reason"]}]}
     status = "resolved" if resolved is not None else "ignored" if ignored is not None else "open"
     return {
         "address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
@@ -101,7 +103,8 @@ def entry(r: Mapping[str, Any]) -> dict[str, Any]:
         "last_confirmed_serial": r["last_confirmed_serial"],
         "open_for_s": int(open_for.total_seconds()),
         "resolved": resolved,
-        "ignored_by": ignored,  # the ignore rule that hides this open record (kl drift ignore)
+        # the ignore rules that hide this open record (kl drift ignore): the oldest, and all of them
+        "ignored_by": ignored,
         "refresh_run_id": str(r["refresh_run_id"]) if r["refresh_run_id"] else None,
         "changed_attributes": r["changed_attributes"],
         "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changed],

@@ -48,14 +48,19 @@ def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bo
                           include_resolved=include_resolved)
 
 
+def ignored_by(rules: list[dict[str, Any]]) -> str:
+    """``ignored by rule 3: reason``, or with rules that combine, ``ignored by rules 3 (reason), 5``."""
+    if len(rules) == 1:
+        return f"ignored by rule {rules[0]['rule']}" + (f": {rules[0]['reason']}" if rules[0]["reason"] else "")
+    return "ignored by rules " + ", ".join(f"{r['rule']}" + (f" ({r['reason']})" if r["reason"] else "") for r in rules)
+
+
 def _headline(e: dict[str, Any]) -> str:
     first = e["first_detected"]
     since = f"first detected v{first['serial']}, {render.when(first['at'])}"
     if e["ignored_by"] is not None:
-        ign = e["ignored_by"]
-        why = f": {ign['reason']}" if ign["reason"] else ""
         return (f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])}), "
-                f"ignored by rule {ign['rule']}{why}")
+                f"{ignored_by(e['ignored_by']['rules'])}")
     if e["resolved"] is None:
         return f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])})"
     r = e["resolved"]

@@ -122,7 +122,8 @@ class _Progress:
             sys.stderr.flush()
 
 
-def result_json(result: Any) -> dict[str, Any]:
+def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str, Any]:
+    """``counts``: (open, ignored) from drift_counts, None when the run did not succeed."""
     return {
         "version": 1,
         "state": result.state,
@@ -136,6 +137,8 @@ def result_json(result: Any) -> dict[str, Any]:
         "resources_failed": result.failed,
         "changed_addresses": result.changed_addresses,
         "drift": result.drift,
+        "open": counts[0] if counts else None,
+        "ignored": counts[1] if counts else None,
         "failures": [_failure_json(f) for f in result.failures],
         "providers": result.providers,
         "concurrency": result.concurrency,
@@ -170,7 +173,27 @@ def _committed(result: Any) -> bool:
     return result.to_serial is not None
 
 
-def render_table(result: Any) -> None:
+def _item_status(item: dict[str, Any]) -> str:
+    if item["status"] == "ignored":
+        from kilolock.cli.driftcmd import ignored_by
+
+        return ", " + ignored_by(item["ignored_by"]["rules"])
+    if item["status"] == "resolved":
+        return ", back to what the last apply or import wrote (resolves its drift)"
+    return ""
+
+
+def _counts_line(result: Any, counts: tuple[int, int] | None) -> str | None:
+    if counts is None or not (result.drift or counts[0] or counts[1]):
+        return None
+    open_count, ignored = counts
+    rest = f" ({ignored} more ignored by rules)" if ignored else ""
+    if result.dry_run:
+        return f"open drift found: {open_count}{rest} (nothing committed)"
+    return f"open drift now: {open_count}{rest} (kl drift {result.state}{' --all' if ignored else ''})"
+
+
+def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
     to = f"v{result.to_serial}" if result.to_serial is not None else ("(dry run)" if result.dry_run and result.status == "succeeded" else "(not committed)")
     render.key_values(
         [
@@ -197,12 +220,15 @@ def render_table(result: Any) -> None:
         print("drift:" if _committed(result) else "drift (not committed):")
         for item in result.drift[:SHOWN_ADDRESSES]:
             deposed = f" (deposed {item['deposed']})" if item["deposed"] else ""
-            print(f"  {item['address']}{deposed}: {item['kind']}")
+            print(f"  {item['address']}{deposed}: {item['kind']}{_item_status(item)}")
             for c in item["changes"]:
                 print(f"    {c['path']}: {show(c['before'])} → {show(c['after'])}")
         more = len(result.drift) - SHOWN_ADDRESSES
         if more > 0:
             print(f"  ... and {more} more ({where})")
+    line = _counts_line(result, counts)
+    if line:
+        print(line)
     if result.failures:
         print("failures:")
         for f in result.failures[:SHOWN_ADDRESSES]:
@@ -218,7 +244,7 @@ def show(value: Any) -> str:
     return show_value(value)
 
 
-def render_markdown(result: Any) -> None:
+def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
     """For CI step summaries and pull-request comments."""
     to = f"v{result.to_serial}" if _committed(result) else ("dry run, nothing committed" if result.dry_run
                                                             else "nothing committed")
@@ -229,26 +255,32 @@ def render_markdown(result: Any) -> None:
         print(f"\n**Error:** {result.error}")
     for item in result.drift:
         deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
-        print(f"\n**`{item['address']}`**{deposed}: {item['kind']}")
+        print(f"\n**`{item['address']}`**{deposed}: {item['kind']}{_item_status(item)}")
         if item["kind"] == "deleted":
             print("\nThe object no longer exists.")
         if item["changes"]:
             print()
             print(render.markdown_changes(item["changes"]))
+    line = _counts_line(result, counts)
+    if line:
+        print(f"\n{line[0].upper()}{line[1:]}.")
     if result.failures:
         print("\n**Failures:**\n")
         for f in result.failures:
             print(f"- {_failure_line(f)}")
 
 
-def open_drift_after(result: Any, conn: Any) -> int:
-    """What --detailed-exitcode gates on: open drift after this run's commit; for a dry run,
-    what this run found; for a run that committed nothing, the drift already open."""
+def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
+    """(open, ignored), after ignore rules: what --detailed-exitcode gates on (open). After this
+    run's commit (or, when it committed nothing, now), kl drift's own counts; for a dry run, what
+    this run found, as the drift records would count it once committed."""
     if result.dry_run:
-        return len(result.drift)
+        return (sum(1 for d in result.drift if d["status"] == "open"),
+                sum(1 for d in result.drift if d["status"] == "ignored"))
     from kilolock.store import drift as drift_store
 
-    return drift_store.count_drift(conn, result.state)
+    with conn.transaction():  # one snapshot, as kl drift reads it
+        return drift_store.count_drift(conn, result.state), drift_store.count_ignored(conn, result.state)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -280,24 +312,24 @@ def run(args: argparse.Namespace) -> int:
                                         workdir=options.workdir)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
                                  on_lock_wait=progress.lock_wait if progress else None)
-            open_drift = open_drift_after(result, conn) if args.detailed_exitcode and result.status == "succeeded" else 0
+            counts = drift_counts(result, conn) if result.status == "succeeded" else None
         if progress:
             progress.end()
             progress = None
         if args.format == "json":
-            render.emit_json(result_json(result))
+            render.emit_json(result_json(result, counts))
         elif args.quiet:
             pass
         elif args.format == "markdown":
-            render_markdown(result)
+            render_markdown(result, counts)
         else:
-            render_table(result)
+            render_table(result, counts)
     finally:
         if progress:
             progress.end()
         for s, h in previous.items():
             signal.signal(s, h)
     if result.status == "succeeded":
-        return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=open_drift)
+        return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=counts[0] if counts else 0)
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
     return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)

@@ -8,6 +8,7 @@ from typing import Any
 from kilolock import tfstate
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.errors import KlError
 
 
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +28,12 @@ def run_import(args: argparse.Namespace) -> int:
     origin = "<stdin>" if args.file == "-" else args.file
     state = tfstate.parse_state(raw, origin)  # every input error surfaces before the database is touched
     with db.open_store() as conn:
-        result = versions.write_version(
-            conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(), force=args.force
-        )
+        try:
+            result = versions.write_version(
+                conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(), force=args.force
+            )
+        except versions.SerialBehind as behind:
+            raise KlError(behind_message(behind, origin, args.file)) from None
     v = result.version
     if not result.created:
         print(f"{args.name}: serial {v.serial} is already the current version (identical content); nothing written")
@@ -39,6 +43,29 @@ def run_import(args: argparse.Namespace) -> int:
         f"{result.opened} lifecycles opened, {result.closed} closed, {result.unchanged} unchanged"
     )
     return 0
+
+
+_WRITTEN_BY = {"refresh": "kl refresh", "apply": "a Terraform apply", "import": "kl state import"}
+
+
+def behind_message(behind: Any, origin: str, file: str) -> str:
+    """Why an import whose serial does not advance the state's is refused, and what to do, in one
+    line: most often the file is the one imported before a refresh committed newer versions."""
+    name, held, serial = behind.name, behind.held, behind.new_serial
+    later = [v for v in behind.newer if v.serial > serial]
+    if later:
+        by = ", ".join(dict.fromkeys(_WRITTEN_BY.get(v.source, v.source) for v in later))
+        span = f"serial {held.serial}" if len(later) == 1 else f"serials {later[0].serial}-{held.serial}"
+        why = f"kl has committed newer versions since ({span}, by {by})"
+    else:
+        same = next((v for v in behind.newer if v.serial == serial), held)
+        why = (f"kl's serial {serial} (by {_WRITTEN_BY.get(same.source, same.source)}) has other content: "
+               "the file and kl's copy went separate ways from the same serial")
+    known = f", which kl already holds as serial {behind.known}" if behind.known is not None else ""
+    target = "terraform.tfstate" if file == "-" else file
+    return (f"{origin} has serial {serial}{known}, behind state {name!r} at serial {held.serial}: {why}; "
+            f"nothing was written. To go on from kl's copy: `kl state pull {name} > {target}` "
+            f"(--force does not help: it accepts another lineage, never an older serial)")
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from kilolock import drift
 from kilolock.cli import render
+from kilolock.redact import MASK
 
 ACTIONS = ("added", "removed", "changed")
 _SIGN = {"added": "+", "removed": "-", "changed": "~"}
@@ -19,17 +20,19 @@ _SIGN = {"added": "+", "removed": "-", "changed": "~"}
 Schemas = Mapping[tuple[str, str, str], list[Any]]
 
 
-def schema_keys(rows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
-    """(provider source, mode, type) of each object: whose cached schemas say what is secret."""
+def schema_key(row: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(provider source, mode, type) of an object: whose cached schemas say what is secret. None
+    for a provider address that does not parse (stored as Terraform wrote it: it has no schema)."""
     from kilolock import tfstate
 
-    keys = set()
-    for r in rows:
-        try:
-            keys.add((tfstate.parse_provider(r["provider"]).source, r["mode"], r["type"]))
-        except tfstate.StateError:  # stored as Terraform wrote it; a malformed one has no schema
-            continue
-    return keys
+    try:
+        return tfstate.parse_provider(row["provider"]).source, row["mode"], row["type"]
+    except tfstate.StateError:
+        return None
+
+
+def schema_keys(rows: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+    return {k for k in map(schema_key, rows) if k is not None}
 
 
 def _schema_sensitive(rows: Sequence[Mapping[str, Any]], schemas: Schemas) -> list[Any]:
@@ -46,7 +49,12 @@ def _schema_sensitive(rows: Sequence[Mapping[str, Any]], schemas: Schemas) -> li
     return paths
 
 
-def _instance(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, schemas: Schemas) -> dict[str, Any]:
+# Every path lies under the empty one: drift.changes masks every value.
+_EVERYTHING: list[Any] = [()]
+
+
+def _instance(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None, schemas: Schemas,
+              unknown: set[str]) -> dict[str, Any]:
     row = after if after is not None else before
     assert row is not None
     action = "added" if before is None else "removed" if after is None else "changed"
@@ -54,9 +62,15 @@ def _instance(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None,
                              "type": row["type"], "action": action}
     if before is not None and after is not None:
         entry["status"] = None if before["status"] == after["status"] else {"before": before["status"], "after": after["status"]}
+        # Terraform < 1.x wrote no mark for a value its provider's schema calls sensitive
+        # (local_file.sensitive_content): without a schema, any value may be a secret.
+        missing = {r["provider"] if k is None else k[0]
+                   for r, k in ((before, schema_key(before)), (after, schema_key(after))) if k is None or k not in schemas}
+        unknown |= missing
+        known = not missing
         found = drift.changes(before["attributes"], after["attributes"],
                               before["sensitive_attributes"], after["sensitive_attributes"],
-                              _schema_sensitive([before, after], schemas))
+                              _schema_sensitive([before, after], schemas) if known else _EVERYTHING)
         entry["changes"] = [{"path": c.path, "before": c.before, "after": c.after} for c in found]
     else:
         entry["status"] = None
@@ -73,12 +87,22 @@ def document(state: str, serial_from: int | None, serial_to: int, rows: Iterable
     sides: dict[tuple[str, str], dict[bool, Mapping[str, Any]]] = {}
     for r in rows:
         sides.setdefault((r["address"], r["deposed"]), {})[bool(r["at_to"])] = r
-    instances = [_instance(s.get(False), s.get(True), schemas or {}) for s in sides.values()]
+    unknown: set[str] = set()
+    instances = [_instance(s.get(False), s.get(True), schemas or {}, unknown) for s in sides.values()]
     # A lifecycle reopened with the same attributes and status changed metadata only (marks that
     # reopened one before migration 0007, or an identity kl does not index): not a change.
     instances = [i for i in instances if i["action"] != "changed" or i["changes"] or i["status"]]
     counts = {a: sum(1 for i in instances if i["action"] == a) for a in ACTIONS}
-    return {"version": 1, "state": state, "from": serial_from, "to": serial_to, **counts, "instances": instances}
+    return {"version": 1, "state": state, "from": serial_from, "to": serial_to, **counts,
+            "masked_providers": sorted(unknown), "instances": instances}
+
+
+def masked_note(doc: dict[str, Any]) -> str | None:
+    """Said once: whose values are all masked, and how to see them."""
+    if not doc["masked_providers"]:
+        return None
+    return (f"values of {', '.join(doc['masked_providers'])} resources are all shown as {MASK}: kl has no schema "
+            f"of that provider to tell secrets apart; `kl refresh {doc['state']}` (or --dry-run) caches it")
 
 
 def _summary(doc: dict[str, Any]) -> str:
@@ -103,6 +127,9 @@ def render_table(doc: dict[str, Any]) -> None:
         print(nothing)
         return
     print(f"{doc['state']}: v{doc['from']} → v{doc['to']}: {_summary(doc)}")
+    note = masked_note(doc)
+    if note:
+        print(f"note: {note}")
     for e in doc["instances"]:
         deposed = f" (deposed {e['deposed']})" if e["deposed"] else ""
         print(f"{_SIGN[e['action']]} {e['address']}{deposed}")
@@ -119,6 +146,9 @@ def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:
         print(f"{heading} `{doc['state']}`: " + nothing.split(": ", 1)[1])
         return
     print(f"{heading} Changes in `{doc['state']}` from v{doc['from']} to v{doc['to']}: {_summary(doc)}")
+    note = masked_note(doc)
+    if note:
+        print(f"\n_Note: {note}._")
     for e in doc["instances"]:
         deposed = f" (deposed `{e['deposed']}`)" if e["deposed"] else ""
         print()

@@ -36,7 +36,7 @@ from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import locks, refresh_runs, versions
+from kilolock.store import ignore_rules, locks, refresh_runs, versions
 from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
@@ -69,7 +69,10 @@ class Result:
     failed: int = 0
     changed_addresses: list[str] = field(default_factory=list)
     # What changed, per instance, as kl drift shows it: {"address", "deposed", "kind": "changed" |
-    # "deleted", "changes": [{"path", "before", "after"}]}, sensitive values masked.
+    # "deleted", "changes": [{"path", "before", "after"}], "status", "ignored_by"}, sensitive values
+    # masked. status, as the drift records have (or would have, for a dry run) it once committed:
+    # "open", "ignored" (ignored_by: the rules, as in kl drift) or "resolved" (read back to what
+    # the last apply or import wrote).
     drift: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None  # the run-level reason when status is not succeeded
@@ -234,6 +237,23 @@ def _drift_of(entry: _Entry) -> dict[str, Any]:
                                       [path_to_state_json(p) for p in update.sensitive_paths])
     return {"address": entry.inst.address, "deposed": deposed, "kind": "changed",
             "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes]}
+
+
+def _judge_drift(conn: psycopg.Connection, name: str, sid: str, drifted: list[_Entry], items: list[dict[str, Any]]) -> None:
+    """Each item's status as the drift records will have it once committed (asked before the
+    commit, so a dry run gets the same answer): what kl drift, kl status and the exit codes say."""
+    findings = []
+    for e in drifted:
+        update = e.update
+        assert update is not None
+        before = e.prior_json.decode() if e.prior_json is not None else tfstate.dumps_compact(e.inst.obj.get("attributes"))
+        after = None if update.removed or update.attributes is None else update.attributes.decode()
+        findings.append(ignore_rules.Finding(e.inst.address, e.inst.deposed, "deleted" if update.removed else "changed",
+                                             before, after))
+    for item, verdict in zip(items, ignore_rules.classify(conn, name, sid, findings), strict=True):
+        item["status"] = "resolved" if verdict.read_back else "ignored" if verdict.rules else "open"
+        item["ignored_by"] = None if not verdict.rules else {
+            "rule": verdict.rules[0]["rule"], "reason": verdict.rules[0]["reason"], "rules": verdict.rules}
 
 
 class _Run:
@@ -452,8 +472,10 @@ def run(
         result.concurrency = sorted(shared.concurrency, key=lambda c: (c["provider"], c["alias"] or ""))
         changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
         result.changed_addresses, result.changed = changed, len(changed)
-        result.drift = [_drift_of(e) for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
-                        if e.update is not None and e.update.changed]
+        drifted = [e for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
+                   if e.update is not None and e.update.changed]
+        result.drift = [_drift_of(e) for e in drifted]
+        _judge_drift(conn, name, sid, drifted, result.drift)
 
         commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled,
                                           _unplaced_removal(name, entries, options))

@@ -1,8 +1,9 @@
 """Reads of the drift records: `current_resource_drift` (open ones) and `resource_drift` (all).
 
 `kl drift`, the drift API and `kl status`'s open count all read current_resource_drift, so the
-count is exactly the rows listed. Records an ignore rule hides (migration 0009) are not there;
-with ``include_resolved`` they come with the rule that hides them (ignore_rule_id, ignore_reason).
+count is exactly the rows listed. Records ignore rules hide (migrations 0009, 0012) are not there;
+with ``include_resolved`` they come with the rules that hide them (ignore_rule_id and
+ignore_reason: the oldest; ignore_rules: every one, ``[{"rule", "reason"}]``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ _COLS = """address, deposed, drift_kind, type, detected_serial, detected_at, pre
 
 _LIST_OPEN = f"""
 SELECT {_COLS}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how,
-       NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason
+       NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason, NULL::jsonb AS ignore_rules
 FROM current_resource_drift WHERE state_id = %s
 ORDER BY address, deposed
 LIMIT %s
@@ -27,7 +28,9 @@ LIMIT %s
 
 # Open ones first, then the ignored ones, then the resolved ones, latest first.
 _LIST_ALL = f"""
-SELECT {_COLS}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason
+SELECT {_COLS}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason,
+       (SELECT jsonb_agg(jsonb_build_object('rule', r.id, 'reason', r.reason) ORDER BY r.id)
+        FROM drift_ignore_rules r WHERE r.id = ANY(ignore_rule_ids)) AS ignore_rules
 FROM resource_drift WHERE state_id = %s
 ORDER BY resolved_serial DESC NULLS FIRST, ignore_rule_id NULLS FIRST, address, deposed, first_detected_serial DESC
 LIMIT %s

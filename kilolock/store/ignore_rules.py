@@ -1,10 +1,13 @@
-"""Drift ignore rules (``drift_ignore_rules``, migration 0009): ``kl drift ignore add|list|remove``.
+"""Drift ignore rules (``drift_ignore_rules``, migrations 0009 and 0012): ``kl drift ignore add|list|remove``.
 
-Matching is SQL only, in the ``resource_drift`` view: a rule hides an open record there, and
-``current_resource_drift`` (what kl drift, kl status, the exit codes and the API count as open
-drift) leaves hidden records out. Records are never deleted or changed by a rule, so removing one
-brings its records back. The globs are stored with the PostgreSQL regexes kilolock.globs compiles
-them to; a path is stored in Terraform's form and as jsonb path steps.
+Matching is SQL only, in one function (``kl_drift_ignored_by``, migration 0012) that the
+``resource_drift`` view calls: rules hide an open record there when together they cover every
+change it has, and ``current_resource_drift`` (what kl drift, kl status, the exit codes and the
+API count as open drift) leaves hidden records out. ``classify`` asks the same function about
+changes a refresh found and has not committed (``kl refresh --dry-run``). Records are never
+deleted or changed by a rule, so removing one brings its records back. The globs are stored with
+the PostgreSQL regexes kilolock.globs compiles them to; a path is stored in Terraform's form and
+as jsonb path steps.
 """
 from __future__ import annotations
 
@@ -49,17 +52,37 @@ VALUES (%(states_glob)s, %(states_regex)s, %(address_glob)s, %(address_regex)s, 
 RETURNING id
 """
 
-# How many open records each rule hides now: a record counts for the one rule it names (the
-# oldest that matches). One pass over the view, not one per rule.
+# How many open records each rule hides now: a record counts for every rule that hides it (rules
+# combine: each may cover some of its changes). One pass over the view, not one per rule.
 _LIST = """
 SELECT r.id, r.states_glob, r.address_glob, r.path, r.reason, r.created_at, r.created_by, r.expires_at,
        (r.expires_at IS NOT NULL AND r.expires_at <= now()) AS expired,
        COALESCE(h.hidden, 0) AS hidden
 FROM drift_ignore_rules r
-LEFT JOIN (SELECT ignore_rule_id, count(*) AS hidden FROM resource_drift
-           WHERE ignore_rule_id IS NOT NULL GROUP BY ignore_rule_id) h ON h.ignore_rule_id = r.id
+LEFT JOIN (SELECT rule_id, count(*) AS hidden FROM resource_drift, unnest(ignore_rule_ids) AS rule_id
+           GROUP BY rule_id) h ON h.rule_id = r.id
 ORDER BY r.id
 """
+
+# Changes found and not committed (a dry run): what the commit would record. An open record at the
+# address keeps its baseline (what the last apply or import wrote), so that is what the rules see
+# and what a read-back compares with; else the stored attributes the run compared. read_back: the
+# read returns the object to that baseline (the commit resolves the record: no drift).
+_CLASSIFY = """
+SELECT f.n, CASE WHEN rb.read_back THEN NULL ELSE kl_drift_ignored_by(%(state)s, f.address, f.kind, b.prev, f.cur) END AS ids,
+       rb.read_back
+FROM unnest(%(addresses)s::text[], %(deposed)s::text[], %(kinds)s::text[], %(prevs)s::jsonb[], %(curs)s::jsonb[])
+     WITH ORDINALITY AS f(address, deposed, kind, prev, cur, n)
+LEFT JOIN LATERAL (
+    SELECT base.attributes FROM drift_records x JOIN resources base ON base.id = x.baseline_resource_id
+    WHERE x.state_id = %(sid)s AND x.address = f.address AND x.deposed = f.deposed AND x.resolved_version_id IS NULL
+    LIMIT 1
+) rec ON true,
+LATERAL (SELECT COALESCE(rec.attributes, f.prev) AS prev) b,
+LATERAL (SELECT rec.attributes IS NOT NULL AND f.kind = 'changed' AND rec.attributes = f.cur AS read_back) rb
+ORDER BY f.n
+"""
+_REASONS = "SELECT id, reason FROM drift_ignore_rules WHERE id = ANY(%s)"
 
 
 def add_rule(conn: psycopg.Connection, rule: NewRule, actor: str) -> int:
@@ -88,3 +111,36 @@ def remove_rule(conn: psycopg.Connection, rule_id: int) -> None:
     if row is None:
         raise RuleNotFound(rule_id)
 
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One change a refresh found: ``before``/``after`` the attributes as JSON text (``after``
+    None when the object is gone)."""
+
+    address: str
+    deposed: str
+    kind: str  # changed | deleted
+    before: str | None
+    after: str | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rules: list[dict[str, Any]]  # [{"rule", "reason"}], oldest first: the rules that hide it (empty: none)
+    read_back: bool  # the object is back to its open record's baseline: committing resolves that drift
+
+
+def classify(conn: psycopg.Connection, state: str, sid: str, findings: list[Finding]) -> list[Verdict]:
+    """What the drift records would say of FINDINGS once committed, in their order: the rules that
+    would hide each (as ``resource_drift`` would list them), or that it resolves an open record."""
+    if not findings:
+        return []
+    params = {"state": state, "sid": sid, "addresses": [f.address for f in findings],
+              "deposed": [f.deposed for f in findings], "kinds": [f.kind for f in findings],
+              "prevs": [f.before for f in findings], "curs": [f.after for f in findings]}
+    rows = conn.execute(_CLASSIFY, params).fetchall()
+    ids = sorted({i for _, found, _ in rows for i in found or ()})
+    reasons: dict[int, str | None] = dict(conn.execute(_REASONS, (ids,)).fetchall()) if ids else {}
+    return [Verdict([{"rule": i, "reason": reasons.get(i)} for i in found or ()], bool(read_back))
+            for _, found, read_back in rows]

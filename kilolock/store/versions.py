@@ -35,6 +35,22 @@ class VersionConflict(KlError):
     """A write that would overwrite or fork history (serial not advancing, foreign lineage)."""
 
 
+class SerialBehind(VersionConflict):
+    """A write whose serial does not advance the state's: the writer's copy is behind what kl holds.
+
+    ``newer`` are the versions kl holds from the writer's serial on (oldest first, a few at most):
+    what was written since, and by what (a refresh, most often, when an old Terraform file is
+    imported again). ``known`` is the serial of the version kl holds with the same content, when
+    the writer's copy is one kl already has."""
+
+    def __init__(self, name: str, held: VersionRow, new_serial: int, newer: list[VersionRow], known: int | None) -> None:
+        super().__init__(
+            f"state {name!r} is at serial {held.serial}; the new state has serial {new_serial}, which does not advance it "
+            "(a write must have a higher serial unless it is byte-identical to the current version)"
+        )
+        self.name, self.held, self.new_serial, self.newer, self.known = name, held, new_serial, newer, known
+
+
 @dataclass(frozen=True)
 class VersionRow:
     id: str
@@ -262,7 +278,13 @@ VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
 """
 
 
-def _check_advance(name: str, cur: VersionRow, new: tfstate.State, new_hash: str, force: bool) -> bool:
+_NEWER = f"""
+SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial >= %s ORDER BY serial LIMIT 5
+"""
+
+
+def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRow, new: tfstate.State, new_hash: str,
+                   force: bool) -> bool:
     """The serial and lineage rules. True: the write is a retry of the current version."""
     if new_hash == cur.content_hash:
         return True
@@ -272,10 +294,9 @@ def _check_advance(name: str, cur: VersionRow, new: tfstate.State, new_hash: str
             "it is a different state; use --force to replace it anyway"
         )
     if new.serial <= cur.serial:
-        raise VersionConflict(
-            f"state {name!r} is at serial {cur.serial}; the new state has serial {new.serial}, which does not advance it "
-            "(a write must have a higher serial unless it is byte-identical to the current version)"
-        )
+        newer = _versions(conn).execute(_NEWER, (sid, new.serial)).fetchall()
+        known = next((v.serial for v in newer if v.serial == new.serial and v.content_hash == new_hash), None)
+        raise SerialBehind(name, cur, new.serial, newer, known)
     return False
 
 
@@ -330,7 +351,7 @@ def write_version(
                 return WriteResult(state_id=sid, version=cur, created=False)
             serial, lineage, terraform_version = (cur.serial + 1 if cur else 1), (cur.lineage if cur else ""), None
         else:
-            if cur is not None and _check_advance(name, cur, state, new_hash, force):
+            if cur is not None and _check_advance(conn, sid, name, cur, state, new_hash, force):
                 return WriteResult(state_id=sid, version=cur, created=False)
             serial, lineage, terraform_version = state.serial, state.lineage, state.terraform_version or None
         try:

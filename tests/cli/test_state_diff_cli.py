@@ -59,6 +59,20 @@ A2 = {"id": "a", "tags": {"env": "new", "team": "x"}, "pw": "hunter3",
       "rule": [{"cidr": "10.0.0.0/8", "secret": "s0"}, {"cidr": "10.2.0.0/16", "secret": "s2"}]}
 
 
+def _cache_null_schema(db_url: str, *sensitive: str) -> None:
+    """A cached schema of the null provider (as a refresh leaves one): what tells kl which values are
+    secret. Without one every value is masked."""
+    from kilolock import schema as sch
+    from kilolock.store import provider_schemas
+
+    types = {"id": b'"string"', "token": b'"string"', "pw": b'"string"', "tags": b'["map","string"]',
+             "rule": b'["list",["object",{"cidr":"string","secret":"string"}]]'}
+    block = sch.Block(attributes=tuple(sch.Attribute(n, t, optional=True, sensitive=n in sensitive) for n, t in types.items()))
+    with psycopg.connect(db_url, autocommit=True) as c:
+        provider_schemas.put(c, "registry.terraform.io/hashicorp/null", "3.2.1",
+                             sch.ProviderSchema(5, sch.Schema(0, sch.Block()), {"null_resource": sch.Schema(0, block)}))
+
+
 @pytest.fixture
 def history(db_url):
     """prod: v1 (a, b, c) → v2 (a changed, b gone, d new, c unchanged) → v3 (marks only on c) → v7
@@ -73,6 +87,7 @@ def history(db_url):
     v7["resources"][1]["instances"] = [_obj({"id": "c2"}, status="tainted"), dict(_obj({"id": "c"}), deposed="0badcafe")]
     for doc in (v1, v2, v3, v7):
         _write(db_url, "prod", doc)
+    _cache_null_schema(db_url)
     return db_url
 
 
@@ -139,7 +154,7 @@ def test_refusals_are_one_line(history, db_url):
     _write(db_url, "solo", _doc(1, {"a": [_obj({"id": "a"})]}))
     assert _kl("state", "diff", "solo") == (0, "solo: one version only (v1); nothing to compare\n", "")
     assert _json("solo") == {"version": 1, "state": "solo", "from": None, "to": 1, "added": 0, "removed": 0,
-                             "changed": 0, "instances": []}
+                             "changed": 0, "masked_providers": [], "instances": []}
     _write(db_url, "tofu", _doc(1, {"a": [_obj({"id": "a"})]}))
     _write(db_url, "tofu", json.dumps({"meta": {}, "encrypted_data": "QUJD", "encryption_version": "v0"}).encode())
     code, _, err = _kl("state", "diff", "tofu")
@@ -161,20 +176,35 @@ def test_masking_does_not_depend_on_guessing_attribute_from_map_key():
 def test_schema_sensitive_values_are_masked_before_any_refresh_marked_them(db_url):
     """Terraform 1.0.3 writes no marks for schema-sensitive attributes; kl knows them from any
     cached schema of the provider (a refresh caches it), so a diff never shows them."""
-    from kilolock import schema as sch
-    from kilolock.store import provider_schemas
-
-    block = sch.Block(attributes=(sch.Attribute("id", b'"string"', computed=True),
-                                  sch.Attribute("token", b'"string"', optional=True, sensitive=True)))
-    resource = sch.Schema(0, block)
-    with psycopg.connect(db_url, autocommit=True) as c:
-        provider_schemas.put(c, "registry.terraform.io/hashicorp/null", "3.2.1",
-                             sch.ProviderSchema(5, sch.Schema(0, sch.Block()), {"null_resource": resource}))
+    _cache_null_schema(db_url, "token")
     _write(db_url, "s", _doc(1, {"a": [_obj({"id": "a", "token": "t0p"})]}))
     _write(db_url, "s", _doc(2, {"a": [_obj({"id": "a2", "token": "s3cret"})]}))
     code, out, _ = _kl("state", "diff", "s")
     assert code == 0 and "token: (sensitive) → (sensitive)" in out and "s3cret" not in out and "t0p" not in out, out
     assert 'id: "a" → "a2"' in out
+
+
+def test_with_no_schema_of_the_provider_every_value_is_masked_and_the_output_says_why(db_url):
+    """Before any refresh kl has no schema to tell a secret Terraform did not mark from any other
+    value: it masks them all, names the provider once and says how to get the schema."""
+    _write(db_url, "s", _doc(1, {"a": [_obj({"id": "a", "token": "t0p"})], "b": [_obj({"id": "b"})]}))
+    _write(db_url, "s", _doc(2, {"a": [_obj({"id": "a2", "token": "s3cret"})], "b": [_obj({"id": "b2", "token": None})]}))
+    doc = _json("s")
+    assert doc["masked_providers"] == ["registry.terraform.io/hashicorp/null"]
+    assert [(i["address"], i["changes"]) for i in doc["instances"]] == [
+        ("null_resource.a", [{"path": "id", "before": "(sensitive)", "after": "(sensitive)"},
+                             {"path": "token", "before": "(sensitive)", "after": "(sensitive)"}]),
+        ("null_resource.b", [{"path": "id", "before": "(sensitive)", "after": "(sensitive)"}])]
+    note = ("values of registry.terraform.io/hashicorp/null resources are all shown as (sensitive): kl has no schema "
+            "of that provider to tell secrets apart; `kl refresh s` (or --dry-run) caches it")
+    code, out, _ = _kl("state", "diff", "s")
+    assert code == 0 and out.splitlines()[:2] == ["s: v1 → v2: 0 added, 0 removed, 2 changed", f"note: {note}"], out
+    assert out.count("note:") == 1 and "s3cret" not in out and "t0p" not in out
+    code, out, _ = _kl("state", "diff", "s", "--format", "markdown")
+    assert code == 0 and f"_Note: {note}._" in out and "s3cret" not in out, out
+    _cache_null_schema(db_url, "token")  # what a refresh does: now only the secret is masked
+    code, out, _ = _kl("state", "diff", "s")
+    assert "note:" not in out and 'id: "a" → "a2"' in out and "token: (sensitive) → (sensitive)" in out, out
 
 
 def test_a_lifecycle_reopened_for_marks_alone_is_no_change(db_url):

@@ -393,9 +393,26 @@ def test_dry_run_result_carries_attribute_diffs_masked(conn, make_state):
     assert res.status == "succeeded" and res.to_serial is None and res.changed_addresses == ["null_resource.a", "null_resource.b"]
     assert res.drift == [
         {"address": "null_resource.a", "deposed": None, "kind": "changed",
-         "changes": [{"path": "secret", "before": MASK, "after": MASK}, {"path": 'triggers["k"]', "before": "old", "after": "new"}]},
-        {"address": "null_resource.b", "deposed": None, "kind": "deleted", "changes": []},
+         "changes": [{"path": "secret", "before": MASK, "after": MASK}, {"path": 'triggers["k"]', "before": "old", "after": "new"}],
+         "status": "open", "ignored_by": None},
+        {"address": "null_resource.b", "deposed": None, "kind": "deleted", "changes": [], "status": "open", "ignored_by": None},
     ]
+
+
+def test_a_dry_run_judges_what_it_found_as_the_drift_records_would(conn, make_state):
+    """Before committing, each finding gets the status its record would have: a change back to
+    what the last apply wrote resolves the open record; rules combine over its changes."""
+    from kilolock.schema import path_parse
+    from kilolock.store import ignore_rules
+
+    seed(conn, make_state, {"a": {"id": "a", "triggers": {"k": "1"}}, "b": {"id": "b", "triggers": {"k": "1"}}})
+    assert run(conn, FakeFactory(world={"a": {"id": "a", "triggers": {"k": "2"}}})).to_serial is not None  # a: open drift
+    ids = [ignore_rules.add_rule(conn, ignore_rules.NewRule("**", "null_resource.b", path_parse(path)), "t")
+           for path in ('triggers["k"]', "id")]
+    f = FakeFactory(world={"a": {"id": "a", "triggers": {"k": "1"}}, "b": {"id": "b2", "triggers": {"k": "2"}}})
+    res = run(conn, f, dry_run=True)
+    assert [(d["address"], d["status"]) for d in res.drift] == [("null_resource.a", "resolved"), ("null_resource.b", "ignored")]
+    assert [r["rule"] for r in res.drift[1]["ignored_by"]["rules"]] == ids
 
 
 def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):

@@ -104,8 +104,13 @@ def test_diff_of_two_applies_is_what_terraform_changed(run_kl, db_url, ws: Path)
     second = import_version(run_kl, ws)
     after = attributes(ws)
 
+    # Until kl has the providers' schemas it masks every value (test below); a dry run caches them.
+    assert diff(run_kl)["masked_providers"] == ["registry.terraform.io/hashicorp/local", "registry.terraform.io/hashicorp/null"]
+    r = run_kl("refresh", "prod", "--dry-run", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(ws))
+    assert r.returncode == 0, r.stderr
     doc = diff(run_kl)
     assert (doc["from"], doc["to"], doc["added"], doc["removed"], doc["changed"]) == (first, second, 1, 1, 3), doc
+    assert doc["masked_providers"] == []
     got = {(i["address"], i["action"]): i["changes"] for i in doc["instances"]}
     n_before, n_after = before["null_resource.n"], after["null_resource.n"]
     s_before, s_after = before["null_resource.s"], after["null_resource.s"]
@@ -163,3 +168,50 @@ def test_a_schema_sensitive_value_terraform_did_not_mark_is_masked_once_kl_knows
     changes = {c["path"]: (c["before"], c["after"]) for c in p["changes"]}
     assert changes["length"] == (12, 14) and changes["result"] == ("(sensitive)", "(sensitive)"), changes
     assert secret not in run_kl("state", "diff", "prod").stdout.decode()
+
+
+SENSITIVE_FILE_TF = f"""
+terraform {{
+  required_providers {{
+    local = {{ source = "hashicorp/local", version = "{LOCAL_V}" }}
+  }}
+}}
+variable "secret" {{ type = string }}
+resource "local_file" "s" {{
+  filename          = "${{path.module}}/out/s.txt"
+  sensitive_content = var.secret
+}}
+"""
+
+
+def test_a_never_refreshed_state_never_shows_a_schema_sensitive_value(run_kl, db_url, tmp_path: Path):
+    """local_file.sensitive_content is sensitive by the local provider's schema only: Terraform
+    1.0.3 writes it with no mark. With no schema of that provider cached, kl state diff masks every
+    value of its resources and says so once; after a dry-run refresh cached the schema, only the
+    secret stays masked."""
+    ws = workspace(tmp_path, SENSITIVE_FILE_TF)
+    secrets = ["first-s3cret", "second-s3cret"]
+    for secret in secrets:
+        (ws / "vars.auto.tfvars.json").write_text(json.dumps({"secret": secret}))
+        terraform(ws, "apply", "-auto-approve")
+        import_version(run_kl, ws)
+    state = json.loads((ws / "terraform.tfstate").read_text())
+    assert state["resources"][0]["instances"][0]["sensitive_attributes"] == []  # Terraform marked nothing
+
+    for fmt in ("table", "json", "markdown"):
+        out = run_kl("state", "diff", "prod", "--format", fmt).stdout.decode()
+        assert not any(s in out for s in secrets), out
+        assert out.count("registry.terraform.io/hashicorp/local") == 1, out
+        assert fmt == "json" or "`kl refresh prod` (or --dry-run) caches it" in out, out
+    [f] = diff(run_kl)["instances"]
+    changes = {c["path"]: (c["before"], c["after"]) for c in f["changes"]}
+    assert changes["sensitive_content"] == changes["id"] == ("(sensitive)", "(sensitive)"), changes
+
+    r = run_kl("refresh", "prod", "--dry-run", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(ws))
+    assert r.returncode == 0, r.stderr
+    doc = diff(run_kl)
+    [f] = doc["instances"]
+    changes = {c["path"]: (c["before"], c["after"]) for c in f["changes"]}
+    assert doc["masked_providers"] == [] and changes["sensitive_content"] == ("(sensitive)", "(sensitive)"), changes
+    assert changes["id"][0] != "(sensitive)" and changes["id"] != ("(sensitive)", "(sensitive)"), changes
+    assert not any(s in run_kl("state", "diff", "prod").stdout.decode() for s in secrets)

@@ -1,6 +1,7 @@
-"""Drift ignore rules (issue 12, migration 0009): a rule hides open drift records from open drift
-(kl drift, kl status, exit codes, the API) without touching them; --all shows them as ignored
-with the rule; expiry and removal bring them back. Matching is SQL (the resource_drift view)."""
+"""Drift ignore rules (issue 12, migrations 0009 and 0012): rules hide open drift records from open
+drift (kl drift, kl status, exit codes, the API) without touching them, combining their paths;
+--all shows them as ignored with the rules; expiry and removal bring them back. Matching is SQL
+(the resource_drift view)."""
 from __future__ import annotations
 
 import json
@@ -77,7 +78,8 @@ def test_a_glob_over_addresses_hides_records_everywhere_open_drift_is_counted_an
     assert by_address["local_file.conf"]["status"] == "open" and by_address["local_file.conf"]["ignored_by"] is None
     for address in ("null_resource.db", "null_resource.web"):
         assert by_address[address]["status"] == "ignored"
-        assert by_address[address]["ignored_by"] == {"rule": rule, "reason": "rebuilt nightly"}
+        assert by_address[address]["ignored_by"] == {"rule": rule, "reason": "rebuilt nightly",
+                                                     "rules": [{"rule": rule, "reason": "rebuilt nightly"}]}
     assert [e["status"] for e in full["drift"]] == ["open", "ignored", "ignored"]  # open ones first
     [row] = [r for r in ignore_rules.list_rules(conn) if r["id"] == rule]
     assert (row["hidden"], row["expired"], row["path"]) == (2, False, None)
@@ -133,16 +135,46 @@ def test_a_path_rule_hides_a_record_only_when_every_change_lies_under_the_path(c
     by_address = {e["address"]: e for e in doc(conn, include_resolved=True)["drift"]}
     assert by_address["null_resource.web"]["ignored_by"]["rule"] == rule
     assert by_address["null_resource.web"]["changes"] == [{"path": 'triggers["stamp"]', "before": "1", "after": "2"}]
-    # db changed under triggers and at id: each rule covers only part of it (rules do not combine)
-    add(conn, "**", "null_resource.db", path="triggers")
-    add(conn, "**", "null_resource.db", path="id")
+    # db changed under triggers and at id: while no rule covers its id it stays open drift...
+    triggers = add(conn, "**", "null_resource.db", path="triggers", reason="stamps")
     assert open_addresses(conn) == ["local_file.conf", "null_resource.db"]
+    # ...and rules combine: with one for id too, every change is covered by some rule
+    id_rule = add(conn, "**", "null_resource.db", path="id")
+    assert open_addresses(conn) == ["local_file.conf"]
+    db = {e["address"]: e for e in doc(conn, include_resolved=True)["drift"]}["null_resource.db"]
+    assert (db["status"], db["ignored_by"]) == ("ignored", {"rule": rule, "reason": None, "rules": [
+        {"rule": rule, "reason": None}, {"rule": triggers, "reason": "stamps"}, {"rule": id_rule, "reason": None}]})
     add(conn, "**", "local_file.conf", path="content")
-    assert open_addresses(conn) == ["local_file.conf", "null_resource.db"]
+    assert open_addresses(conn) == ["local_file.conf"]
     add(conn, "**", "local_file.conf")  # no path: a deletion is ignored
-    assert open_addresses(conn) == ["null_resource.db"]
+    assert open_addresses(conn) == []
+    assert summary.state_status(conn, "prod")["open_drift"] == 0
     assert [r["path"] for r in ignore_rules.list_rules(conn)] == ['triggers["stamp"]', "triggers", "id", "content", None]
-    assert [r["hidden"] for r in ignore_rules.list_rules(conn)] == [1, 0, 0, 0, 1]
+    assert [r["hidden"] for r in ignore_rules.list_rules(conn)] == [2, 1, 1, 0, 1]  # each rule that hides a record
+
+
+def test_kl_drift_all_names_every_rule_that_hides_a_record(conn, run_kl):
+    drifted(conn)
+    ids = [int(run_kl("drift", "ignore", "add", "--states", "prod", "--address", "null_resource.db", "--path", path,
+                      *(("--reason", "stamps") if path == "triggers" else ())).stdout) for path in ("triggers", "id")]
+    assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2  # web and local_file.conf
+    text = run_kl("drift", "prod", "--all").stdout.decode()
+    assert f"ignored by rules {ids[0]} (stamps), {ids[1]}\n" in text, text
+    md = run_kl("drift", "prod", "--all", "--format", "markdown").stdout.decode()
+    assert f"ignored by rules {ids[0]} (stamps), {ids[1]}\n" in md, md
+    assert [x["hides"] for x in json.loads(run_kl("drift", "ignore", "list", "--format", "json").stdout)["rules"]] == [1, 1]
+
+
+def test_a_record_whose_attributes_did_not_change_is_not_covered_by_any_path(conn):
+    write(conn, "prod", state(1, BASE), "apply")
+    raw = json.loads(state(2, BASE))
+    raw["resources"][0]["instances"][0]["status"] = "tainted"  # web: status only
+    write(conn, "prod", json.dumps(raw).encode(), "refresh")
+    assert open_addresses(conn) == ["null_resource.web"]
+    add(conn, "**", "**", path="triggers")
+    assert open_addresses(conn) == ["null_resource.web"]
+    add(conn, "**", "null_resource.web")
+    assert open_addresses(conn) == []
 
 
 @pytest.mark.parametrize(("before", "after"), [
@@ -168,6 +200,44 @@ def test_the_sql_path_test_agrees_with_the_changes_kl_drift_shows(conn, before, 
     [(got,)] = conn.execute("SELECT kl_drift_changes_within(%s::jsonb, %s::jsonb, %s)",
                             (json.dumps(before), json.dumps(after), steps)).fetchall()
     assert got is expected
+
+
+_CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"t": {"k": "1", "j": "1"}}, {"t": {"k": "2", "j": "1"}}),
+    ({"t": {"k": "1", "j": "1"}}, {"t": {"k": "2", "j": "2"}}),
+    ({"t": {"k": "1"}}, {"t": {}}),
+    ({"t": None}, {"t": {"k": "1"}}),
+    ({"t": "x"}, {"t": {"k": "1"}}),
+    ({"l": ["a", "b"]}, {"l": ["x", "y"]}),
+    ({"l": ["a", "b"]}, {"l": ["a"]}),
+    ({"l": [{"c": 1, "d": 1}, {"c": 1}]}, {"l": [{"c": 2, "d": 2}, {"c": 2}]}),
+    ({"l": ["a"]}, {"l": {"0": "b"}}),
+    ({"t": {"k": "1"}, "id": "a", "l": ["a", "b"]}, {"t": {"k": "2"}, "id": "b", "l": ["a", "c"]}),
+]
+_PATHS = ['t["k"]', 't["j"]', "t", "l[0]", "l[1]", "l", "l[0].c", "l[0].d", "l[1].c", 'l["c"]', "id"]
+
+
+def test_rules_combine_exactly_when_every_change_kl_drift_shows_lies_under_one_of_them(conn):
+    """The SQL (kl_drift_ignored_by) against kilolock.drift.changes, for every pair of paths on
+    every case: hidden iff each change shown lies at or under some rule's path (an attribute step
+    and a key step are one thing in the JSON: l[0].c covers l[0]["c"])."""
+    import itertools
+
+    def under(change: list[str], rule: list[str]) -> bool:
+        return change[:len(rule)] == rule
+
+    for before, after in _CASES:
+        shown = [ignore_rules.path_steps(sch.path_parse(c.path)) for c in drift_model.changes(before, after)]
+        for pair in itertools.chain(itertools.combinations(_PATHS, 1), itertools.combinations(_PATHS, 2)):
+            ids = [add(conn, "prod", "**", path=p) for p in pair]
+            steps = [ignore_rules.path_steps(sch.path_parse(p)) for p in pair]
+            expected = bool(shown) and all(any(under(c, r) for r in steps) for c in shown)
+            [(got,)] = conn.execute("SELECT kl_drift_ignored_by('prod', 'null_resource.x', 'changed', %s::jsonb, %s::jsonb)",
+                                    (json.dumps(before), json.dumps(after))).fetchall()
+            assert (got is not None) is expected, (before, after, pair, got)
+            if got is not None:  # the rules named are those that cover a change
+                assert got == [i for i, r in zip(ids, steps, strict=True) if any(under(c, r) for c in shown)], (before, after, pair)
+            conn.execute("DELETE FROM drift_ignore_rules")
 
 
 def test_expired_rules_do_not_match(conn):
