@@ -116,10 +116,17 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>", file=sys.stderr, flush=True)
+    from kilolock.notify.deliver import Background
+    from kilolock.store import db
+
+    url = db.resolve_target().url
+    sender = Background(lambda: db.connect(url))  # what this server's writes (and others') leave to send
+    sender.start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        sender.stop()
         server.server_close()
     return 0
