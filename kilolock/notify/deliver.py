@@ -124,13 +124,17 @@ def _attempt(conn: psycopg.Connection, d: Mapping[str, Any], rows: Mapping[str, 
 
 def deliver_due(conn: psycopg.Connection, *, budget_s: float, wait_for_retries: bool, owner: str | None = None,
                 post_fn: PostFn = post) -> int:
-    """Send what is due, for at most about BUDGET_S seconds (plus one attempt's timeout);
-    ``wait_for_retries``: also wait for retries due within the budget. Returns deliveries made."""
+    """Send what is due (one attempt at least, whatever the budget), for at most about BUDGET_S
+    seconds plus one attempt's timeout; ``wait_for_retries``: also wait for retries due within the
+    budget. Returns deliveries made."""
     owner = owner or owner_id()
     deadline = time.monotonic() + budget_s
     delivered = 0
-    while time.monotonic() < deadline:
+    first = True
+    while first or time.monotonic() < deadline:
         batch = outbox.claim(conn, owner, lease_s=LEASE_S, limit=BATCH)
+        in_budget = first or time.monotonic() < deadline
+        first = False
         if not batch:
             wait = outbox.seconds_to_next(conn) if wait_for_retries else None
             if wait is None or time.monotonic() + wait >= deadline:
@@ -139,11 +143,12 @@ def deliver_due(conn: psycopg.Connection, *, budget_s: float, wait_for_retries: 
             continue
         rows = outbox.resources(conn, sorted({i for d in batch for i in payload.resource_ids(d["detail"])}))
         for i, d in enumerate(batch):
-            if time.monotonic() >= deadline:
+            if not in_budget:
                 outbox.release(conn, [x["delivery_id"] for x in batch[i:]], owner)
                 break
             if _attempt(conn, d, rows, owner, post_fn) == "delivered":
                 delivered += 1
+            in_budget = time.monotonic() < deadline
     return delivered
 
 
