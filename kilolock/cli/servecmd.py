@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>", file=sys.stderr, flush=True)
     from kilolock.notify.deliver import Background
-    from kilolock.store import db
+    from kilolock.store import db, notify
 
     url = db.resolve_target().url
     sender = Background(lambda: db.connect(url))  # what this server's writes (and others') leave to send
@@ -128,5 +128,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         sender.stop()
+        notify.hand_over()
         server.server_close()
     return 0

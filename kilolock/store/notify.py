@@ -35,6 +35,12 @@ def work_hint() -> tuple[bool, bool]:
     return _hint["wrote"], _hint["due"]
 
 
+def hand_over() -> None:
+    """Leave what is pending to the next process (`kl serve` on shutdown: its own sender thread
+    did the sending, and a stop must not wait for a receiver's retries)."""
+    _hint["wrote"] = _hint["due"] = False
+
+
 class ChannelError(KlError):
     pass
 
