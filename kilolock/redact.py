@@ -16,9 +16,12 @@ line while protecting nothing.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from kilolock.errors import KlError
 
 MASK = "(sensitive)"  # as kl drift shows sensitive values
 MIN_LENGTH = 4
@@ -94,3 +97,28 @@ def _strings(value: Any) -> Iterator[str]:
         for v in value:
             yield from _strings(v)
 
+
+
+def env_ref(value: Any) -> str | None:
+    """The variable NAME when VALUE is a reference {"env": "NAME"}; None otherwise."""
+    if isinstance(value, dict) and set(value) == {"env"} and isinstance(value["env"], str):
+        return value["env"]
+    return None
+
+
+def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config", error: type[KlError] = KlError) -> Any:
+    """Replace every {"env": "NAME"} with the variable's value (the stored value keeps the
+    reference); each resolved value becomes one of SECRETS. Used for provider configs and for
+    notification webhook URLs and secrets alike. A variable that is not set raises ERROR."""
+    if isinstance(value, dict):
+        name = env_ref(value)
+        if name is not None:
+            if name not in os.environ:
+                raise error(f"{where}: environment variable {name} is not set")
+            # A value kept out of the store is a secret: mask it wherever it could be echoed.
+            secrets.add(os.environ[name])
+            return os.environ[name]
+        return {k: resolve_env_refs(v, secrets, f"{where}.{k}", error) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_env_refs(v, secrets, f"{where}[{i}]", error) for i, v in enumerate(value)]
+    return value

@@ -23,8 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.store": set(),  # SQL only: never a provider or a codec
     "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
     "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
+    "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
     "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
-                     "kilolock.refresh", "kilolock.server"},
+                     "kilolock.refresh", "kilolock.server", "kilolock.notify"},
     "kilolock.__main__": {"kilolock.cli"},
     "kilolock._pyz": {"kilolock.cli"},  # the zipapp bootstrap: the standard library, then the CLI
 }

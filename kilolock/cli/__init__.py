@@ -125,6 +125,19 @@ def _configure_logging() -> None:
         logging.getLogger("kilolock.provider").setLevel(logging.ERROR)
 
 
+def _send_notifications() -> None:
+    """Notifications this process committed, or found due, are sent before it exits (bounded).
+    A command that never opened the store never loaded the store module: nothing to do, no cost."""
+    if isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        return  # asked to stop now
+    store_db = sys.modules.get("kilolock.store.db")
+    if store_db is None or store_db.opened_url() is None:
+        return
+    from kilolock.notify.deliver import after_command
+
+    after_command()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, argv = _parser_for(argv)
@@ -139,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             (getattr(args, "_parser", None) or parser).print_help(sys.stderr)
             return exit_code(error=True, detailed=detailed, code=2)
         _configure_logging()
-        return int(command.run(args) or 0)
+        try:
+            return int(command.run(args) or 0)
+        finally:
+            _send_notifications()
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
         # argument may hold a newline. A parser's usage error adds the command's usage line.

@@ -83,6 +83,15 @@ COMMANDS: tuple[Command, ...] = (
     Command("drift", "what refresh found changed or deleted, since when; --all: resolved and ignored drift too; "
             "kl drift ignore: ignore rules", "kilolock.cli.driftcmd", example="kl drift prod"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
+    _group("notify", "notification channels (webhooks, Slack) for drift and refresh events, and their delivery log",
+           "kilolock.cli.notifycmd", (
+        ("add", "add a channel: events of matching states from now on are POSTed to it",
+         """kl notify add ops --webhook '{"env": "SLACK_WEBHOOK_URL"}' --format slack --states 'prod/**'"""),
+        ("list", "the channels (URLs and secrets never shown resolved)", "kl notify list --format json"),
+        ("remove", "delete a channel and its deliveries", "kl notify remove ops"),
+        ("test", "send one sample event to a channel now", "kl notify test ops"),
+        ("log", "deliveries, newest first, with every attempt", "kl notify log --failed"),
+    )),
     Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd",
             example="KL_SERVE_TOKEN=... kl serve --listen 127.0.0.1:8080"),
     _group("provider", "provider configuration and version pins", "kilolock.cli.providercmd", (

@@ -120,10 +120,18 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>, Prometheus metrics at {server.url}/metrics",
           file=sys.stderr, flush=True)
+    from kilolock.notify.deliver import Background
+    from kilolock.store import db, notify
+
+    url = db.resolve_target().url
+    sender = Background(lambda: db.connect(url))  # what this server's writes (and others') leave to send
+    sender.start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        sender.stop()
+        notify.hand_over()
         server.server_close()
     return 0

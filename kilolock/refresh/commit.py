@@ -75,12 +75,14 @@ def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: s
 
 def finish_audit(conn: psycopg.Connection, run_id: str, name: str, outcome: str, *, status: str, checked: int,
                  changed: int, failed: int, error_summary: str | None, to_version_id: str | None,
-                 concurrency: list[dict[str, Any]] | None = None) -> None:
-    """Finish the run's refresh_runs row, on a fresh connection when this one died mid-run.
-    ``outcome`` says how the run ended, for the error raised when no database can be reached at all."""
+                 concurrency: list[dict[str, Any]] | None = None, guarded: bool = False) -> None:
+    """Finish the run's refresh_runs row (and write its notification events), on a fresh connection
+    when this one died mid-run. ``outcome`` says how the run ended, for the error raised when no
+    database can be reached at all; ``guarded``: the mass-removal guard refused the commit."""
     def write(on: psycopg.Connection) -> None:
         refresh_runs.finish(on, run_id, status=status, checked=checked, changed=changed, failed=failed,
-                            error_summary=error_summary, to_version_id=to_version_id, concurrency=concurrency)
+                            error_summary=error_summary, to_version_id=to_version_id, concurrency=concurrency,
+                            guarded=guarded)
 
     try:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

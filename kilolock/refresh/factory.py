@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from typing import Any
 
 import psycopg
 
-from kilolock import codec
+from kilolock import codec, redact
 from kilolock.errors import KlError
 from kilolock.provider import ProviderClient, launch_provider
 from kilolock.provider.discovery import find_provider
@@ -35,18 +34,7 @@ class ProviderConfigError(KlError):
 
 def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config") -> Any:
     """Replace every {"env": "NAME"} with the variable's value; the stored config keeps the reference."""
-    if isinstance(value, dict):
-        if set(value) == {"env"} and isinstance(value["env"], str):
-            name = value["env"]
-            if name not in os.environ:
-                raise ProviderConfigError(f"{where}: environment variable {name} is not set")
-            # A value kept out of the store is a secret: mask it wherever a provider echoes it.
-            secrets.add(os.environ[name])
-            return os.environ[name]
-        return {k: resolve_env_refs(v, secrets, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve_env_refs(v, secrets, f"{where}[{i}]") for i, v in enumerate(value)]
-    return value
+    return redact.resolve_env_refs(value, secrets, where, ProviderConfigError)
 
 
 class ProductionFactory:

@@ -76,6 +76,7 @@ class Result:
     drift: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     error: str | None = None  # the run-level reason when status is not succeeded
+    guarded: bool = False  # the mass-removal guard refused the commit (a refresh.guarded event)
     duration_s: float = 0.0
     providers: list[str] = field(default_factory=list)  # "source version (binary)" per opened group
     # Requests in flight per opened group: {"provider", "alias", "mode", "start", "max", "final",
@@ -477,8 +478,13 @@ def run(
         result.drift = [_drift_of(e) for e in drifted]
         _judge_drift(conn, name, sid, drifted, result.drift)
 
-        commit, why_not = commit_decision(result, options, _mass_removal(groups, options), cancel.cancelled,
+        mass_removal = _mass_removal(groups, options)
+        commit, why_not = commit_decision(result, options, mass_removal, cancel.cancelled,
                                           _unplaced_removal(name, entries, options))
+        # The guard's refusal, as commit_decision orders its reasons: not a cancelled or failed
+        # run, and not a dry run (which commits nothing anyway).
+        result.guarded = bool(mass_removal and not options.allow_mass_removal and not cancel.cancelled
+                              and not result.failed and not options.dry_run)
         if cancel.cancelled:
             result.status, result.error = "cancelled", cancel.reason
         elif why_not:
@@ -531,4 +537,4 @@ def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None)
     finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
                  status=result.status if result.status != "running" else "failed", checked=result.checked,
                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id,
-                 concurrency=result.concurrency or None)
+                 concurrency=result.concurrency or None, guarded=result.guarded)

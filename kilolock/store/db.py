@@ -76,12 +76,22 @@ def reconnect(conn: psycopg.Connection) -> psycopg.Connection:
     return connect(dsn)
 
 
+# The database this process opened the store of (open_store), for the notifications it delivers
+# before it exits (kilolock.notify.deliver.after_command).
+_opened: dict[str, str] = {}
+
+
+def opened_url() -> str | None:
+    return _opened.get("url")
+
+
 def open_store(migrate: bool | None = None) -> psycopg.Connection:
     """A connection ready for use: the schema must be current.
 
     The embedded database is migrated automatically (it is kl's own); an external one must be
     migrated explicitly with `kl db migrate`, unless `migrate=True`.
     """
+    from kilolock.store import notify
     from kilolock.store.migrate import apply_migrations, pending_migrations
 
     target = resolve_target()
@@ -96,6 +106,9 @@ def open_store(migrate: bool | None = None) -> psycopg.Connection:
                 raise DatabaseError(
                     f"the database schema is not current ({len(pending)} pending migration(s), first {pending[0]}); run `kl db migrate`"
                 )
+        # One indexed EXISTS: any notification a crashed or impatient process left to deliver?
+        notify.check_due(conn)
+        _opened["url"] = target.url
     except psycopg.OperationalError as exc:
         # The server went away between connecting and the schema check (a restart, a terminated
         # backend): a fault to name in one line, not an internal error with the query quoted.

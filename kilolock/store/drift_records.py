@@ -18,6 +18,8 @@ from datetime import datetime
 
 import psycopg
 
+from kilolock.store import notify
+
 
 def _changed_names(before: str, after: str) -> str:
     """SQL: the sorted top-level attribute names whose values differ between two jsonb objects."""
@@ -70,8 +72,9 @@ still_open AS (
         resolved_how = CASE WHEN f.read_back THEN 'refresh' END
     FROM found f
     WHERE d.id = f.record_id
-    RETURNING 1
-)
+    RETURNING d.id
+),
+opened AS (
 INSERT INTO drift_records (state_id, address, deposed, kind, baseline_resource_id, current_resource_id, changed_attributes,
                            first_detected_version_id, first_detected_serial, first_detected_at,
                            detected_version_id, detected_serial, detected_at)
@@ -81,6 +84,9 @@ SELECT %(sid)s, f.address, f.deposed, CASE WHEN f.opened_id IS NULL THEN 'delete
        %(vid)s, %(serial)s, %(at)s, %(vid)s, %(serial)s, %(at)s
 FROM found f
 WHERE f.record_id IS NULL
+RETURNING id
+)
+SELECT id::text FROM still_open UNION ALL SELECT id::text FROM opened
 """
 
 # Terraform's own view of the state (an apply, an import) replaces what refresh saw.
@@ -92,11 +98,14 @@ UPDATE drift_records d SET
         WHERE r.state_id = d.state_id AND r.address = d.address AND r.deposed = d.deposed AND r.delete_serial IS NULL
     ) THEN 'recreated' ELSE %(source)s END
 WHERE d.state_id = %(sid)s AND d.resolved_version_id IS NULL
+RETURNING d.id::text
 """
 
 
 def record(conn: psycopg.Connection, sid: str, vid: str, serial: int, at: datetime | None, source: str) -> None:
     """Bring the state's drift records up to the version just written (same transaction, after
-    its lifecycle rows)."""
+    its lifecycle rows), and the notification events they make (store/notify.py) from the
+    records this version opened, updated or resolved."""
     params = {"sid": sid, "vid": vid, "serial": serial, "at": at, "source": source}
-    conn.execute(_REFRESH if source == "refresh" else _RESOLVE_ALL, params)
+    touched = [str(r[0]) for r in conn.execute(_REFRESH if source == "refresh" else _RESOLVE_ALL, params).fetchall()]
+    notify.record_drift_events(conn, sid, vid, serial, touched)

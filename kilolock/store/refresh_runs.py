@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
-from kilolock.store import locks
+from kilolock.store import locks, notify
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
@@ -109,12 +109,16 @@ def finish(
     error_summary: str | None,
     to_version_id: str | None,
     concurrency: list[dict[str, Any]] | None = None,
+    guarded: bool = False,
 ) -> None:
+    """Finish the run's row and, in the same transaction, write the notification events it makes
+    (refresh.failed, and refresh.guarded when the mass-removal guard refused its commit)."""
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
     with conn.transaction():
         conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
                                Jsonb(concurrency) if concurrency is not None else None, run_id))
+        notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 

@@ -180,20 +180,31 @@ def populate(conn: psycopg.Connection) -> None:
     """Fill every table: states with plain, encrypted and refresh-made versions (so lifecycles and
     drift records, open and resolved), refresh runs in each end state, held and released locks, provider
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
-    rules (one active, one expired), the requests in flight a run used."""
+    rules (one active, one expired), the requests in flight a run used, notification channels with
+    the events and deliveries the writes below make (one delivered, one failed once, the rest
+    pending)."""
     import kilolock
+    from kilolock import globs, tfstate
     from kilolock import schema as sch
-    from kilolock import tfstate
     from kilolock.server import store_ops
     from kilolock.store import (
         ignore_rules,
         locks,
+        notify,
         provider_configs,
         provider_schemas,
         refresh_runs,
         settings,
         versions,
     )
+
+    # Notification channels (0015) first: the writes below then make events and deliveries.
+    notify.add_channel(conn, name="ops", format="json", webhook={"env": "OPS_HOOK"}, secret="fixture-hmac",
+                       states_glob="**", states_regex=globs.sql_regex("**"), events=list(notify.EVENTS), failed_after=1,
+                       ui_url="https://kl.example.com", created_by="fixture@cli")
+    notify.add_channel(conn, name="chat", format="slack", webhook="https://hooks.example.com/T0/B0/x", secret=None,
+                       states_glob="hist*", states_regex=globs.sql_regex("hist*"), events=["drift.new", "drift.resolved"],
+                       failed_after=2, ui_url=None, created_by="fixture@cli")
 
     def import_file(name: str, raw: bytes, source: str) -> versions.WriteResult:
         return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="fixture@cli")
@@ -299,6 +310,15 @@ def populate(conn: psycopg.Connection) -> None:
             "triggers": {"type": ["map", "string"], "optional": True}}}}},
         "data_source_schemas": {},
     }))
+    # Two deliveries tried: one delivered, one failed once and waiting to retry.
+    sent, refused = notify.claim(conn, "fixture-host:1", lease_s=60, limit=2)
+    notify.finish_attempt(conn, sent["delivery_id"], "fixture-host:1", ok=True, http_status=200, error=None,
+                          duration_ms=12, retry_for_s=3600, max_delay_s=300)
+    notify.finish_attempt(conn, refused["delivery_id"], "fixture-host:1", ok=False, http_status=500,
+                          error="HTTP 500 Internal Server Error", duration_ms=30, retry_for_s=3600, max_delay_s=300)
+    # Never due: the kl processes that describe() and the upgrade test run would otherwise send them
+    # (to nowhere), and the fixture's counts would depend on when and where it was made.
+    conn.execute("UPDATE notify_deliveries SET next_attempt_at = 'infinity' WHERE status = 'pending'")
 
 
 def main() -> int:

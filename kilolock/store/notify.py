@@ -1,0 +1,347 @@
+"""Notifications in the database: channels, the outbox of events, deliveries and their attempts.
+
+Events are written in the transaction of what caused them (migration 0015): drift events by the
+one write path (versions.write_version → drift_records.record → ``record_drift_events``), refresh
+events by the refresh_runs finish (``record_run_events``). Both are single set-based statements
+that also create the deliveries, one per matching channel, so an event is never committed without
+them nor sent without having been committed.
+
+Sending happens after commit (kilolock.notify.deliver): ``claim`` leases due deliveries with FOR
+UPDATE SKIP LOCKED, ``finish_attempt`` records each attempt and schedules the next.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
+
+from kilolock.errors import KlError
+
+EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded")
+FORMATS = ("json", "slack")
+
+# Set when this process wrote a delivery (so it should deliver before it exits), or found one due
+# when it opened the store. Read by kilolock.notify.deliver.after_command; a rolled-back write
+# leaves it set, which costs one more cheap check, never a wrong send.
+_hint = {"wrote": False, "due": False}
+
+
+def work_hint() -> tuple[bool, bool]:
+    """(this process wrote deliveries, some were due when it opened the store)."""
+    return _hint["wrote"], _hint["due"]
+
+
+def hand_over() -> None:
+    """Leave what is pending to the next process (`kl serve` on shutdown: its own sender thread
+    did the sending, and a stop must not wait for a receiver's retries)."""
+    _hint["wrote"] = _hint["due"] = False
+
+
+class ChannelError(KlError):
+    pass
+
+
+@dataclass(frozen=True)
+class Channel:
+    id: int
+    name: str
+    format: str
+    webhook: Any  # a URL string, or {"env": "NAME"}
+    secret: Any  # None, a string, or {"env": "NAME"}
+    states_glob: str
+    events: list[str]
+    failed_after: int
+    ui_url: str | None
+    created_at: datetime | None = None
+    created_by: str | None = None
+
+
+# --- channels ----------------------------------------------------------------------------------
+
+_CHANNEL_COLS = "id, name, format, webhook, secret, states_glob, events, failed_after, ui_url, created_at, created_by"
+_ADD_CHANNEL = f"""
+INSERT INTO notify_channels (name, format, webhook, secret, states_glob, states_regex, events, failed_after, ui_url, created_by)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING {_CHANNEL_COLS}
+"""
+_LIST_CHANNELS = f"SELECT {_CHANNEL_COLS} FROM notify_channels ORDER BY name"
+_GET_CHANNEL = f"SELECT {_CHANNEL_COLS} FROM notify_channels WHERE name = %s"
+_REMOVE_CHANNEL = "DELETE FROM notify_channels WHERE name = %s"
+
+
+def add_channel(conn: psycopg.Connection, *, name: str, format: str, webhook: Any, secret: Any, states_glob: str,
+                states_regex: str, events: list[str], failed_after: int, ui_url: str | None,
+                created_by: str | None) -> Channel:
+    row = conn.cursor(row_factory=class_row(Channel)).execute(_ADD_CHANNEL, (
+        name, format, Jsonb(webhook), None if secret is None else Jsonb(secret), states_glob, states_regex, events,
+        failed_after, ui_url, created_by)).fetchone()
+    if row is None:
+        raise ChannelError(f"a notification channel named {name!r} exists already (see `kl notify list`)")
+    return row
+
+
+def list_channels(conn: psycopg.Connection) -> list[Channel]:
+    return conn.cursor(row_factory=class_row(Channel)).execute(_LIST_CHANNELS).fetchall()
+
+
+def get_channel(conn: psycopg.Connection, name: str) -> Channel:
+    row = conn.cursor(row_factory=class_row(Channel)).execute(_GET_CHANNEL, (name,)).fetchone()
+    if row is None:
+        raise ChannelError(f"no notification channel named {name!r} (see `kl notify list`)")
+    return row
+
+
+def remove_channel(conn: psycopg.Connection, name: str) -> None:
+    """The channel and its deliveries (pending ones are never sent)."""
+    if conn.execute(_REMOVE_CHANNEL, (name,)).rowcount == 0:
+        raise ChannelError(f"no notification channel named {name!r} (see `kl notify list`)")
+
+
+# --- the outbox: drift events ------------------------------------------------------------------
+
+# The records this version opened, updated or resolved (their ids: drift_records.record), against
+# what was announced of them. Open drift is what current_resource_drift shows (ignore rules
+# applied there, in one place): a record it hides is not announced, and neither is its end.
+_DRIFT_EVENTS = """
+WITH touched AS MATERIALIZED (
+    SELECT d.id, d.address, d.deposed, d.kind, d.changed_attributes, d.baseline_resource_id, d.current_resource_id,
+           d.resolved_version_id IS NOT NULL AS resolved, d.resolved_how,
+           EXISTS (SELECT 1 FROM current_resource_drift c WHERE c.drift_id = d.id) AS visible,
+           n.drift_id IS NOT NULL AS announced, n.kind AS announced_kind, n.paths AS announced_paths
+    FROM drift_records d LEFT JOIN notify_drift_notices n ON n.drift_id = d.id
+    WHERE d.id = ANY(%(ids)s::uuid[])
+),
+classified AS MATERIALIZED (
+    SELECT t.*, CASE
+        WHEN t.resolved THEN CASE WHEN t.announced THEN 'drift.resolved' END
+        WHEN NOT t.visible THEN NULL
+        WHEN NOT t.announced THEN 'drift.new'
+        WHEN t.kind <> t.announced_kind OR NOT (COALESCE(t.changed_attributes, '{}') <@ t.announced_paths) THEN 'drift.updated'
+    END AS event
+    FROM touched t
+),
+forgotten AS (
+    DELETE FROM notify_drift_notices n USING classified c WHERE n.drift_id = c.id AND c.resolved RETURNING 1
+),
+noted AS (
+    INSERT INTO notify_drift_notices (drift_id, kind, paths)
+    SELECT id, kind, COALESCE(changed_attributes, '{}') FROM classified WHERE event IN ('drift.new', 'drift.updated')
+    ON CONFLICT (drift_id) DO UPDATE SET kind = EXCLUDED.kind,
+        paths = ARRAY(SELECT DISTINCT p FROM unnest(notify_drift_notices.paths || EXCLUDED.paths) AS u(p) ORDER BY p)
+    RETURNING 1
+),
+state AS (SELECT name FROM states WHERE id = %(sid)s),
+matching AS (SELECT c.id, c.events FROM notify_channels c, state s WHERE s.name ~ c.states_regex),
+events AS (
+    INSERT INTO notify_events (kind, state_id, state_name, version_id, serial, detail)
+    SELECT c.event, %(sid)s, s.name, %(vid)s, %(serial)s,
+           jsonb_build_object('addresses', jsonb_agg(jsonb_build_object(
+               'drift_id', c.id, 'address', c.address, 'deposed', c.deposed, 'kind', c.kind,
+               'paths', COALESCE(to_jsonb(c.changed_attributes), '[]'::jsonb),
+               'baseline', c.baseline_resource_id, 'current', c.current_resource_id, 'resolved_how', c.resolved_how)
+               ORDER BY c.address, c.deposed))
+    FROM classified c, state s
+    WHERE c.event IS NOT NULL AND EXISTS (SELECT 1 FROM matching m WHERE c.event = ANY(m.events))
+    GROUP BY c.event, s.name
+    RETURNING id, kind
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT e.id, m.id FROM events e JOIN matching m ON e.kind = ANY(m.events)
+"""
+
+
+def record_drift_events(conn: psycopg.Connection, sid: str, vid: str, serial: int, drift_ids: list[str]) -> int:
+    """Derive this version's drift events from the records it touched (inside its transaction);
+    returns the deliveries created."""
+    if not drift_ids:
+        return 0
+    created = conn.execute(_DRIFT_EVENTS, {"ids": drift_ids, "sid": sid, "vid": vid, "serial": serial}).rowcount
+    if created:
+        _hint["wrote"] = True
+    return created
+
+
+# --- the outbox: refresh events ----------------------------------------------------------------
+
+# A failure streak is the failed runs since the state's last successful one (cancelled runs are
+# neither). A channel hears of it once per streak, when it reaches the channel's failed_after.
+_RUN_EVENTS = """
+WITH run AS (
+    SELECT rr.id, rr.state_id, s.name, rr.error_summary, f.serial
+    FROM refresh_runs rr JOIN states s ON s.id = rr.state_id JOIN state_versions f ON f.id = rr.from_version_id
+    WHERE rr.id = %(run)s
+),
+last_ok AS (
+    SELECT COALESCE(max(x.finished_at), '-infinity'::timestamptz) AS at
+    FROM refresh_runs x, run WHERE x.state_id = run.state_id AND x.status = 'succeeded'
+),
+streak AS (
+    SELECT count(*) AS n FROM refresh_runs x, run, last_ok
+    WHERE x.state_id = run.state_id AND x.status = 'failed' AND x.finished_at > last_ok.at
+),
+kinds AS (SELECT k FROM unnest(%(kinds)s::text[]) AS u(k)),
+matching AS (
+    SELECT c.id, k.k AS kind FROM notify_channels c, run, kinds k, streak, last_ok
+    WHERE run.name ~ c.states_regex AND k.k = ANY(c.events)
+      AND (k.k <> 'refresh.failed' OR (streak.n >= c.failed_after AND NOT EXISTS (
+          SELECT 1 FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id
+          WHERE d.channel_id = c.id AND e.state_id = run.state_id AND e.kind = 'refresh.failed' AND e.created_at > last_ok.at)))
+),
+events AS (
+    INSERT INTO notify_events (kind, state_id, state_name, serial, run_id, detail)
+    SELECT k.k, run.state_id, run.name, run.serial, run.id,
+           jsonb_build_object('error', run.error_summary, 'failures_in_a_row', streak.n)
+    FROM kinds k, run, streak
+    WHERE EXISTS (SELECT 1 FROM matching m WHERE m.kind = k.k)
+    RETURNING id, kind
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT e.id, m.id FROM events e JOIN matching m ON m.kind = e.kind
+"""
+
+
+def record_run_events(conn: psycopg.Connection, run_id: str, *, failed: bool, guarded: bool) -> int:
+    """refresh.failed / refresh.guarded for a run just finished (inside the finish's transaction)."""
+    kinds = (["refresh.failed"] if failed else []) + (["refresh.guarded"] if guarded else [])
+    if not kinds:
+        return 0
+    created = conn.execute(_RUN_EVENTS, {"run": run_id, "kinds": kinds}).rowcount
+    if created:
+        _hint["wrote"] = True
+    return created
+
+
+# --- delivery ----------------------------------------------------------------------------------
+
+_DUE = """
+SELECT EXISTS (SELECT 1 FROM notify_deliveries
+               WHERE status = 'pending' AND next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now()))
+"""
+# Seconds until the next pending delivery may be claimed (its retry time, or its lease's end).
+_NEXT_DUE = """
+SELECT EXTRACT(EPOCH FROM min(GREATEST(next_attempt_at, COALESCE(lease_until, next_attempt_at))) - now())::float8
+FROM notify_deliveries WHERE status = 'pending'
+"""
+_CLAIM = """
+UPDATE notify_deliveries d SET lease_owner = %(owner)s, lease_until = now() + make_interval(secs => %(lease)s)
+WHERE d.id IN (
+    SELECT id FROM notify_deliveries
+    WHERE status = 'pending' AND next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now())
+    ORDER BY next_attempt_at, id LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING d.id
+"""
+_CLAIMED = """
+SELECT d.id AS delivery_id, d.attempts, e.id::text AS event_id, e.kind, e.state_name, e.serial,
+       e.version_id::text AS version_id,
+       COALESCE(e.run_id, (SELECT rr.id FROM refresh_runs rr WHERE rr.to_version_id = e.version_id LIMIT 1))::text AS run_id,
+       (SELECT v.source FROM state_versions v WHERE v.id = e.version_id) AS version_source,
+       e.detail, e.created_at, c.name AS channel, c.format, c.webhook, c.secret, c.ui_url
+FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id JOIN notify_channels c ON c.id = d.channel_id
+WHERE d.id = ANY(%s) ORDER BY d.id
+"""
+_RESOURCES = "SELECT id::text AS id, attributes, sensitive_attributes FROM resources WHERE id = ANY(%s::uuid[])"
+
+# One attempt: its row, then the delivery's next step, both only while this owner holds the lease.
+# A failed attempt is retried after 2^(attempts-1) seconds (at most max_delay), until the delivery
+# is older than retry_for: then it is `failed` for good.
+_FINISH_ATTEMPT = """
+WITH mine AS (
+    SELECT id, attempts + 1 AS attempt, created_at FROM notify_deliveries WHERE id = %(id)s AND lease_owner = %(owner)s
+    FOR UPDATE
+),
+logged AS (
+    INSERT INTO notify_attempts (delivery_id, attempt, owner, http_status, error, duration_ms)
+    SELECT id, attempt, %(owner)s, %(http_status)s, %(error)s, %(ms)s FROM mine
+    RETURNING 1
+)
+UPDATE notify_deliveries d SET
+    attempts = m.attempt,
+    status = CASE WHEN %(ok)s THEN 'delivered'
+                  WHEN now() + make_interval(secs => LEAST(power(2, m.attempt - 1), %(max_delay)s)) > m.created_at + make_interval(secs => %(retry_for)s)
+                  THEN 'failed' ELSE 'pending' END,
+    next_attempt_at = now() + make_interval(secs => LEAST(power(2, m.attempt - 1), %(max_delay)s)),
+    lease_owner = NULL, lease_until = NULL,
+    last_error = CASE WHEN %(ok)s THEN NULL ELSE %(error)s END,
+    delivered_at = CASE WHEN %(ok)s THEN now() END
+FROM mine m WHERE d.id = m.id
+RETURNING d.status
+"""
+
+
+def check_due(conn: psycopg.Connection) -> bool:
+    """The cheap check of every kl process that opens the store: is any delivery waiting?"""
+    row = conn.execute(_DUE).fetchone()
+    due = bool(row and row[0])
+    if due:
+        _hint["due"] = True
+    return due
+
+
+def seconds_to_next(conn: psycopg.Connection) -> float | None:
+    row = conn.execute(_NEXT_DUE).fetchone()
+    return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+
+def claim(conn: psycopg.Connection, owner: str, *, lease_s: float, limit: int = 20) -> list[dict[str, Any]]:
+    """Lease up to LIMIT due deliveries to OWNER (committed at once: the lease is what keeps another
+    process from sending them) and return what sending them needs."""
+    with conn.transaction():
+        ids = [r[0] for r in conn.execute(_CLAIM, {"owner": owner, "lease": lease_s, "limit": limit}).fetchall()]
+    if not ids:
+        return []
+    return conn.cursor(row_factory=dict_row).execute(_CLAIMED, (ids,)).fetchall()
+
+
+_RELEASE = "UPDATE notify_deliveries SET lease_owner = NULL, lease_until = NULL WHERE id = ANY(%s) AND lease_owner = %s"
+
+
+def release(conn: psycopg.Connection, delivery_ids: list[int], owner: str) -> None:
+    """Give back leases not used (out of time): the next sender need not wait for them to expire."""
+    conn.execute(_RELEASE, (delivery_ids, owner))
+
+
+def resources(conn: psycopg.Connection, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Attributes and sensitivity marks of lifecycle rows (what a drift event names), by id."""
+    if not ids:
+        return {}
+    return {r["id"]: r for r in conn.cursor(row_factory=dict_row).execute(_RESOURCES, (ids,)).fetchall()}
+
+
+def finish_attempt(conn: psycopg.Connection, delivery_id: int, owner: str, *, ok: bool, http_status: int | None,
+                   error: str | None, duration_ms: int, retry_for_s: float, max_delay_s: float) -> str | None:
+    """Record one attempt; returns the delivery's status after it (None: the lease was lost)."""
+    with conn.transaction():
+        row = conn.execute(_FINISH_ATTEMPT, {
+            "id": delivery_id, "owner": owner, "ok": ok, "http_status": http_status, "error": error,
+            "ms": duration_ms, "retry_for": retry_for_s, "max_delay": max_delay_s}).fetchone()
+    return None if row is None else str(row[0])
+
+
+# --- the log -----------------------------------------------------------------------------------
+
+_LOG = """
+SELECT d.id, c.name AS channel, e.kind AS event, e.state_name AS state, e.serial, e.id::text AS idempotency_key,
+       d.status, d.attempts, d.last_error, d.created_at, d.delivered_at, d.next_attempt_at,
+       COALESCE((SELECT jsonb_agg(jsonb_build_object('attempt', a.attempt, 'at', a.at, 'http_status', a.http_status,
+                                                     'error', a.error, 'duration_ms', a.duration_ms) ORDER BY a.attempt)
+                 FROM notify_attempts a WHERE a.delivery_id = d.id), '[]'::jsonb) AS attempt_log
+FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id JOIN notify_channels c ON c.id = d.channel_id
+WHERE (NOT %(failed)s OR d.status = 'failed' OR d.last_error IS NOT NULL)
+  AND (%(channel)s::text IS NULL OR c.name = %(channel)s)
+ORDER BY d.created_at DESC, d.id DESC
+LIMIT %(limit)s
+"""
+
+
+def delivery_log(conn: psycopg.Connection, *, failed: bool, channel: str | None, limit: int) -> list[dict[str, Any]]:
+    """Newest deliveries first, each with its attempts. ``failed``: those whose last attempt failed
+    (given up, or waiting for a retry)."""
+    if channel is not None:
+        get_channel(conn, channel)
+    return conn.cursor(row_factory=dict_row).execute(
+        _LOG, {"failed": failed, "channel": channel, "limit": limit}).fetchall()
