@@ -43,8 +43,10 @@ WHERE id = %s AND status = 'running'
 _FINISH = """
 UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
     resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s
-WHERE id = %s
+WHERE id = %s AND status = 'running'
 """
+# (`AND status = 'running'`: a run a fleet worker took over after its lease expired was already
+# finished as failed; the late outcome of its old process must not overwrite that.)
 
 
 def lock_note(run_id: str | None) -> str:
