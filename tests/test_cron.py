@@ -10,8 +10,8 @@ from kilolock.cron import CronError, parse
 UTC = timezone.utc
 
 
-def t(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def t(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(("expr", "after", "expected"), [

@@ -261,8 +261,20 @@ class Worker:
             # No database to record it in: the lease runs out and another worker takes the job.
             self.failed += 1
             self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
+        except Exception as exc:  # a bug: the run's audit row is finished; record it on the job, keep working
+            log.exception("kl worker: refreshing %s", job.state)
+            self.failed += 1
+            self._record_internal_error(job, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._wake.set()
+
+    def _record_internal_error(self, job: fleet.Job, message: str) -> None:
+        try:
+            with db.reconnect(self.conn) as conn:
+                fleet.finish_job(conn, job.id, self.worker_id, "failed", None, message)
+        except (KlError, psycopg.OperationalError):
+            pass  # the lease runs out; another worker takes the job over
+        self.say(f"kl worker {self.name}: {job.state}: {message}")
 
     def _heartbeats(self) -> None:
         """Renew the leases well inside their length, on a connection of its own; a run whose lease
