@@ -126,6 +126,11 @@ _GET = _SELECT + "WHERE rr.id = %s"
 _LIST = _SELECT + "WHERE rr.state_id = %s ORDER BY rr.started_at DESC LIMIT %s"
 
 
+def still_running(conn: psycopg.Connection, run_id: str) -> bool:
+    row = conn.execute("SELECT status = 'running' FROM refresh_runs WHERE id = %s", (run_id,)).fetchone()
+    return bool(row and row[0])
+
+
 def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:
     return conn.cursor(row_factory=class_row(RunRow)).execute(_GET, (run_id,)).fetchone()
 
