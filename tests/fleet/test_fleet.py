@@ -256,6 +256,8 @@ def test_three_workers_refresh_a_fleet_on_time_survive_a_sigkill_and_drain_on_si
         assert runs[0][2] <= last_beat and "stopped heartbeating" in runs[0][3]
 
         status = json.loads(run_kl("fleet", "status", "--format", "json").stdout)
+        if os.environ.get("KL_FLEET_REPORT"):
+            print("fleet status queue:", status["queue"])
         states = {w["name"]: w["state"] for w in status["workers"]}
         assert states[victim] == "lost" and sum(1 for s in states.values() if s == "alive") == 2
         text = run_kl("fleet", "status").stdout.decode()
