@@ -25,23 +25,14 @@ from kilolock.refresh.lockwait import wait_for_lock
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.orchestrator import Cancellation, Result
 from kilolock.refresh.orchestrator import run as run_refresh
-from kilolock.store import db, fleet, locks, settings, versions
+from kilolock.store import db, fleet, refresh_runs, settings, versions
 from kilolock.store.db import first_line
+from kilolock.store.refresh_runs import StateBusy
 from kilolock.store.settings import StateSettings
 
 log = logging.getLogger("kilolock.fleet")
 
 OptionsFor = Callable[[StateSettings | None], RefreshOptions]
-
-
-class StateBusy(locks.StateLocked):
-    """Another run of the state is in progress (a fleet worker's, or a live ``kl refresh``)."""
-
-    def __init__(self, name: str, holder: dict[str, object], hint: str | None = None) -> None:
-        KlError.__init__(self, f"state {name!r} is being refreshed now by {holder.get('Who')} "
-                               f"(since {holder.get('Created')})" + (f"; {hint}" if hint else ""))
-        self.name = name
-        self.holder = holder
 
 
 def check_not_running(conn: psycopg.Connection, sid: str, name: str) -> None:
@@ -72,6 +63,8 @@ def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, 
         factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
                                     workdir=options.workdir)
         return run_refresh(conn, name, factory, options, cancel=cancel)
+    except StateBusy:
+        raise  # not a failed run: none began; the caller waits, retries or reports it
     except KlError as exc:
         return _failed(name, str(exc))
     except psycopg.OperationalError as exc:
@@ -95,7 +88,7 @@ def refresh_many(conn: psycopg.Connection, names: list[str], options_for: Option
                 except KlError as exc:
                     return _failed(name, str(exc))
                 result = refresh_state(own, name, options_for, cancel, sid)
-        except KlError as exc:
+        except KlError as exc:  # StateBusy too: a worker took the state in the instant after the check
             result = _failed(name, str(exc))
         if on_done is not None:
             on_done(result)
@@ -237,12 +230,13 @@ class Worker:
         job = flight.job
         try:
             with db.reconnect(self.conn) as conn:
-                manual = fleet.live_manual_run(conn, job.state_id)
-                if manual is not None:  # never two runs of one state: try again shortly
-                    fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0),
-                                  f"state busy with refresh run {manual}; retried later")
+                refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
+                try:
+                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id)
+                except StateBusy as busy:  # never two runs of one state: try again shortly
+                    fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
+                    self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
                     return
-                result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id)
                 if flight.shutdown and result.status == "cancelled":
                     fleet.requeue(conn, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run")
                     self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")

@@ -166,19 +166,14 @@ def register_worker(conn: psycopg.Connection, name: str | None, parallel_states:
 
 
 _HEARTBEAT_JOBS = """
-UPDATE fleet_jobs j SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    refresh_run_id = COALESCE(j.refresh_run_id, (
-        SELECT rr.id FROM refresh_runs rr
-        WHERE rr.state_id = j.state_id AND rr.status = 'running' AND rr.started_at >= j.claimed_at
-        ORDER BY rr.started_at LIMIT 1))
+UPDATE fleet_jobs j SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s)
 WHERE j.claimed_by = %(worker)s AND j.status = 'running' AND j.id = ANY(%(jobs)s)
 RETURNING j.id
 """
 
 
 def heartbeat(conn: psycopg.Connection, worker_id: int, lease_s: float, job_ids: list[int], status: str) -> set[int]:
-    """Renew the worker's liveness and the leases of JOB_IDS (its running jobs); link each job to
-    its refresh run once the run has begun. Returns the jobs still ours: a job missing from it was
+    """Renew the worker's liveness and the leases of JOB_IDS (its running jobs). Returns the jobs still ours: a job missing from it was
     taken over (its lease expired first) and its run must stop."""
     with conn.transaction():
         conn.execute("UPDATE fleet_workers SET heartbeat_at = now(), status = %s WHERE id = %s", (status, worker_id))
@@ -292,14 +287,6 @@ def running_job(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | Non
         "SELECT j.id, j.claimed_at, j.refresh_run_id::text AS run_id, coalesce(w.name, '?') AS worker "
         "FROM fleet_jobs j LEFT JOIN fleet_workers w ON w.id = j.claimed_by "
         "WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()", (state_id,)).fetchone()
-
-
-def live_manual_run(conn: psycopg.Connection, state_id: str) -> str | None:
-    """A refresh run of the state that is running now and alive (its process holds its run lock)."""
-    running = {str(r[0]) for r in conn.execute(
-        "SELECT id FROM refresh_runs WHERE state_id = %s AND status = 'running'", (state_id,)).fetchall()}
-    alive = running - set(refresh_runs.dead_runs(conn, state_id))
-    return min(alive) if alive else None
 
 
 # Finished jobs are history for `kl fleet status` (lag, last errors); a day of it is kept.

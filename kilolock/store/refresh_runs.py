@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg.rows import class_row
 
+from kilolock.errors import KlError
 from kilolock.store import locks
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
@@ -55,12 +57,72 @@ def lock_note(run_id: str | None) -> str:
     return f"kl refresh run {run_id}"
 
 
+class StateBusy(locks.StateLocked):
+    """Another run of the state is in progress (a fleet worker's, or a live ``kl refresh``):
+    two runs of one state never overlap across the fleet."""
+
+    def __init__(self, name: str, holder: dict[str, Any], hint: str | None = None) -> None:
+        KlError.__init__(self, f"state {name!r} is being refreshed now by {holder.get('Who')} "
+                               f"(since {holder.get('Created')})" + (f"; {hint}" if hint else ""))
+        self.name = name
+        self.holder = holder
+
+
+# A fleet worker marks the connection it runs a job's refresh on with the job's id (a session
+# setting: begin() below reads it to link the run to its job and to check for overlap atomically).
+_FLEET_JOB = "kl.fleet_job"
+_SERIALIZE_BEGIN = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text, 7110))"
+_OUR_JOB = f"SELECT nullif(current_setting('{_FLEET_JOB}', true), '')::bigint"
+_RUNNING_JOB = """
+SELECT j.id, j.claimed_at, coalesce(w.name, '?') AS worker, s.name AS state
+FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
+WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()
+"""
+_LIVE_RUN = """
+SELECT rr.id::text, rr.actor, rr.started_at, s.name FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
+WHERE rr.state_id = %s AND rr.status = 'running'
+  AND NOT pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))
+ORDER BY rr.started_at LIMIT 1
+"""
+# Beginning the run is a sign of life too: a run that dies before the next heartbeat still ends
+# (at the job's last heartbeat) no earlier than it began.
+_LINK_JOB = "UPDATE fleet_jobs SET refresh_run_id = %s, heartbeat_at = now() WHERE id = %s AND status = 'running'"
+
+
+def mark_fleet_job(conn: psycopg.Connection, job_id: int | None) -> None:
+    """Runs begun on CONN from now on are fleet job JOB_ID's (None: a plain kl refresh again)."""
+    conn.execute("SELECT set_config(%s, %s, false)", (_FLEET_JOB, "" if job_id is None else str(job_id)))
+
+
+def _refuse_overlap(conn: psycopg.Connection, state_id: str, job: int | None) -> None:
+    """A fleet job's run does not start beside a live run of the state, and a plain run does not
+    start beside a fleet worker's (two plain runs may, as before: the commit's compare-and-swap
+    lets one write). Called with the state's begin serialised, so the check and the insert are one."""
+    if job is None:
+        running = conn.execute(_RUNNING_JOB, (state_id,)).fetchone()
+        if running is not None:
+            raise StateBusy(running[3], {"Who": f"worker {running[2]} (fleet job {running[0]})", "Created": running[1]},
+                            "--lock-timeout DURATION waits for it")
+        return
+    live = conn.execute(_LIVE_RUN, (state_id,)).fetchone()
+    if live is not None:
+        raise StateBusy(live[3], {"Who": f"run {live[0]} ({live[1]})", "Created": live[2]})
+
+
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
+    """The run's audit row, with its liveness lock held on CONN; StateBusy when the run would
+    overlap another (see _refuse_overlap)."""
     with conn.transaction():
+        conn.execute(_SERIALIZE_BEGIN, (state_id,))
+        job_row = conn.execute(_OUR_JOB).fetchone()
+        job = int(job_row[0]) if job_row and job_row[0] is not None else None
+        _refuse_overlap(conn, state_id, job)
         row = conn.execute(_BEGIN, (state_id, from_version_id, actor)).fetchone()
         assert row is not None  # INSERT … RETURNING
         run_id = str(row[0])
         conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
+        if job is not None:
+            conn.execute(_LINK_JOB, (run_id, job))
     return run_id
 
 

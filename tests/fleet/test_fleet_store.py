@@ -29,8 +29,10 @@ def test_a_dead_workers_job_is_taken_over_and_its_run_ends_at_the_last_heartbeat
     with psycopg.connect(db_url, autocommit=True) as run_conn:  # the worker's run, then its process dies
         current = versions.current_version(run_conn, sid)
         assert current is not None
+        refresh_runs.mark_fleet_job(run_conn, job.id)  # as the worker does: begin() links the run to the job
         run_id = refresh_runs.begin(run_conn, sid, current.id, "dead@worker")
-        assert fleet.heartbeat(conn, worker, 30.0, [job.id], "running") == {job.id}  # links the run
+        assert fleet.heartbeat(conn, worker, 30.0, [job.id], "running") == {job.id}
+    assert conn.execute("SELECT refresh_run_id::text FROM fleet_jobs").fetchone() == (run_id,)
     assert fleet.recover_expired(conn, 3) == []  # the lease has not run out
     # Time passes: the run began a minute ago, the last heartbeat was 40 s ago, the lease ran out.
     conn.execute("UPDATE refresh_runs SET started_at = now() - interval '60 seconds'")
@@ -53,6 +55,27 @@ def test_a_dead_workers_job_is_taken_over_and_its_run_ends_at_the_last_heartbeat
         conn.execute("UPDATE fleet_jobs SET lease_expires_at = now() - interval '1 second'")
         fleet.recover_expired(conn, 3)
     assert conn.execute("SELECT status, attempts FROM fleet_jobs").fetchall() == [("failed", 3)]
+
+
+def test_a_fleet_run_and_a_plain_run_of_one_state_never_begin_together(conn, db_url):
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    with psycopg.connect(db_url, autocommit=True) as plain:
+        plain_run = refresh_runs.begin(plain, sid, current.id, "first@cli")  # a live kl refresh
+        fleet.enqueue_now(conn, "s")
+        worker, _ = fleet.register_worker(conn, "w", 1, 30.0)
+        [job] = fleet.claim(conn, worker, 1, 30.0)
+        with psycopg.connect(db_url, autocommit=True) as work:
+            refresh_runs.mark_fleet_job(work, job.id)
+            with pytest.raises(refresh_runs.StateBusy, match=f"run {plain_run}"):
+                refresh_runs.begin(work, sid, current.id, "w")  # the worker's run beside it: refused
+    with psycopg.connect(db_url, autocommit=True) as work:  # the plain run's process is gone: no longer live
+        refresh_runs.mark_fleet_job(work, job.id)
+        worker_run = refresh_runs.begin(work, sid, current.id, "w")
+        with pytest.raises(refresh_runs.StateBusy, match="being refreshed now by worker w"):
+            refresh_runs.begin(conn, sid, current.id, "someone@cli")  # a plain run beside the worker's: refused
+    assert conn.execute("SELECT refresh_run_id::text FROM fleet_jobs").fetchone() == (worker_run,)
 
 
 def test_a_taken_over_run_does_not_commit(conn):
