@@ -37,10 +37,13 @@ _RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
 
 _BEGIN = "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id::text"
 _RUNNING = "SELECT id::text FROM refresh_runs WHERE state_id = %s AND status = 'running'"
+# A fleet worker's run ends at its job's last heartbeat: nothing is known to have happened after it.
 _FAIL_STALE = """
-UPDATE refresh_runs SET status = 'failed', finished_at = now(),
+UPDATE refresh_runs rr SET status = 'failed',
+    finished_at = greatest(rr.started_at, least(now(), coalesce(
+        (SELECT max(j.heartbeat_at) FROM fleet_jobs j WHERE j.refresh_run_id = rr.id), now()))),
     error_summary = 'stale: the run never finished (its process or database connection died); marked failed by ' || %s
-WHERE id = %s AND status = 'running'
+WHERE rr.id = %s AND rr.status = 'running'
 """
 _FINISH = """
 UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,

@@ -124,3 +124,20 @@ def test_two_workers_firing_at_once_queue_each_state_once(conn, db_url):
     worker_b, _ = fleet.register_worker(conn, "b", 8, 30.0)
     got = fleet.claim(conn, worker_a, 8, 30.0) + fleet.claim(conn, worker_b, 8, 30.0) + fleet.claim(conn, worker_a, 8, 30.0)
     assert len(got) == 20 and len({j.id for j in got}) == 20
+
+
+def test_kl_runs_stale_ends_a_dead_workers_run_at_its_last_heartbeat(conn, db_url):
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    fleet.enqueue_now(conn, "s")
+    worker, _ = fleet.register_worker(conn, "w", 1, 30.0)
+    [job] = fleet.claim(conn, worker, 1, 30.0)
+    with psycopg.connect(db_url, autocommit=True) as work:  # the worker's run; then its process dies
+        refresh_runs.mark_fleet_job(work, job.id)
+        run_id = refresh_runs.begin(work, sid, current.id, "w")
+    conn.execute("UPDATE refresh_runs SET started_at = now() - interval '30 seconds'")
+    conn.execute("UPDATE fleet_jobs SET heartbeat_at = now() - interval '20 seconds'")
+    assert refresh_runs.finish_stale(conn, sid, "t") == [run_id]
+    assert conn.execute("SELECT rr.finished_at = j.heartbeat_at FROM refresh_runs rr JOIN fleet_jobs j "
+                        "ON j.refresh_run_id = rr.id").fetchone() == (True,)
