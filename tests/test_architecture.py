@@ -11,7 +11,7 @@ from kit.paths import REPO
 PACKAGE = REPO / "kilolock"
 
 # Pure data and rules on our own types: no I/O, no database, no protocol. Any layer may use them.
-MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.jsondoc", "kilolock.names", "kilolock.globs",
+MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names", "kilolock.globs",
          "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"}
 
 # What each part may import besides itself and MODEL. The data flow: cli -> refresh -> provider,
@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock._pyz": {"kilolock.cli"},  # the zipapp bootstrap: the standard library, then the CLI
 }
 # Within MODEL the order matters too (no cycles): each may import only those before it.
-MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.jsondoc", "kilolock.names",
+MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
                "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"]
 
 

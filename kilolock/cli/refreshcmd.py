@@ -20,12 +20,13 @@ EXAMPLE = """examples:
   kl refresh prod
   kl refresh prod --dry-run                             # what would change, attribute by attribute
   kl refresh prod --detailed-exitcode -q                # CI gate: exit 2 when drift is open after the run
-  kl refresh prod --dry-run --format markdown >> "$GITHUB_STEP_SUMMARY\""""
+  kl refresh prod --dry-run --format markdown >> "$GITHUB_STEP_SUMMARY"
+  kl refresh --all --states 'team/**' --parallel-states 4   # many states, each with its stored settings\""""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXAMPLE
-    parser.add_argument("state", type=cli_args.state_name, help="the state to refresh")
+    parser.add_argument("state", nargs="?", type=cli_args.state_name, help="the state to refresh (or --all)")
     parser.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
@@ -51,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="commit even when most of a provider's objects come back deleted")
     cli_args.add_format(parser, markdown=True)
     exitcodes.add_gate_arguments(parser, "after this run's commit; with --dry-run, what this run found")
+    parser.add_argument("--all", action="store_true",
+                        help="refresh every state (or those --states matches), each as `kl refresh STATE` with its stored settings")
+    parser.add_argument("--states", type=cli_args.state_glob, metavar="GLOB",
+                        help="with --all: only the states this glob matches (* within a /-segment, ** across)")
+    parser.add_argument("--parallel-states", type=cli_args.positive, metavar="N",
+                        help="with --all: states refreshed at once (default 1)")
 
 
 def options_from_args(args: argparse.Namespace, stored: StateSettings | None = None) -> RefreshOptions:
@@ -284,7 +291,14 @@ def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.all or args.states or args.parallel_states:
+        return run_all(args)
+    if args.state is None:
+        from kilolock.errors import UsageError
+
+        raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
     from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
     from kilolock.store import db, settings, versions
@@ -308,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         with db.open_store() as conn:
             sid = versions.state_id(conn, args.state)
             options = options_from_args(args, settings.get(conn, sid))
+            wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
                                         workdir=options.workdir)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
@@ -333,3 +348,77 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=counts[0] if counts else 0)
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
     return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)
+
+
+def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict[str, Any]:
+    by_status = {k: sum(1 for r in results if r.status == k) for k in ("succeeded", "failed", "cancelled")}
+    return {"version": 1, "states": len(results), **by_status,
+            "open_drift_states": sum(1 for v in open_drift.values() if v), "exit_code": code,
+            "results": [result_json(r) for r in results]}
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """``kl refresh --all``: every state --states matches, each as ``kl refresh STATE`` would,
+    PARALLEL at a time; one line per state, a summary, one exit code for all."""
+    from kilolock.errors import KlError, UsageError
+    from kilolock.refresh.fleet import refresh_many
+    from kilolock.refresh.orchestrator import Cancellation
+    from kilolock.store import db, fleet
+
+    if args.state is not None:
+        raise UsageError("refresh: give a STATE or --all, not both (--states GLOB picks states for --all)")
+    if not args.all:
+        raise UsageError("refresh: --states and --parallel-states go with --all")
+    options_from_args(args)  # flag errors first
+    cancel = Cancellation()
+    interrupted = {"sigint": False}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT:
+            interrupted["sigint"] = True
+        cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
+
+    def line(result: Any) -> None:
+        if args.format == "table" and not args.quiet:
+            to = f"v{result.to_serial}" if result.to_serial is not None else "-"
+            frm = f"v{result.from_serial}" if result.from_serial is not None else "-"
+            tail = f"  {result.error}" if result.error else ""
+            print(f"{result.state}  {result.status}  {frm} → {to}  checked {result.checked}, changed {result.changed}, "
+                  f"failed {result.failed}  {result.duration_s:.2f}s{tail}", flush=True)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with db.open_store() as conn:
+            names = [name for _, name in fleet.refreshable_states(conn, args.states or "**")]
+            if not names:  # an error, not a passing gate: a mistyped glob must not look like "no drift"
+                raise KlError(f"refresh --all: no refreshable state matches {args.states!r} (kl state list shows the states)"
+                              if args.states else "refresh --all: there is no refreshable state")
+            results = refresh_many(conn, names, lambda stored: options_from_args(args, stored),
+                                   args.parallel_states or 1, cancel, on_done=line)
+            open_drift: dict[str, int] = {}
+            if args.detailed_exitcode:
+                for r in results:
+                    if r.status == "succeeded":
+                        open_drift[r.state] = open_drift_after(r, conn)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    errors = [r for r in results if r.status != "succeeded"]
+    if errors:
+        code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)
+    else:
+        code = exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=sum(open_drift.values()))
+    if args.format == "json":
+        render.emit_json(_all_json(results, open_drift, code))
+    elif not args.quiet:
+        if args.format == "markdown":
+            for r in results:
+                render_markdown(r)
+                print()
+        ok = len(results) - len(errors)
+        drifted = sum(1 for r in results if r.changed)
+        print(f"{len(results)} state(s): {ok} succeeded, {len(errors)} not; {drifted} with changes found")
+    if errors:
+        print(f"kl: refresh --all: {len(errors)} of {len(results)} state(s) did not succeed "
+              f"(first: {errors[0].state}: {errors[0].error or errors[0].status})", file=sys.stderr)
+    return code

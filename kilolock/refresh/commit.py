@@ -40,6 +40,11 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str,
         except locks.StateLocked as exc:
             raise KlError(f"{exc}; refresh not committed") from None
         try:
+            # Fencing: a fleet worker cut off past its lease has had this run finished as failed
+            # and its job taken over; it must not commit on top of the run that replaced it.
+            if run_id is not None and not refresh_runs.still_running(conn, run_id):
+                raise KlError(f"run {run_id} was finished meanwhile by someone else (a fleet worker took its job "
+                              "over after its lease expired); refresh not committed")
             written = versions.write_version(
                 conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
                 expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,

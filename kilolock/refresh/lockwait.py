@@ -47,7 +47,7 @@ def wait_for_lock(attempt: Callable[[], T], timeout: float, *, sleep: SleepFn | 
             left = timeout - waited
             if left <= 0:
                 if timeout > 0:
-                    raise StateLocked(exc.name, exc.holder, f"waited {format_duration(timeout)} (--lock-timeout)") from None
+                    raise type(exc)(exc.name, exc.holder, f"waited {format_duration(timeout)} (--lock-timeout)") from None
                 raise
             if on_wait is not None:
                 on_wait(exc.holder, waited, timeout)

@@ -9,6 +9,7 @@ import psycopg
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
+from kilolock.errors import KlError
 from kilolock.store import locks, notify
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
@@ -40,16 +41,21 @@ _RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
 
 _BEGIN = "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id::text"
 _RUNNING = "SELECT id::text FROM refresh_runs WHERE state_id = %s AND status = 'running'"
+# A fleet worker's run ends at its job's last heartbeat: nothing is known to have happened after it.
 _FAIL_STALE = """
-UPDATE refresh_runs SET status = 'failed', finished_at = now(),
+UPDATE refresh_runs rr SET status = 'failed',
+    finished_at = greatest(rr.started_at, least(now(), coalesce(
+        (SELECT max(j.heartbeat_at) FROM fleet_jobs j WHERE j.refresh_run_id = rr.id), now()))),
     error_summary = 'stale: the run never finished (its process or database connection died); marked failed by ' || %s
-WHERE id = %s AND status = 'running'
+WHERE rr.id = %s AND rr.status = 'running'
 """
 _FINISH = """
 UPDATE refresh_runs SET status = %s, finished_at = now(), resources_checked = %s,
     resources_changed = %s, resources_failed = %s, error_summary = %s, to_version_id = %s, concurrency = %s
-WHERE id = %s
+WHERE id = %s AND status = 'running'
 """
+# (`AND status = 'running'`: a run a fleet worker took over after its lease expired was already
+# finished as failed; the late outcome of its old process must not overwrite that.)
 
 
 def lock_note(run_id: str | None) -> str:
@@ -58,12 +64,72 @@ def lock_note(run_id: str | None) -> str:
     return f"kl refresh run {run_id}"
 
 
+class StateBusy(locks.StateLocked):
+    """Another run of the state is in progress (a fleet worker's, or a live ``kl refresh``):
+    two runs of one state never overlap across the fleet."""
+
+    def __init__(self, name: str, holder: dict[str, Any], hint: str | None = None) -> None:
+        KlError.__init__(self, f"state {name!r} is being refreshed now by {holder.get('Who')} "
+                               f"(since {holder.get('Created')})" + (f"; {hint}" if hint else ""))
+        self.name = name
+        self.holder = holder
+
+
+# A fleet worker marks the connection it runs a job's refresh on with the job's id (a session
+# setting: begin() below reads it to link the run to its job and to check for overlap atomically).
+_FLEET_JOB = "kl.fleet_job"
+_SERIALIZE_BEGIN = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text, 7110))"
+_OUR_JOB = f"SELECT nullif(current_setting('{_FLEET_JOB}', true), '')::bigint"
+_RUNNING_JOB = """
+SELECT j.id, j.claimed_at, coalesce(w.name, '?') AS worker, s.name AS state
+FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
+WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()
+"""
+_LIVE_RUN = """
+SELECT rr.id::text, rr.actor, rr.started_at, s.name FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
+WHERE rr.state_id = %s AND rr.status = 'running'
+  AND NOT pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))
+ORDER BY rr.started_at LIMIT 1
+"""
+# Beginning the run is a sign of life too: a run that dies before the next heartbeat still ends
+# (at the job's last heartbeat) no earlier than it began.
+_LINK_JOB = "UPDATE fleet_jobs SET refresh_run_id = %s, heartbeat_at = now() WHERE id = %s AND status = 'running'"
+
+
+def mark_fleet_job(conn: psycopg.Connection, job_id: int | None) -> None:
+    """Runs begun on CONN from now on are fleet job JOB_ID's (None: a plain kl refresh again)."""
+    conn.execute("SELECT set_config(%s, %s, false)", (_FLEET_JOB, "" if job_id is None else str(job_id)))
+
+
+def _refuse_overlap(conn: psycopg.Connection, state_id: str, job: int | None) -> None:
+    """A fleet job's run does not start beside a live run of the state, and a plain run does not
+    start beside a fleet worker's (two plain runs may, as before: the commit's compare-and-swap
+    lets one write). Called with the state's begin serialised, so the check and the insert are one."""
+    if job is None:
+        running = conn.execute(_RUNNING_JOB, (state_id,)).fetchone()
+        if running is not None:
+            raise StateBusy(running[3], {"Who": f"worker {running[2]} (fleet job {running[0]})", "Created": running[1]},
+                            "--lock-timeout DURATION waits for it")
+        return
+    live = conn.execute(_LIVE_RUN, (state_id,)).fetchone()
+    if live is not None:
+        raise StateBusy(live[3], {"Who": f"run {live[0]} ({live[1]})", "Created": live[2]})
+
+
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
+    """The run's audit row, with its liveness lock held on CONN; StateBusy when the run would
+    overlap another (see _refuse_overlap)."""
     with conn.transaction():
+        conn.execute(_SERIALIZE_BEGIN, (state_id,))
+        job_row = conn.execute(_OUR_JOB).fetchone()
+        job = int(job_row[0]) if job_row and job_row[0] is not None else None
+        _refuse_overlap(conn, state_id, job)
         row = conn.execute(_BEGIN, (state_id, from_version_id, actor)).fetchone()
         assert row is not None  # INSERT … RETURNING
         run_id = str(row[0])
         conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
+        if job is not None:
+            conn.execute(_LINK_JOB, (run_id, job))
     return run_id
 
 
@@ -116,9 +182,10 @@ def finish(
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
     with conn.transaction():
-        conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
-                               Jsonb(concurrency) if concurrency is not None else None, run_id))
-        notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
+        updated = conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
+                                         Jsonb(concurrency) if concurrency is not None else None, run_id)).rowcount
+        if updated:  # not when another process already finished it (a worker's take-over)
+            notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 
@@ -134,6 +201,11 @@ LEFT JOIN state_versions t ON t.id = rr.to_version_id
 """
 _GET = _SELECT + "WHERE rr.id = %s"
 _LIST = _SELECT + "WHERE rr.state_id = %s ORDER BY rr.started_at DESC LIMIT %s"
+
+
+def still_running(conn: psycopg.Connection, run_id: str) -> bool:
+    row = conn.execute("SELECT status = 'running' FROM refresh_runs WHERE id = %s", (run_id,)).fetchone()
+    return bool(row and row[0])
 
 
 def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:

@@ -320,6 +320,26 @@ def populate(conn: psycopg.Connection) -> None:
     # (to nowhere), and the fixture's counts would depend on when and where it was made.
     conn.execute("UPDATE notify_deliveries SET next_attempt_at = 'infinity' WHERE status = 'pending'")
 
+    # The fleet (0010): an every- and a paused cron schedule, a worker, jobs queued, running,
+    # succeeded (linked to its refresh run) and failed.
+    from datetime import datetime, timedelta, timezone
+
+    from kilolock.store import fleet
+
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    fleet.add_schedule(conn, "prod", every_s=3600.0, cron=None, jitter_s=60.0, first_run_at=start, actor="fixture@cli")
+    paused = fleet.add_schedule(conn, "hist*", every_s=None, cron="0 */4 * * *", jitter_s=0.0, first_run_at=start,
+                                actor="fixture@cli")
+    fleet.set_paused(conn, paused, True)
+    fleet.enqueue_due_schedules(conn, lambda sc, now: now + timedelta(hours=1))  # prod queued
+    fleet.enqueue_now(conn, "prod")  # its jittered due time moved up to now
+    worker, _ = fleet.register_worker(conn, "fixture-worker", 2, 60.0)
+    done = fleet.claim(conn, worker, 1, 60.0)[0]
+    fleet.finish_job(conn, done.id, worker, "succeeded", run_id, None)
+    fleet.enqueue_now(conn, "**")  # prod, history, precise (tofu's current version is encrypted)
+    claimed = fleet.claim(conn, worker, 2, 60.0)
+    fleet.finish_job(conn, claimed[0].id, worker, "failed", None, "fixture: provider exited")
+
 
 def main() -> int:
     """Write fixtures/schema-<head>.{sql,json} from a fresh database at the current head schema."""

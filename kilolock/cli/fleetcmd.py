@@ -1,0 +1,55 @@
+"""``kl fleet status``: the workers, what each runs, the queue, lag behind schedule, last errors."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kilolock.cli import args as cli_args
+from kilolock.cli import render
+
+
+def add_status_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+    parser.add_argument("--errors", type=cli_args.positive, default=10, metavar="N", help="last errors shown (default 10)")
+
+
+def _seconds(v: Any) -> str:
+    from kilolock.durations import format_duration
+
+    return "-" if v is None else format_duration(max(0.0, float(v)))
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        doc = fleet.status(conn, args.errors)
+    workers = [{**w, "state": ("alive" if w["alive"] else "lost") if w["status"] != "stopped" else "stopped"}
+               for w in doc["workers"]]
+    if args.format == "json":
+        render.emit_json({"version": 1, "now": doc["now"], "queue": doc["queue"],
+                          "workers": [{k: w[k] for k in ("id", "name", "host", "pid", "state", "status", "parallel_states",
+                                                         "lease_s", "started_at", "heartbeat_at", "running")}
+                                      for w in workers],
+                          "errors": doc["errors"]})
+        return 0
+    q = doc["queue"]
+    render.key_values([
+        ("time", doc["now"]),
+        ("workers", (f"{sum(1 for w in workers if w['state'] == 'alive')} alive, "
+                    f"{sum(1 for w in workers if w['state'] == 'lost')} lost (no heartbeat within their lease)")),
+        ("queue", f"{q['due']} due, {q['running']} running, {q['upcoming']} later"),
+        ("lag", (f"oldest due job waiting {_seconds(q['lag_s'])}; claimed after due in the last hour: "
+                f"p50 {_seconds(q['claim_lag_p50_s'])}, p99 {_seconds(q['claim_lag_p99_s'])}")),
+        ("last hour", f"{q['succeeded_1h']} succeeded, {q['failed_1h']} failed"),
+    ])
+    if workers:
+        print()
+        render.table(["worker", "host", "pid", "state", "heartbeat", "running"],
+                     [(w["name"], w["host"], w["pid"], w["state"] if w["status"] != "draining" else "draining",
+                       w["heartbeat_at"], ", ".join(r["state"] for r in w["running"]) or "-") for w in workers])
+    if doc["errors"]:
+        print("\nlast errors:")
+        for e in doc["errors"]:
+            print(f"  {render.when(e['at'])}  {e['state']}  (worker {e['worker']}): {e['error']}")
+    return 0

@@ -1,0 +1,152 @@
+"""``kl schedule set|list|pause|resume|remove|run-now``: when the fleet's workers refresh which states."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from kilolock.cli import args as cli_args
+from kilolock.cli import render
+
+
+def _schedule_id(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule ID (kl schedule list shows them)") from None
+    if not 1 <= n < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a schedule ID (kl schedule list shows them)")
+    return n
+
+
+def add_set_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--states", required=True, type=cli_args.state_glob, metavar="GLOB",
+                        help="the states to refresh (* within a /-segment, ** across); states added later count too")
+    when = parser.add_mutually_exclusive_group(required=True)
+    when.add_argument("--every", type=cli_args.duration, metavar="DURATION",
+                      help="refresh this often, first now: 30s, 15m, 6h, 1d")
+    when.add_argument("--cron", type=_cron, metavar="EXPR",
+                      help='five cron fields in UTC, e.g. "0 */4 * * *", or @hourly/@daily/@weekly')
+    parser.add_argument("--jitter", type=cli_args.duration, metavar="DURATION",
+                        help="spread the states' runs over this long after each time (each state keeps its own offset)")
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who sets it (default $USER@cli)")
+
+
+def _cron(text: str) -> str:
+    cli_args.utf8_text(text)
+    from kilolock.cron import CronError, parse
+
+    try:
+        parse(text)
+    except CronError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def run_set(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from kilolock.cron import parse
+    from kilolock.store import db, fleet
+
+    now = datetime.now(timezone.utc)
+    first = now if args.every else parse(args.cron).next_after(now)
+    assert first is not None  # _cron refused expressions that never match
+    with db.open_store() as conn:
+        schedule_id = fleet.add_schedule(conn, args.states, every_s=args.every, cron=args.cron, jitter_s=args.jitter or 0.0,
+                                         first_run_at=first, actor=args.actor or cli_args.default_actor())
+        matched = len(fleet.refreshable_states(conn, args.states))
+    if not matched:
+        print(f"kl: note: --states {args.states!r} matches no refreshable state now; schedule {schedule_id} "
+              "will refresh those that appear", file=sys.stderr)
+    print(schedule_id)
+    return 0
+
+
+def _when(s: Any) -> str:
+    from kilolock.durations import format_duration
+
+    if s.cron:
+        return f"cron {s.cron} (UTC)"
+    return f"every {format_duration(s.every_s)}"
+
+
+def _schedule_json(s: Any) -> dict[str, Any]:
+    return {"id": s.id, "states": s.states_glob, "matching_states": s.states, "every_s": s.every_s, "cron": s.cron,
+            "cron_time_zone": "UTC" if s.cron else None, "jitter_s": s.jitter_s, "paused": s.paused,
+            "next_run_at": s.next_run_at, "last_run_at": s.last_run_at, "created_at": s.created_at,
+            "created_by": s.created_by}
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kilolock.durations import format_duration
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        schedules = fleet.list_schedules(conn)
+    if args.format == "json":
+        render.emit_json({"version": 1, "schedules": [_schedule_json(s) for s in schedules]})
+        return 0
+    if not schedules:
+        print("no schedules (kl schedule set --states GLOB --every DURATION adds one)")
+        return 0
+    render.table(["id", "states", "matching", "when", "jitter", "next run", "last run", "paused"],
+                 [(s.id, s.states_glob, s.states, _when(s), format_duration(s.jitter_s) if s.jitter_s else "-",
+                   "(paused)" if s.paused else render.when(s.next_run_at), s.last_run_at, "yes" if s.paused else "no")
+                  for s in schedules])
+    return 0
+
+
+def add_pause_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", type=_schedule_id, help="the schedule (kl schedule list)")
+
+
+add_resume_arguments = add_remove_arguments = add_pause_arguments
+
+
+def _change(args: argparse.Namespace, what: str) -> int:
+    from kilolock.errors import KlError
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        if what == "remove":
+            found = fleet.remove_schedule(conn, args.id)
+        else:
+            found = fleet.set_paused(conn, args.id, what == "pause")
+    if not found:
+        raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
+    return 0
+
+
+def run_pause(args: argparse.Namespace) -> int:
+    return _change(args, "pause")
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    """A resumed schedule that missed its times fires once, at the next worker poll."""
+    return _change(args, "resume")
+
+
+def run_remove(args: argparse.Namespace) -> int:
+    return _change(args, "remove")
+
+
+def add_run_now_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--states", required=True, type=cli_args.state_glob, metavar="GLOB",
+                        help="the states to queue for the workers now")
+
+
+def run_run_now(args: argparse.Namespace) -> int:
+    from kilolock.errors import KlError
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        matched, queued = fleet.enqueue_now(conn, args.states)
+    if not matched:
+        raise KlError(f"no refreshable state matches {args.states!r} (kl state list shows the states)")
+    print(f"{queued} of {matched} state(s) queued for now ({matched - queued} already queued or running)")
+    return 0

@@ -1,0 +1,67 @@
+"""``kl worker``: claim due refreshes from the fleet's queue and run them (issue 13)."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from typing import Any
+
+from kilolock.cli import args as cli_args
+
+EXAMPLE = """examples:
+  kl worker --parallel-states 4 --name "$(hostname)-a"     # on every host that shares the database
+  kl worker --once                                         # a CI cron job: run what is due, then exit"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLE
+    parser.add_argument("--parallel-states", type=cli_args.positive, default=1, metavar="N",
+                        help="states refreshed at once by this worker (default 1)")
+    parser.add_argument("--name", type=cli_args.utf8_text, help="how kl fleet status names it (default HOST:PID)")
+    parser.add_argument("--once", action="store_true",
+                        help="run what is due now (schedules and queued jobs), then exit: 1 if a run failed")
+    parser.add_argument("--lease", type=cli_args.duration, metavar="DURATION",
+                        help="how long a job stays this worker's without a heartbeat (default 60s, "
+                             "$KL_WORKER_LEASE); another worker takes it over after that")
+    parser.add_argument("--grace", type=cli_args.duration, metavar="DURATION", default=60.0,
+                        help="after SIGTERM, how long runs may go on before they are cancelled and queued again (default 60s)")
+    parser.add_argument("--poll", type=cli_args.duration, metavar="DURATION",
+                        help="how often to look for due work (default 2s, $KL_WORKER_POLL)")
+    parser.add_argument("--lock-timeout", metavar="DURATION", default="0s",
+                        help="how long a run waits for a Terraform lock someone holds (default 0s: the run fails, the next time retries)")
+
+
+def _env_duration(name: str, default: float) -> float:
+    from kilolock.durations import parse_duration
+
+    text = os.environ.get(name)
+    return parse_duration(text) if text else default
+
+
+def run(args: argparse.Namespace) -> int:
+    from kilolock.cli.refreshcmd import options_from_args
+    from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.store import db
+
+    lease = args.lease or _env_duration("KL_WORKER_LEASE", 60.0)
+    config = WorkerConfig(name=args.name, parallel_states=args.parallel_states, once=args.once, lease_s=lease,
+                          poll_s=args.poll or _env_duration("KL_WORKER_POLL", 2.0), grace_s=args.grace)
+    # A worker's run is `kl refresh STATE` with the state's stored settings and kl's defaults.
+    refresh_args = argparse.Namespace(
+        dry_run=False, fail_fast=False, concurrency=None, provider_parallelism=None, actor=None,
+        provider_search_path=None, workdir=None, lock_timeout=args.lock_timeout, timeout=None, rpc_timeout="10m",
+        always_upgrade=False, allow_mass_removal=False)
+    options_from_args(refresh_args)  # a bad --lock-timeout before anything starts
+    with db.open_store() as conn:
+        worker = Worker(conn, config, lambda stored: options_from_args(refresh_args, stored),
+                        say=lambda text: print(text, flush=True))
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            worker.stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return worker.run()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)

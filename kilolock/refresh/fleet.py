@@ -1,0 +1,324 @@
+"""Refreshing many states: ``kl refresh --all`` and ``kl worker`` (issue 13).
+
+Both run each state exactly as ``kl refresh STATE`` does (orchestrator.run: its own audit row,
+lock and commit rule), with that state's stored settings, on a connection of its own, several
+states at once. The worker adds the queue (kilolock.store.fleet): it fires due schedules, claims
+due jobs with a lease it renews from a heartbeat thread, takes over jobs whose lease expired, and
+on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace period.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import psycopg
+
+from kilolock import cron
+from kilolock.errors import KlError
+from kilolock.refresh.factory import ProductionFactory
+from kilolock.refresh.lockwait import wait_for_lock
+from kilolock.refresh.options import RefreshOptions
+from kilolock.refresh.orchestrator import Cancellation, Result
+from kilolock.refresh.orchestrator import run as run_refresh
+from kilolock.store import db, fleet, refresh_runs, settings, versions
+from kilolock.store.db import first_line
+from kilolock.store.refresh_runs import StateBusy
+from kilolock.store.settings import StateSettings
+
+log = logging.getLogger("kilolock.fleet")
+
+OptionsFor = Callable[[StateSettings | None], RefreshOptions]
+
+
+def check_not_running(conn: psycopg.Connection, sid: str, name: str) -> None:
+    """Refuse (StateBusy) while a fleet worker refreshes the state: two runs of one state never
+    overlap, so ``kl refresh`` waits for it (--lock-timeout) or says who runs it."""
+    job = fleet.running_job(conn, sid)
+    if job is not None:
+        raise StateBusy(name, {"Who": f"worker {job['worker']} (fleet job {job['id']})", "Created": job["claimed_at"],
+                               "Operation": "kl worker", "ID": job["run_id"] or f"job {job['id']}"},
+                        "--lock-timeout DURATION waits for it")
+
+
+def wait_until_not_running(conn: psycopg.Connection, sid: str, name: str, options: RefreshOptions,
+                           cancel: Cancellation) -> None:
+    wait_for_lock(lambda: check_not_running(conn, sid, name), options.lock_timeout, sleep=cancel.wait)
+
+
+def _failed(name: str, message: str) -> Result:
+    return Result(state=name, status="failed", error=message)
+
+
+def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, cancel: Cancellation,
+                  sid: str | None = None) -> Result:
+    """One state, as kl refresh runs it; an error before its run began is a failed Result."""
+    try:
+        sid = sid or versions.state_id(conn, name)
+        options = options_for(settings.get(conn, sid))
+        factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
+                                    workdir=options.workdir)
+        return run_refresh(conn, name, factory, options, cancel=cancel)
+    except StateBusy:
+        raise  # not a failed run: none began; the caller waits, retries or reports it
+    except KlError as exc:
+        return _failed(name, str(exc))
+    except psycopg.OperationalError as exc:
+        return _failed(name, f"lost the database connection ({first_line(exc)}); nothing was refreshed")
+
+
+# ---------------------------------------------------------------- kl refresh --all
+
+def refresh_many(conn: psycopg.Connection, names: list[str], options_for: OptionsFor, parallel: int,
+                 cancel: Cancellation, on_done: Callable[[Result], None] | None = None) -> list[Result]:
+    """Refresh NAMES, PARALLEL at a time, each on its own connection; results in NAMES' order.
+    A state a worker is refreshing is waited for (the options' lock timeout) or reported failed."""
+    def one(name: str) -> Result:
+        if cancel.cancelled:
+            return Result(state=name, status="cancelled", error=cancel.reason)
+        try:
+            with db.reconnect(conn) as own:
+                sid = versions.state_id(own, name)
+                try:
+                    wait_until_not_running(own, sid, name, options_for(settings.get(own, sid)), cancel)
+                except KlError as exc:
+                    return _failed(name, str(exc))
+                result = refresh_state(own, name, options_for, cancel, sid)
+        except KlError as exc:  # StateBusy too: a worker took the state in the instant after the check
+            result = _failed(name, str(exc))
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    with cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
+        return list(pool.map(one, names))
+
+
+# ---------------------------------------------------------------- schedules
+
+def next_run(schedule: fleet.Schedule, now: datetime) -> datetime:
+    """The first time after NOW the schedule fires again: every-schedules keep their grid (created
+    + k * every), cron ones their expression; a missed time is never made up more than once."""
+    if schedule.cron:
+        found = cron.parse(schedule.cron).next_after(now)
+        return found if found is not None else now + timedelta(days=366 * 30)
+    every = schedule.every_s or 60.0
+    behind = (now - schedule.next_run_at).total_seconds()
+    steps = int(behind // every) + 1 if behind >= 0 else 1
+    return schedule.next_run_at + timedelta(seconds=steps * every)
+
+
+# ---------------------------------------------------------------- kl worker
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    name: str | None = None
+    parallel_states: int = 1
+    once: bool = False
+    lease_s: float = 60.0  # a job whose worker stops heartbeating is taken over this long after
+    poll_s: float = 2.0  # how often to look for due schedules and jobs
+    grace_s: float = 60.0  # after SIGTERM, how long runs may take before they are cancelled
+    max_attempts: int = 3  # claims of one job that ended with its worker dead before it fails
+
+    @property
+    def heartbeat_s(self) -> float:
+        return max(0.1, self.lease_s / 6)
+
+
+@dataclass
+class _InFlight:
+    job: fleet.Job
+    cancel: Cancellation = field(default_factory=Cancellation)
+    thread: threading.Thread | None = None
+    shutdown: bool = False  # cancelled because the worker stops: the job goes back to the queue
+
+
+class Worker:
+    """One ``kl worker`` process. ``stop()`` (SIGTERM) drains; ``run()`` returns an exit code."""
+
+    def __init__(self, conn: psycopg.Connection, config: WorkerConfig, options_for: OptionsFor,
+                 say: Callable[[str], None] = print) -> None:
+        self.conn = conn
+        self.config = config
+        self.options_for = options_for
+        self.say = say
+        self.worker_id = 0
+        self.name = ""
+        self._stopping = threading.Event()
+        self._wake = threading.Event()  # a run ended, or stop(): look at the queue now
+        self._inflight: dict[int, _InFlight] = {}
+        self._lock = threading.Lock()
+        self.completed = 0
+        self.failed = 0
+
+    def stop(self, why: str = "SIGTERM") -> None:
+        if not self._stopping.is_set():
+            self.say(f"kl worker {self.name}: {why}: claiming nothing more; waiting up to "
+                     f"{self.config.grace_s:g}s for {len(self._inflight)} run(s)")
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        cfg = self.config
+        self.worker_id, self.name = fleet.register_worker(self.conn, cfg.name, cfg.parallel_states, cfg.lease_s)
+        self.say(f"kl worker {self.name}: started (id {self.worker_id}, {cfg.parallel_states} state(s) at once, "
+                 f"lease {cfg.lease_s:g}s)")
+        beats = threading.Thread(target=self._heartbeats, name="kl-heartbeat", daemon=True)
+        beats.start()
+        try:
+            self._loop()
+            self._drain()
+        finally:
+            self._stopping.set()
+            beats.join(timeout=5)
+            try:
+                fleet.stop_worker(self.conn, self.worker_id)
+            except psycopg.OperationalError as exc:
+                log.warning("could not record the worker's stop: %s", first_line(exc))
+        self.say(f"kl worker {self.name}: stopped ({self.completed} run(s) succeeded, {self.failed} not)")
+        return 1 if cfg.once and self.failed else 0
+
+    def _loop(self) -> None:
+        cfg = self.config
+        while not self._stopping.is_set():
+            claimed = 0
+            try:
+                fleet.enqueue_due_schedules(self.conn, next_run)
+                for job_id, what in fleet.recover_expired(self.conn, cfg.max_attempts):
+                    self.say(f"kl worker {self.name}: took over job {job_id} of a worker that stopped heartbeating ({what})")
+                free = cfg.parallel_states - self._running()
+                if free > 0:
+                    for job in fleet.claim(self.conn, self.worker_id, free, cfg.lease_s):
+                        self._start(job)
+                        claimed += 1
+                fleet.prune(self.conn)
+            except psycopg.OperationalError as exc:
+                # The database went away: runs in flight report their own; keep trying.
+                log.warning("kl worker: database error: %s", first_line(exc))
+                self._reconnect()
+            if cfg.once and not claimed and self._running() == 0:
+                return
+            self._wake.wait(cfg.poll_s)
+            self._wake.clear()
+
+    def _reconnect(self) -> None:
+        try:
+            fresh = db.reconnect(self.conn)
+        except KlError:
+            return
+        self.conn.close()
+        self.conn = fresh
+
+    def _running(self) -> int:
+        with self._lock:
+            for job_id in [j for j, f in self._inflight.items() if f.thread is not None and not f.thread.is_alive()]:
+                del self._inflight[job_id]
+            return len(self._inflight)
+
+    def _start(self, job: fleet.Job) -> None:
+        flight = _InFlight(job)
+        flight.thread = threading.Thread(target=self._run_job, args=(flight,), name=f"kl-job-{job.id}", daemon=True)
+        with self._lock:
+            self._inflight[job.id] = flight
+        flight.thread.start()
+
+    def _run_job(self, flight: _InFlight) -> None:
+        job = flight.job
+        try:
+            with db.reconnect(self.conn) as conn:
+                refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
+                try:
+                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id)
+                except StateBusy as busy:  # never two runs of one state: try again shortly
+                    fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
+                    self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
+                    return
+                if flight.shutdown and result.status == "cancelled":
+                    fleet.requeue(conn, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run")
+                    self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")
+                    return
+                kept = fleet.finish_job(conn, job.id, self.worker_id, result.status, result.run_id, result.error)
+                if result.status == "succeeded":
+                    self.completed += 1
+                else:
+                    self.failed += 1
+                lag = f", {_lag(job.due_at)} after due" if result.status == "succeeded" else ""
+                self.say(f"kl worker {self.name}: {job.state}: {result.status}"
+                         + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
+                         + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
+                         + ("" if kept else " (the job's lease had been taken over)"))
+        except (KlError, psycopg.OperationalError) as exc:
+            # No database to record it in: the lease runs out and another worker takes the job.
+            self.failed += 1
+            self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
+        except Exception as exc:  # a bug: the run's audit row is finished; record it on the job, keep working
+            log.exception("kl worker: refreshing %s", job.state)
+            self.failed += 1
+            self._record_internal_error(job, f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._wake.set()
+
+    def _record_internal_error(self, job: fleet.Job, message: str) -> None:
+        try:
+            with db.reconnect(self.conn) as conn:
+                fleet.finish_job(conn, job.id, self.worker_id, "failed", None, message)
+        except (KlError, psycopg.OperationalError):
+            pass  # the lease runs out; another worker takes the job over
+        self.say(f"kl worker {self.name}: {job.state}: {message}")
+
+    def _heartbeats(self) -> None:
+        """Renew the leases well inside their length, on a connection of its own; a run whose lease
+        was taken over (this worker was cut off longer than the lease) is cancelled."""
+        conn: psycopg.Connection | None = None
+        while True:
+            stopping = self._stopping.is_set()
+            with self._lock:
+                flights = dict(self._inflight)
+            try:
+                if conn is None or conn.closed:
+                    conn = db.reconnect(self.conn)
+                kept = fleet.heartbeat(conn, self.worker_id, self.config.lease_s, list(flights),
+                                       "draining" if stopping else "running")
+                for job_id, flight in flights.items():
+                    if job_id not in kept and flight.thread is not None and flight.thread.is_alive():
+                        flight.cancel.cancel(f"worker {self.name} lost the lease of job {job_id}")
+            except (KlError, psycopg.OperationalError) as exc:
+                log.warning("kl worker: heartbeat failed: %s", first_line(exc))
+                if conn is not None:
+                    conn.close()
+                conn = None
+            if stopping and not flights:
+                break
+            if stopping:  # draining: beat on until the last run ends, then record the stop promptly
+                time.sleep(min(0.2, self.config.heartbeat_s))
+            else:
+                self._stopping.wait(self.config.heartbeat_s)
+        if conn is not None:
+            conn.close()
+
+    def _drain(self) -> None:
+        """Let runs in flight finish; after the grace period cancel them (their jobs go back to the
+        queue, due now, for another worker)."""
+        deadline = time.monotonic() + self.config.grace_s
+        while self._running():
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    flights = list(self._inflight.values())
+                for f in flights:
+                    f.shutdown = True
+                    f.cancel.cancel(f"worker {self.name} stopping (grace period of {self.config.grace_s:g}s over)")
+                for f in flights:
+                    if f.thread is not None:
+                        f.thread.join()
+                return
+            time.sleep(0.05)
+
+
+def _lag(due: datetime) -> str:
+    from datetime import timezone
+
+    return f"{(datetime.now(timezone.utc) - due).total_seconds():.1f}s"

@@ -1,0 +1,345 @@
+"""The fleet's schedules, job queue and workers (migration 0010): every claim, lease and heartbeat.
+
+Each call is one short transaction and relies on no session state, so a worker's claim lives in
+its row (``lease_expires_at``), not in a connection. Claims use FOR UPDATE SKIP LOCKED: workers on
+many hosts never wait for each other's rows, and no job is claimed twice.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from kilolock.globs import sql_regex
+from kilolock.store import locks, refresh_runs
+
+
+@dataclass(frozen=True)
+class Schedule:
+    id: int
+    states_glob: str
+    every_s: float | None
+    cron: str | None
+    jitter_s: float
+    paused: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+    created_at: datetime
+    created_by: str | None
+    states: int  # how many states the glob matches now
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    state_id: str
+    state: str
+    due_at: datetime
+    attempts: int
+
+
+# States a fleet refreshes: those with a current version kl can read (an OpenTofu-encrypted
+# current version cannot be refreshed, and a state without versions has nothing to refresh).
+_REFRESHABLE = """
+SELECT s.id::text AS id, s.name FROM states s
+JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id ORDER BY serial DESC LIMIT 1) cur ON true
+WHERE s.name ~ %s AND NOT cur.encrypted
+ORDER BY s.name
+"""
+
+
+def refreshable_states(conn: psycopg.Connection, glob: str) -> list[tuple[str, str]]:
+    """(state id, name) of every refreshable state GLOB matches, by name."""
+    return [(str(r[0]), str(r[1])) for r in conn.execute(_REFRESHABLE, (sql_regex(glob),)).fetchall()]
+
+
+# ---------------------------------------------------------------- schedules
+
+_SCHEDULE_COLS = """
+sc.id, sc.states_glob, sc.every_s, sc.cron, sc.jitter_s, sc.paused, sc.next_run_at, sc.last_run_at, sc.created_at,
+sc.created_by, (SELECT count(*) FROM states s WHERE s.name ~ sc.states_regex)::int AS states
+"""
+
+
+def add_schedule(conn: psycopg.Connection, glob: str, *, every_s: float | None, cron: str | None, jitter_s: float,
+                 first_run_at: datetime, actor: str) -> int:
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO fleet_schedules (states_glob, states_regex, every_s, cron, jitter_s, next_run_at, created_by) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (glob, sql_regex(glob), every_s, cron, jitter_s, first_run_at, actor)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def list_schedules(conn: psycopg.Connection) -> list[Schedule]:
+    return conn.cursor(row_factory=class_row(Schedule)).execute(
+        f"SELECT {_SCHEDULE_COLS} FROM fleet_schedules sc ORDER BY sc.id").fetchall()
+
+
+def set_paused(conn: psycopg.Connection, schedule_id: int, paused: bool) -> bool:
+    with conn.transaction():
+        return conn.execute("UPDATE fleet_schedules SET paused = %s WHERE id = %s", (paused, schedule_id)).rowcount == 1
+
+
+def remove_schedule(conn: psycopg.Connection, schedule_id: int) -> bool:
+    """Delete it; jobs it queued and not yet claimed go with it (running ones finish)."""
+    with conn.transaction():
+        conn.execute("DELETE FROM fleet_jobs WHERE schedule_id = %s AND status = 'queued'", (schedule_id,))
+        return conn.execute("DELETE FROM fleet_schedules WHERE id = %s", (schedule_id,)).rowcount == 1
+
+
+def set_next_run(conn: psycopg.Connection, schedule_id: int, at: datetime) -> None:
+    with conn.transaction():
+        conn.execute("UPDATE fleet_schedules SET next_run_at = %s WHERE id = %s", (at, schedule_id))
+
+
+# A state's offset inside the jitter window is fixed (a hash of schedule and state): the load
+# spreads, and each state keeps its own rhythm from one period to the next.
+_ENQUEUE = """
+INSERT INTO fleet_jobs (state_id, schedule_id, due_at)
+SELECT s.id, %(schedule)s,
+       %(at)s + make_interval(secs => %(jitter)s * ((hashtextextended(s.name || '/' || %(schedule)s::text, 0) & 1048575) / 1048576.0))
+FROM states s
+JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id ORDER BY serial DESC LIMIT 1) cur ON true
+WHERE s.name ~ %(regex)s AND NOT cur.encrypted
+ON CONFLICT (state_id) WHERE status IN ('queued', 'running') DO NOTHING
+"""
+
+
+def enqueue_due_schedules(conn: psycopg.Connection, next_run: Callable[[Schedule, datetime], datetime]) -> int:
+    """Queue a job for every state of every schedule that is due, and move each schedule to its next
+    time after now (NEXT_RUN): however many times a schedule was missed, it runs once. One
+    transaction, schedules locked with SKIP LOCKED: two workers never fire one schedule twice, and a
+    worker that dies half way fires nothing. Returns the jobs queued (states already queued or
+    running are not queued again)."""
+    queued = 0
+    with conn.transaction():
+        due = conn.cursor(row_factory=class_row(Schedule)).execute(
+            f"SELECT {_SCHEDULE_COLS} FROM fleet_schedules sc WHERE NOT sc.paused AND sc.next_run_at <= now() "
+            "ORDER BY sc.next_run_at FOR UPDATE OF sc SKIP LOCKED").fetchall()
+        if not due:
+            return 0
+        row = conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        now: datetime = row[0]
+        for sc in due:
+            queued += conn.execute(_ENQUEUE, {"schedule": sc.id, "at": now, "jitter": sc.jitter_s,
+                                              "regex": sql_regex(sc.states_glob)}).rowcount
+            conn.execute("UPDATE fleet_schedules SET next_run_at = %s, last_run_at = %s WHERE id = %s",
+                         (next_run(sc, now), now, sc.id))
+    return queued
+
+
+def enqueue_now(conn: psycopg.Connection, glob: str) -> tuple[int, int]:
+    """``kl schedule run-now``: a job due now for every refreshable state GLOB matches; a state
+    already queued is moved up to now. (matched, queued or moved up)."""
+    with conn.transaction():
+        states = refreshable_states(conn, glob)
+        ids = [sid for sid, _ in states]
+        if not ids:
+            return 0, 0
+        moved = conn.execute("UPDATE fleet_jobs SET due_at = now() WHERE state_id = ANY(%s::uuid[]) "
+                             "AND status = 'queued' AND due_at > now()", (ids,)).rowcount
+        added = conn.execute(
+            "INSERT INTO fleet_jobs (state_id, due_at) SELECT unnest(%s::uuid[]), now() "
+            "ON CONFLICT (state_id) WHERE status IN ('queued', 'running') DO NOTHING", (ids,)).rowcount
+    return len(states), moved + added
+
+
+# ---------------------------------------------------------------- workers
+
+def register_worker(conn: psycopg.Connection, name: str | None, parallel_states: int, lease_s: float) -> tuple[int, str]:
+    host, pid = socket.gethostname(), os.getpid()
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO fleet_workers (name, host, pid, parallel_states, lease_s) VALUES (%s, %s, %s, %s, %s) RETURNING id",
+            (name or f"{host}:{pid}", host, pid, parallel_states, lease_s)).fetchone()
+    assert row is not None
+    return int(row[0]), name or f"{host}:{pid}"
+
+
+_HEARTBEAT_JOBS = """
+UPDATE fleet_jobs j SET heartbeat_at = now(), lease_expires_at = now() + make_interval(secs => %(lease)s)
+WHERE j.claimed_by = %(worker)s AND j.status = 'running' AND j.id = ANY(%(jobs)s)
+RETURNING j.id
+"""
+
+
+def heartbeat(conn: psycopg.Connection, worker_id: int, lease_s: float, job_ids: list[int], status: str) -> set[int]:
+    """Renew the worker's liveness and the leases of JOB_IDS (its running jobs). Returns the jobs still ours: a job missing from it was
+    taken over (its lease expired first) and its run must stop."""
+    with conn.transaction():
+        conn.execute("UPDATE fleet_workers SET heartbeat_at = now(), status = %s WHERE id = %s", (status, worker_id))
+        if not job_ids:
+            return set()
+        rows = conn.execute(_HEARTBEAT_JOBS, {"lease": lease_s, "worker": worker_id, "jobs": job_ids}).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def stop_worker(conn: psycopg.Connection, worker_id: int) -> None:
+    with conn.transaction():
+        conn.execute("UPDATE fleet_workers SET status = 'stopped', stopped_at = now(), heartbeat_at = now() "
+                     "WHERE id = %s", (worker_id,))
+
+
+# ---------------------------------------------------------------- jobs
+
+_CLAIM = """
+UPDATE fleet_jobs j SET status = 'running', claimed_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
+    lease_expires_at = now() + make_interval(secs => %(lease)s), attempts = j.attempts + 1,
+    refresh_run_id = NULL, finished_at = NULL
+FROM states s
+WHERE s.id = j.state_id AND j.id IN (
+    SELECT id FROM fleet_jobs WHERE status = 'queued' AND due_at <= now()
+    ORDER BY due_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+RETURNING j.id, j.state_id::text AS state_id, s.name AS state, j.due_at, j.attempts
+"""
+
+
+def claim(conn: psycopg.Connection, worker_id: int, n: int, lease_s: float) -> list[Job]:
+    """Up to N due jobs, oldest due first, now leased to WORKER_ID for LEASE_S seconds."""
+    with conn.transaction():
+        return conn.cursor(row_factory=class_row(Job)).execute(
+            _CLAIM, {"worker": worker_id, "lease": lease_s, "n": n}).fetchall()
+
+
+def finish_job(conn: psycopg.Connection, job_id: int, worker_id: int, status: str, run_id: str | None,
+               error: str | None) -> bool:
+    """Record the outcome, if the job is still this worker's (False: its lease was taken over)."""
+    with conn.transaction():
+        return conn.execute(
+            "UPDATE fleet_jobs SET status = %s, finished_at = now(), refresh_run_id = COALESCE(%s::uuid, refresh_run_id), "
+            "error = %s WHERE id = %s AND claimed_by = %s AND status = 'running'",
+            (status, run_id, error, job_id, worker_id)).rowcount == 1
+
+
+def requeue(conn: psycopg.Connection, job_id: int, worker_id: int, delay_s: float, note: str | None) -> bool:
+    """Put a claimed job back in the queue (the state was busy, or the worker is stopping), due
+    after DELAY_S; the attempt does not count."""
+    with conn.transaction():
+        return conn.execute(
+            "UPDATE fleet_jobs SET status = 'queued', due_at = now() + make_interval(secs => %s), claimed_by = NULL, "
+            "claimed_at = NULL, heartbeat_at = NULL, lease_expires_at = NULL, attempts = greatest(attempts - 1, 0), "
+            "error = %s WHERE id = %s AND claimed_by = %s AND status = 'running'",
+            (delay_s, note, job_id, worker_id)).rowcount == 1
+
+
+_EXPIRED = """
+SELECT j.id, j.state_id::text AS state_id, j.claimed_at, j.heartbeat_at, j.attempts, j.refresh_run_id::text AS run_id,
+       coalesce(w.name, '?') AS worker
+FROM fleet_jobs j LEFT JOIN fleet_workers w ON w.id = j.claimed_by
+WHERE j.status = 'running' AND j.lease_expires_at < now()
+ORDER BY j.lease_expires_at
+FOR UPDATE OF j SKIP LOCKED
+"""
+# The dead worker's refresh run: the one the job is linked to, or (when it died before its first
+# heartbeat after the run began) a run of the state begun since the claim whose process is gone.
+# It ends no later than the last heartbeat: nothing is known to have happened after it.
+_FAIL_DEAD_RUN = """
+UPDATE refresh_runs rr SET status = 'failed',
+    finished_at = greatest(rr.started_at, least(now(), %(heartbeat)s)),
+    error_summary = 'worker ' || %(worker)s || ' stopped heartbeating (lease expired); its run was taken over'
+WHERE rr.status = 'running' AND rr.state_id = %(state)s
+  AND (rr.id = %(run)s::uuid
+       OR (rr.started_at >= %(claimed)s AND pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))))
+RETURNING rr.id::text
+"""
+
+
+def recover_expired(conn: psycopg.Connection, max_attempts: int) -> list[tuple[int, str]]:
+    """Take back every running job whose lease expired (its worker died or lost the database):
+    finish its refresh run as failed at the last heartbeat, release a state lock that run held,
+    and queue the job again, due now, or fail it after MAX_ATTEMPTS claims. (job id, what was done)."""
+    done: list[tuple[int, str]] = []
+    with conn.transaction():
+        expired = conn.cursor(row_factory=dict_row).execute(_EXPIRED).fetchall()
+        for j in expired:
+            runs = [str(r[0]) for r in conn.execute(_FAIL_DEAD_RUN, {
+                "heartbeat": j["heartbeat_at"], "worker": j["worker"], "state": j["state_id"], "run": j["run_id"],
+                "claimed": j["claimed_at"]}).fetchall()]
+            for run_id in runs:
+                locks.force_release(conn, j["state_id"], f"kl worker (lease of {j['worker']} expired)",
+                                    only_info=refresh_runs.lock_note(run_id))
+            note = f"worker {j['worker']} stopped heartbeating during attempt {j['attempts']}"
+            if j["attempts"] >= max_attempts:
+                conn.execute("UPDATE fleet_jobs SET status = 'failed', finished_at = now(), error = %s, "
+                             "refresh_run_id = COALESCE(%s::uuid, refresh_run_id) WHERE id = %s",
+                             (note + f"; gave up after {max_attempts} attempts", runs[0] if runs else None, j["id"]))
+                done.append((int(j["id"]), "failed"))
+            else:
+                conn.execute("UPDATE fleet_jobs SET status = 'queued', due_at = now(), claimed_by = NULL, claimed_at = NULL, "
+                             "heartbeat_at = NULL, lease_expires_at = NULL, refresh_run_id = NULL, error = %s WHERE id = %s",
+                             (note, j["id"]))
+                done.append((int(j["id"]), "requeued"))
+    return done
+
+
+def running_job(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | None:
+    """The live fleet job refreshing the state now (its lease not expired), with its worker."""
+    return conn.cursor(row_factory=dict_row).execute(
+        "SELECT j.id, j.claimed_at, j.refresh_run_id::text AS run_id, coalesce(w.name, '?') AS worker "
+        "FROM fleet_jobs j LEFT JOIN fleet_workers w ON w.id = j.claimed_by "
+        "WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()", (state_id,)).fetchone()
+
+
+# Finished jobs are history for `kl fleet status` (lag, last errors); a day of it is kept.
+KEEP_FINISHED = "1 day"
+
+
+def prune(conn: psycopg.Connection) -> None:
+    with conn.transaction():
+        conn.execute(f"DELETE FROM fleet_jobs WHERE finished_at < now() - interval '{KEEP_FINISHED}' "
+                     "AND status NOT IN ('queued', 'running')")
+        conn.execute(f"DELETE FROM fleet_workers w WHERE heartbeat_at < now() - interval '{KEEP_FINISHED}' "
+                     "AND NOT EXISTS (SELECT 1 FROM fleet_jobs j WHERE j.claimed_by = w.id)")
+
+
+# ---------------------------------------------------------------- fleet status
+
+_WORKERS = """
+SELECT w.id, w.name, w.host, w.pid, w.status, w.parallel_states, w.lease_s, w.started_at, w.heartbeat_at,
+       w.heartbeat_at + make_interval(secs => w.lease_s) >= now() AS alive,
+       coalesce((SELECT json_agg(json_build_object('state', s.name, 'since', j.claimed_at, 'job', j.id,
+                                                    'run_id', j.refresh_run_id) ORDER BY s.name)
+                 FROM fleet_jobs j JOIN states s ON s.id = j.state_id
+                 WHERE j.claimed_by = w.id AND j.status = 'running'), '[]') AS running
+FROM fleet_workers w
+WHERE w.status <> 'stopped' OR w.stopped_at > now() - interval '1 hour'
+ORDER BY w.started_at
+"""
+_QUEUE = """
+SELECT count(*) FILTER (WHERE status = 'queued' AND due_at <= now())::int AS due,
+       count(*) FILTER (WHERE status = 'queued' AND due_at > now())::int AS upcoming,
+       count(*) FILTER (WHERE status = 'running')::int AS running,
+       extract(epoch FROM now() - min(due_at) FILTER (WHERE status = 'queued' AND due_at <= now()))::float AS lag_s,
+       (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - due_at))
+        FROM fleet_jobs WHERE claimed_at > now() - interval '1 hour')::float AS claim_lag_p50_s,
+       (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - due_at))
+        FROM fleet_jobs WHERE claimed_at > now() - interval '1 hour')::float AS claim_lag_p99_s,
+       count(*) FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour')::int AS succeeded_1h,
+       count(*) FILTER (WHERE status = 'failed' AND finished_at > now() - interval '1 hour')::int AS failed_1h
+FROM fleet_jobs
+"""
+_ERRORS = """
+SELECT s.name AS state, j.finished_at AS at, j.error, j.refresh_run_id::text AS run_id, coalesce(w.name, '-') AS worker
+FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
+WHERE j.status = 'failed'
+ORDER BY j.finished_at DESC LIMIT %s
+"""
+
+
+def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:
+    cur = conn.cursor(row_factory=dict_row)
+    workers = cur.execute(_WORKERS).fetchall()
+    queue = cur.execute(_QUEUE).fetchone() or {}
+    last_errors = cur.execute(_ERRORS, (errors,)).fetchall()
+    now_row = conn.execute("SELECT now()").fetchone()
+    assert now_row is not None
+    return {"now": now_row[0], "workers": workers, "queue": queue, "errors": last_errors}

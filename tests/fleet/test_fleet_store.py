@@ -1,0 +1,143 @@
+"""The fleet's queue in the store (kilolock.store.fleet), in process against real PostgreSQL: leases,
+take-over of a dead worker's job, fencing of its late commit, and schedule firing."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from kilolock import tfstate
+from kilolock.errors import KlError
+from kilolock.refresh.commit import commit_refresh
+from kilolock.refresh.fleet import next_run
+from kilolock.store import fleet, locks, refresh_runs, versions
+from kit.states import build_state
+
+
+def _state(conn: psycopg.Connection, name: str) -> str:
+    raw = build_state(1, {"a": {"id": "a", "triggers": None}}, lineage=f"l-{name}")
+    versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+    return versions.state_id(conn, name)
+
+
+def test_a_dead_workers_job_is_taken_over_and_its_run_ends_at_the_last_heartbeat(conn, db_url):
+    sid = _state(conn, "s")
+    fleet.enqueue_now(conn, "s")
+    worker, _ = fleet.register_worker(conn, "dead", 1, 30.0)
+    [job] = fleet.claim(conn, worker, 5, 30.0)
+    with psycopg.connect(db_url, autocommit=True) as run_conn:  # the worker's run, then its process dies
+        current = versions.current_version(run_conn, sid)
+        assert current is not None
+        refresh_runs.mark_fleet_job(run_conn, job.id)  # as the worker does: begin() links the run to the job
+        run_id = refresh_runs.begin(run_conn, sid, current.id, "dead@worker")
+        assert fleet.heartbeat(conn, worker, 30.0, [job.id], "running") == {job.id}
+    assert conn.execute("SELECT refresh_run_id::text FROM fleet_jobs").fetchone() == (run_id,)
+    assert fleet.recover_expired(conn, 3) == []  # the lease has not run out
+    # Time passes: the run began a minute ago, the last heartbeat was 40 s ago, the lease ran out.
+    conn.execute("UPDATE refresh_runs SET started_at = now() - interval '60 seconds'")
+    conn.execute("UPDATE fleet_jobs SET heartbeat_at = now() - interval '40 seconds', "
+                 "lease_expires_at = now() - interval '10 seconds'")
+    beat = conn.execute("SELECT heartbeat_at FROM fleet_jobs").fetchone()[0]
+    assert fleet.recover_expired(conn, 3) == [(job.id, "requeued")]
+    status, finished, error = conn.execute("SELECT status, finished_at, error_summary FROM refresh_runs WHERE id = %s",
+                                           (run_id,)).fetchone()
+    assert status == "failed" and finished == beat
+    assert error.startswith("worker dead stopped heartbeating")
+    assert conn.execute("SELECT status, attempts, claimed_by FROM fleet_jobs").fetchall() == [("queued", 1, None)]
+    # The dead process's late outcome does not overwrite what the take-over wrote.
+    refresh_runs.finish(conn, run_id, status="succeeded", checked=1, changed=0, failed=0, error_summary=None,
+                        to_version_id=None)
+    assert conn.execute("SELECT status FROM refresh_runs WHERE id = %s", (run_id,)).fetchone() == ("failed",)
+    # The third claim that dies too fails the job rather than looping forever.
+    for _ in range(2):
+        [job] = fleet.claim(conn, worker, 5, 30.0)
+        conn.execute("UPDATE fleet_jobs SET lease_expires_at = now() - interval '1 second'")
+        fleet.recover_expired(conn, 3)
+    assert conn.execute("SELECT status, attempts FROM fleet_jobs").fetchall() == [("failed", 3)]
+
+
+def test_a_fleet_run_and_a_plain_run_of_one_state_never_begin_together(conn, db_url):
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    with psycopg.connect(db_url, autocommit=True) as plain:
+        plain_run = refresh_runs.begin(plain, sid, current.id, "first@cli")  # a live kl refresh
+        fleet.enqueue_now(conn, "s")
+        worker, _ = fleet.register_worker(conn, "w", 1, 30.0)
+        [job] = fleet.claim(conn, worker, 1, 30.0)
+        with psycopg.connect(db_url, autocommit=True) as work:
+            refresh_runs.mark_fleet_job(work, job.id)
+            with pytest.raises(refresh_runs.StateBusy, match=f"run {plain_run}"):
+                refresh_runs.begin(work, sid, current.id, "w")  # the worker's run beside it: refused
+    with psycopg.connect(db_url, autocommit=True) as work:  # the plain run's process is gone: no longer live
+        refresh_runs.mark_fleet_job(work, job.id)
+        worker_run = refresh_runs.begin(work, sid, current.id, "w")
+        with pytest.raises(refresh_runs.StateBusy, match="being refreshed now by worker w"):
+            refresh_runs.begin(conn, sid, current.id, "someone@cli")  # a plain run beside the worker's: refused
+    assert conn.execute("SELECT refresh_run_id::text FROM fleet_jobs").fetchone() == (worker_run,)
+
+
+def test_a_taken_over_run_does_not_commit(conn):
+    """Fencing: a worker cut off past its lease comes back and tries to commit."""
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    run_id = refresh_runs.begin(conn, sid, current.id, "zombie")
+    conn.execute("UPDATE refresh_runs SET status = 'failed', finished_at = now() WHERE id = %s", (run_id,))
+    parser = tfstate.ExactJSON()
+    doc = parser.loads(versions.raw_state_text(conn, "s"))
+    doc["serial"] = 2
+    with pytest.raises(KlError, match="finished meanwhile"):
+        commit_refresh(conn, "s", sid, doc, parser, current, "zombie", run_id, set())
+    assert [v.serial for v in versions.list_versions(conn, "s")] == [1]
+    assert locks.current(conn, sid) is None
+
+
+def test_a_schedule_missed_many_times_fires_once_and_keeps_its_grid(conn, db_url):
+    _state(conn, "a")
+    _state(conn, "b")
+    start = datetime.now(timezone.utc) - timedelta(hours=10, minutes=20)
+    sched = fleet.add_schedule(conn, "*", every_s=3600.0, cron=None, jitter_s=0.0, first_run_at=start, actor="t")
+    assert fleet.enqueue_due_schedules(conn, next_run) == 2
+    [sc] = fleet.list_schedules(conn)
+    assert sc.id == sched and start + timedelta(hours=11) == sc.next_run_at  # the first grid point after now
+    assert fleet.enqueue_due_schedules(conn, next_run) == 0  # not due again
+    # Fired again while both are still queued: nothing doubles.
+    conn.execute("UPDATE fleet_schedules SET next_run_at = now() - interval '1 second'")
+    assert fleet.enqueue_due_schedules(conn, next_run) == 0
+    assert conn.execute("SELECT count(*) FROM fleet_jobs").fetchone() == (2,)
+
+
+def test_two_workers_firing_at_once_queue_each_state_once(conn, db_url):
+    for n in range(20):
+        _state(conn, f"s{n}")
+    fleet.add_schedule(conn, "**", every_s=60.0, cron=None, jitter_s=0.0,
+                       first_run_at=datetime.now(timezone.utc) - timedelta(seconds=1), actor="t")
+    with psycopg.connect(db_url, autocommit=True) as other:
+        with conn.transaction():  # one worker holds the schedule row mid-firing...
+            conn.execute("SELECT 1 FROM fleet_schedules FOR UPDATE")
+            assert fleet.enqueue_due_schedules(other, next_run) == 0  # ...the other skips it, does not wait
+        assert fleet.enqueue_due_schedules(conn, next_run) == 20
+        assert fleet.enqueue_due_schedules(other, next_run) == 0
+    worker_a, _ = fleet.register_worker(conn, "a", 8, 30.0)
+    worker_b, _ = fleet.register_worker(conn, "b", 8, 30.0)
+    got = fleet.claim(conn, worker_a, 8, 30.0) + fleet.claim(conn, worker_b, 8, 30.0) + fleet.claim(conn, worker_a, 8, 30.0)
+    assert len(got) == 20 and len({j.id for j in got}) == 20
+
+
+def test_kl_runs_stale_ends_a_dead_workers_run_at_its_last_heartbeat(conn, db_url):
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    fleet.enqueue_now(conn, "s")
+    worker, _ = fleet.register_worker(conn, "w", 1, 30.0)
+    [job] = fleet.claim(conn, worker, 1, 30.0)
+    with psycopg.connect(db_url, autocommit=True) as work:  # the worker's run; then its process dies
+        refresh_runs.mark_fleet_job(work, job.id)
+        run_id = refresh_runs.begin(work, sid, current.id, "w")
+    conn.execute("UPDATE refresh_runs SET started_at = now() - interval '30 seconds'")
+    conn.execute("UPDATE fleet_jobs SET heartbeat_at = now() - interval '20 seconds'")
+    assert refresh_runs.finish_stale(conn, sid, "t") == [run_id]
+    assert conn.execute("SELECT rr.finished_at = j.heartbeat_at FROM refresh_runs rr JOIN fleet_jobs j "
+                        "ON j.refresh_run_id = rr.id").fetchone() == (True,)
