@@ -135,6 +135,8 @@ def result_json(result: Any) -> dict[str, Any]:
         "drift": result.drift,
         "failures": [_failure_json(f) for f in result.failures],
         "providers": result.providers,
+        "provider_addresses": [{"from": old, "to": new} for old, new in result.provider_addresses.items()],
+        "upgraded_from_flatmap": result.reshaped,
         "error": result.error,
         "duration_s": result.duration_s,
     }
@@ -172,6 +174,8 @@ def render_table(result: Any) -> None:
     )
     for p in result.providers:
         print(f"provider: {p}")
+    for line in _upgrade_lines(result):
+        print(line)
     if result.error:
         print(f"error:    {result.error}")
     if result.drift:
@@ -196,6 +200,16 @@ def render_table(result: Any) -> None:
             print(f"  ... and {more} more (--format json lists all)")
 
 
+def _upgrade_lines(result: Any) -> list[str]:
+    """What the commit writes in the modern form, as Terraform 0.13+ does (not drift)."""
+    how = "written" if _committed(result) else "to be written by a commit"
+    lines = [f"provider address: {old} → {new} ({how})" for old, new in result.provider_addresses.items()]
+    if result.reshaped:
+        lines.append(f"flatmap: {len(result.reshaped)} object(s) upgraded by their provider from attributes_flat to "
+                     f"attributes ({how}; not drift), first: {result.reshaped[0]}")
+    return lines
+
+
 def show(value: Any) -> str:
     from kilolock.drift import show as show_value
 
@@ -211,6 +225,11 @@ def render_markdown(result: Any) -> None:
     print(f"{result.checked} checked, {result.changed} changed, {result.failed} failed, in {result.duration_s:.2f}s.")
     if result.error:
         print(f"\n**Error:** {result.error}")
+    upgrades = _upgrade_lines(result)
+    if upgrades:
+        print()
+        for line in upgrades:
+            print(f"- {line}")
     for item in result.drift:
         deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
         print(f"\n**`{item['address']}`**{deposed}: {item['kind']}")

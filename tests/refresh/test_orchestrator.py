@@ -54,6 +54,11 @@ class FakeClient:
         value.pop("legacy_field", None)
         return canon(value)
 
+    def upgrade_flatmap(self, type_name, version, flatmap):
+        self.f.calls.append(("upgrade_flatmap", flatmap.get("id")))
+        triggers = {k.removeprefix("triggers."): v for k, v in flatmap.items() if k.startswith("triggers.") and k != "triggers.%"}
+        return canon({"id": flatmap.get("id"), "secret": flatmap.get("secret"), "triggers": triggers or None})
+
     def read_resource(self, type_name, prior, private, identity):
         value = json.loads(prior)
         ident = value.get("id")
