@@ -205,7 +205,7 @@ def _upgrade_lines(result: Any) -> list[str]:
     how = "written" if _committed(result) else "to be written by a commit"
     lines = [f"provider address: {old} → {new} ({how})" for old, new in result.provider_addresses.items()]
     if result.reshaped:
-        lines.append(f"flatmap: {len(result.reshaped)} object(s) upgraded by their provider from attributes_flat to "
+        lines.append(f"flatmap: {len(result.reshaped)} instance(s) upgraded by their provider from attributes_flat to "
                      f"attributes ({how}; not drift), first: {result.reshaped[0]}")
     return lines
 

@@ -183,6 +183,11 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     prior: bytes | None
     if flatmap is not None:
         # The pre-0.12 form: only the provider can turn it into an object, as Terraform has it do.
+        # Before it sees them, mask the values under the schema's sensitive top-level attributes.
+        sensitive_names = {a.name for a in schema.block.attributes if a.sensitive}
+        for key, value in flatmap.items():
+            if key.split(".", 1)[0] in sensitive_names:
+                secrets.add(value)
         raw_prior = canonical_prior = prior = client.upgrade_flatmap(inst.type, recorded, flatmap)
         _remember_secrets(client, inst.type, raw_prior, marks, secrets)
         upgraded = True

@@ -281,8 +281,19 @@ def test_flatmap_attributes_are_upgraded_by_the_real_provider_and_the_first_obje
 
 @pytest.mark.parametrize("name", REFRESHABLE)
 def test_corpus_file_refreshes_with_the_real_provider_without_drift_or_new_lifecycles(db_url, run_kl, tmp_path, name):
+    from kilolock import tfstate
+
     assert run_kl("state", "import", "prod", str(CORPUS / name)).returncode == 0
     imported = lifecycle_rows(db_url)
+    # A dry run says what a commit will write in the modern form, and writes nothing.
+    dry = run_kl("refresh", "prod", *SEARCH, "--workdir", str(tmp_path), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    for old in {r[3] for r in imported if tfstate.parse_provider(r[3]).legacy}:
+        new = tfstate.parse_provider(old).modern
+        assert f"provider address: {old} → {new} (to be written by a commit)" in dry.stdout.decode()
+    flat = len({r[0] for r in imported if r[6] and r[2] == "managed"})
+    assert (f"flatmap: {flat} instance(s) upgraded by their provider" in dry.stdout.decode()) == (flat > 0)
+    assert lifecycle_rows(db_url) == imported
     out = kl_refresh(run_kl, tmp_path)
     assert (out["status"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 0, 0)
     assert out["resources_checked"] == sum(1 for r in imported if r[2] == "managed")
@@ -293,8 +304,6 @@ def test_corpus_file_refreshes_with_the_real_provider_without_drift_or_new_lifec
     assert all(not r[6] for r in after if r[2] == "managed")
     assert all("provider[" in r[3] and "/-/" not in r[3] for r in after)
     assert drift_count(db_url) == 0
-    from kilolock import tfstate
-
     pulled = run_kl("state", "pull", "prod").stdout
     state = tfstate.parse_state(pulled)
     assert state.serial == json.loads((CORPUS / name).read_text())["serial"] + 1
