@@ -7,6 +7,7 @@ every error, and the addresses Terraform prints (``module.a["x"].null_resource.b
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,15 +68,27 @@ def instance_address(module: str, mode: str, type_: str, name: str, key: Instanc
 
 @dataclass(frozen=True)
 class ProviderRef:
-    """``provider["registry.terraform.io/hashicorp/null"].alias`` split into its parts."""
+    """``provider["registry.terraform.io/hashicorp/null"].alias`` split into its parts.
+
+    A legacy address (Terraform 0.12's ``provider.null``, or 0.13's unresolved
+    ``provider["registry.terraform.io/-/null"]``) is resolved here as Terraform 0.13 resolved it:
+    ``source`` is the provider it means, ``legacy`` says the state spells it the old way.
+    """
 
     source: str  # registry.terraform.io/hashicorp/null
     alias: str  # "" when not aliased
     module: str  # the module prefix, e.g. "module.child" ("" for root)
+    legacy: bool = False
 
     @property
     def type(self) -> str:
         return self.source.rsplit("/", 1)[-1]
+
+    @property
+    def modern(self) -> str:
+        """The address as Terraform 0.13+ writes it."""
+        head = f"{self.module}." if self.module else ""
+        return f'{head}provider["{self.source}"]' + (f".{self.alias}" if self.alias else "")
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,14 @@ class Instance:
     @property
     def schema_version(self) -> int:
         return int(self.obj.get("schema_version", 0))
+
+    @property
+    def flatmap(self) -> dict[str, str] | None:
+        """The legacy flatmap attributes, when the object has them instead of ``attributes``."""
+        if "attributes" in self.obj:
+            return None
+        flat = self.obj.get("attributes_flat")
+        return flat if isinstance(flat, dict) else None
 
 
 @dataclass
@@ -188,6 +209,33 @@ def is_encrypted_envelope(doc: dict[str, Any]) -> bool:
     return "encryption_version" in doc and "encrypted_data" in doc
 
 
+def is_backend_settings(doc: dict[str, Any]) -> bool:
+    """``.terraform/terraform.tfstate``: where Terraform records which backend a working directory
+    uses (a version-3 document with a ``backend`` object), not a state."""
+    backend = doc.get("backend")
+    return isinstance(backend, dict) and "type" in backend and "resources" not in doc
+
+
+def _version_refusal(version: Any, terraform_version: Any) -> str:
+    if version in (1, 2, 3):
+        writer = (f"stamped Terraform {terraform_version}" if isinstance(terraform_version, str) and terraform_version
+                  else "from Terraform 0.11 or older")
+        if version == 3:
+            return (f"state format version 3 ({writer}) is not supported here, only 4: `kl state import` upgrades "
+                    "it to version 4 as Terraform does")
+        return (f"state format version {version} ({writer}) is not supported, only 3 and 4: Terraform 0.12+ upgrades "
+                "it (`terraform refresh` or `terraform apply` writes version 4); import that file")
+    return f"state format version {version} is not supported, only 4"
+
+
+def upgrade_if_v3(doc: dict[str, Any], origin: str = "state") -> tuple[dict[str, Any], bool]:
+    """A version-3 state as version 4 (what `kl state import` stores); any other document as is.
+    Returns (document, whether it was upgraded)."""
+    if doc.get("version") == 3 and not is_backend_settings(doc) and not is_encrypted_envelope(doc):
+        return upgrade_v3(doc, origin), True
+    return doc, False
+
+
 def _expect(cond: bool, path: str, msg: str) -> None:
     if not cond:
         raise StateError(f"{path}: {msg}")
@@ -199,10 +247,32 @@ def _expect_type(v: Any, types: type | tuple[type, ...], path: str, what: str) -
         raise StateError(f"{path}: expected {what}, got {_kind(v)}")
 
 
+# Terraform 0.12 wrote provider configurations as traversals: provider.aws, provider.google.beta,
+# module.net.provider.aws (modules had no instance keys before 0.13).
+_NAME = r"[A-Za-z_][A-Za-z0-9_-]*"
+_LEGACY_PROVIDER = re.compile(rf"((?:module\.{_NAME}\.)*)provider\.({_NAME})(?:\.({_NAME}))?")
+LEGACY_NAMESPACE = "-"
+
+
+def implied_source(type_: str) -> str:
+    """The provider an unqualified type name means (Terraform's ImpliedProviderForUnqualifiedType):
+    hashicorp's on the public registry, except ``terraform``, which is built into Terraform."""
+    if type_ == "terraform":
+        return "terraform.io/builtin/terraform"
+    return f"registry.terraform.io/hashicorp/{type_}"
+
+
 def parse_provider(s: str, path: str = "provider") -> ProviderRef:
-    """Parse an AbsProviderConfig string: ``[module.x.]provider["host/ns/type"][.alias]``."""
+    """Parse an AbsProviderConfig string: ``[module.x.]provider["host/ns/type"][.alias]``, or the
+    legacy ``[module.x.]provider.type[.alias]``."""
     head, sep, rest = s.partition('provider["')
-    _expect(bool(sep), path, f'provider address {s!r} is not of the form provider["HOST/NAMESPACE/TYPE"]')
+    if not sep:
+        legacy = _LEGACY_PROVIDER.fullmatch(s)
+        _expect(legacy is not None, path,
+                f'provider address {s!r} is not of the form provider["HOST/NAMESPACE/TYPE"] (or provider.TYPE, as Terraform 0.12 wrote it)')
+        assert legacy is not None
+        module, type_, alias = legacy.group(1).removesuffix("."), legacy.group(2), legacy.group(3) or ""
+        return ProviderRef(source=implied_source(type_), alias=alias, module=module, legacy=True)
     module = head.removesuffix(".")
     _expect(head == "" or head.endswith("."), path, f"provider address {s!r} has a malformed module prefix")
     source, sep, tail = rest.partition('"]')
@@ -212,7 +282,34 @@ def parse_provider(s: str, path: str = "provider") -> ProviderRef:
     if tail:
         _expect(tail.startswith(".") and len(tail) > 1, path, f"provider address {s!r} has trailing text {tail!r}")
         alias = tail[1:]
+    host, namespace, type_ = source.split("/")
+    if namespace == LEGACY_NAMESPACE and host == "registry.terraform.io":
+        # Terraform 0.13 wrote what it could not resolve in the legacy namespace; later releases
+        # refuse it until `terraform state replace-provider`. kl resolves it as 0.13 did.
+        return ProviderRef(source=implied_source(type_), alias=alias, module=module, legacy=True)
     return ProviderRef(source=source, alias=alias, module=module)
+
+
+def modern_provider_addresses(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], set[tuple[int, int]]]:
+    """The document with every legacy provider address written as Terraform 0.13+ writes it.
+
+    Returns (document, {old address: new address}, (resource, instance) positions of the objects
+    whose resource was rewritten). Only the resources that change are copied; ``doc`` is not
+    modified. Positions are unchanged, so they index ``doc`` and the result alike."""
+    rewrites: dict[str, str] = {}
+    positions: set[tuple[int, int]] = set()
+    resources = doc.get("resources") or []
+    out_resources = list(resources)
+    for ri, res in enumerate(resources):
+        ref = parse_provider(res["provider"])
+        if not ref.legacy:
+            continue
+        rewrites[res["provider"]] = ref.modern
+        out_resources[ri] = {**res, "provider": ref.modern}
+        positions.update((ri, ii) for ii in range(len(res.get("instances") or [])))
+    if not rewrites:
+        return doc, {}, set()
+    return {**doc, "resources": out_resources}, rewrites, positions
 
 
 def parse_state(data: bytes | str | dict[str, Any], origin: str = "state") -> State:
@@ -223,12 +320,18 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state") -> St
             f"{origin}: this is an OpenTofu-encrypted state (encryption_version "
             f"{doc.get('encryption_version')!r}); Kilolock cannot index or refresh encrypted state"
         )
+    if is_backend_settings(doc):
+        backend = doc["backend"].get("type")
+        kind = f'the "{backend}" backend' if isinstance(backend, str) and backend else "a backend"
+        raise StateError(
+            f"{origin}: this is Terraform's backend settings file (.terraform/terraform.tfstate, for {kind}), not a "
+            "state: the state is kept by that backend; `terraform state pull > FILE` writes it to a file kl can import"
+        )
     version = doc.get("version")
     _expect("version" in doc, f"{origin}.version", "missing; not a Terraform state file")
     _expect_type(version, int, f"{origin}.version", "a number")
     if version != 4:
-        hint = " (Terraform 0.11 or older); upgrade it with Terraform 0.12+ first" if version in (1, 2, 3) else ""
-        raise StateError(f"{origin}.version: state format version {version} is not supported, only 4{hint}")
+        raise StateError(f"{origin}.version: {_version_refusal(version, doc.get('terraform_version'))}")
     for key in ("serial", "lineage"):
         _expect(key in doc, f"{origin}.{key}", "missing")
     _expect_type(doc["serial"], int, f"{origin}.serial", "a number")
@@ -266,13 +369,16 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state") -> St
         for ii, obj in enumerate(res["instances"]):
             ipath = f"{rpath}.instances[{ii}]"
             _expect_type(obj, dict, ipath, "an object")
-            if "attributes_flat" in obj and "attributes" not in obj:
-                raise StateError(
-                    f"{ipath}.attributes_flat: legacy flatmap attributes (Terraform 0.11 era) are not supported; "
-                    "refresh the state with Terraform 0.12+ first"
-                )
-            _expect("attributes" in obj, f"{ipath}.attributes", "missing")
-            _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
+            if "attributes" in obj or "attributes_flat" not in obj:
+                _expect("attributes" in obj, f"{ipath}.attributes", "missing")
+                _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
+            else:
+                # Flatmap (the pre-0.12 form, still written by tools such as Terraformer): the
+                # provider's UpgradeResourceState turns it into an object at the first refresh.
+                flat = obj["attributes_flat"]
+                _expect_type(flat, dict, f"{ipath}.attributes_flat", "an object")
+                for fkey, fvalue in flat.items():
+                    _expect_type(fvalue, str, f"{ipath}.attributes_flat.{fkey}", "a string")
             if "schema_version" in obj:
                 _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
             key = obj.get("index_key")
@@ -341,10 +447,77 @@ class _Number(str):
 
 def _sorted_deep(v: Any) -> Any:
     if isinstance(v, dict):
+        if len(v) == 2 and "value" in v and "type" in v and is_dynamic_wrapper(v):
+            # ctyjson writes a value of a `dynamic` attribute (terraform_data's input and output,
+            # terraform_remote_state's outputs) value-first; below it the type is concrete, so
+            # nothing inside is such a wrapper.
+            return {"value": _sorted_plain(v["value"]), "type": _sorted_plain(v["type"])}
         return {k: _sorted_deep(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
     if isinstance(v, list):
         return [_sorted_deep(x) for x in v]
     return v
+
+
+def _sorted_plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _sorted_plain(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+    if isinstance(v, list):
+        return [_sorted_plain(x) for x in v]
+    return v
+
+
+_PRIMITIVE_TYPES = {"string", "number", "bool"}
+
+
+def is_dynamic_wrapper(v: dict[str, Any]) -> bool:
+    """Whether ``{"value": …, "type": …}`` is how ctyjson wrote a dynamically typed value: its type
+    is a type specification and its value fits it. Without the provider's schema that is the only
+    sign; an object attribute with exactly these two keys that happens to pass is laid out the
+    same way (README, "What kl reads")."""
+    try:
+        return _fits(v["value"], v["type"])
+    except RecursionError:
+        return False
+
+
+def _fits(value: Any, type_: Any) -> bool:
+    if isinstance(type_, str):
+        if type_ == "dynamic":
+            return value is None
+        if type_ not in _PRIMITIVE_TYPES:
+            return False
+        if value is None:
+            return True
+        if type_ == "string":
+            return isinstance(value, str) and not isinstance(value, _Number)
+        if type_ == "bool":
+            return isinstance(value, bool)
+        return isinstance(value, (int, float, _Number)) and not isinstance(value, bool)
+    if not isinstance(type_, list) or len(type_) not in (2, 3) or not isinstance(type_[0], str):
+        return False
+    kind, inner = type_[0], type_[1]
+    if len(type_) == 3 and kind != "object":
+        return False
+    if kind in ("list", "set"):
+        return _type_ok(inner) and (value is None or (isinstance(value, list) and all(_fits(x, inner) for x in value)))
+    if kind == "map":
+        return _type_ok(inner) and (value is None or (isinstance(value, dict) and all(_fits(x, inner) for x in value.values())))
+    if kind == "tuple":
+        if not isinstance(inner, list) or not all(_type_ok(t) for t in inner):
+            return False
+        return value is None or (isinstance(value, list) and len(value) == len(inner)
+                                 and all(_fits(x, t) for x, t in zip(value, inner, strict=True)))
+    if kind == "object":
+        if not isinstance(inner, dict) or not all(_type_ok(t) for t in inner.values()):
+            return False
+        return value is None or (isinstance(value, dict) and value.keys() == inner.keys()
+                                 and all(_fits(value[k], t) for k, t in inner.items()))
+    return False
+
+
+def _type_ok(type_: Any) -> bool:
+    """A well-formed type specification (what _fits accepts a null of)."""
+    return type_ == "dynamic" or _fits(None, type_)
 
 
 def _ordered(obj: Any, order: tuple[str, ...]) -> Any:
@@ -513,4 +686,166 @@ def pretty_state(text: str) -> str:
     doc = loads_exact(text)
     if not isinstance(doc, dict):
         raise StateError("stored state is not a JSON object")
+    if is_encrypted_envelope(doc):
+        return text + "\n"  # kept opaque, and given back as `kl serve` gives it
     return dumps_terraform(doc)
+
+
+# --- reading version 3 (Terraform 0.11 and older; tools such as Terraformer) -------------------
+#
+# Terraform 1.x still reads these: it upgrades the document to version 4 in memory (statefile
+# version3_upgrade.go) and leaves the flatmap attributes for each provider's UpgradeResourceState.
+# kl does the same at import, so what it stores is the version-4 document Terraform would write.
+
+
+def upgrade_v3(doc: dict[str, Any], origin: str = "state") -> dict[str, Any]:
+    """A version-3 state document as the version-4 document Terraform upgrades it to."""
+    _expect_type(doc.get("serial", 0), int, f"{origin}.serial", "a number")
+    _expect(doc.get("serial", 0) >= 0, f"{origin}.serial", "must not be negative")
+    modules = doc.get("modules") or []
+    _expect_type(modules, list, f"{origin}.modules", "an array")
+    outputs: dict[str, Any] = {}
+    resources: list[dict[str, Any]] = []
+    for mi, mod in enumerate(modules):
+        mpath = f"{origin}.modules[{mi}]"
+        _expect_type(mod, dict, mpath, "an object")
+        path = mod.get("path")
+        _expect(isinstance(path, list) and bool(path) and path[0] == "root" and all(isinstance(p, str) for p in path),
+                f"{mpath}.path", 'expected a module path starting with "root"')
+        for name in path[1:]:
+            _expect(re.fullmatch(_NAME, name) is not None, f"{mpath}.path", f"{name!r} is not a valid module name")
+        module = ".".join(f"module.{name}" for name in path[1:])
+        by_resource: dict[tuple[str, str, str], dict[str, Any]] = {}
+        old_resources = mod.get("resources") or {}
+        _expect_type(old_resources, dict, f"{mpath}.resources", "an object")
+        for key, old in old_resources.items():
+            rpath = f"{mpath}.resources.{key}"
+            _expect_type(old, dict, rpath, "an object")
+            mode, type_, name, index = _v3_resource_key(key, rpath)
+            res = by_resource.get((mode, type_, name))
+            if res is None:
+                res = {"module": module, "mode": mode, "type": type_, "name": name,
+                       "provider": _v3_provider(old.get("provider"), module, type_, rpath), "instances": []}
+                if not module:
+                    del res["module"]
+                by_resource[(mode, type_, name)] = res
+            if old.get("primary") is not None:
+                res["instances"].append(_v3_object(old["primary"], index, "", f"{rpath}.primary"))
+            deposed = old.get("deposed") or []
+            _expect_type(deposed, list, f"{rpath}.deposed", "an array")
+            for di, obj in enumerate(deposed):
+                # Terraform numbers migrated deposed objects 00000001, 00000002, ...: deterministic.
+                res["instances"].append(_v3_object(obj, index, f"{di + 1:08x}", f"{rpath}.deposed[{di}]"))
+        resources.extend(by_resource.values())
+        if len(path) == 1:
+            old_outputs = mod.get("outputs") or {}
+            _expect_type(old_outputs, dict, f"{mpath}.outputs", "an object")
+            for oname, out in old_outputs.items():
+                _expect_type(out, dict, f"{mpath}.outputs.{oname}", "an object")
+                value = out.get("value")
+                new_out: dict[str, Any] = {"value": value, "type": _simplified(_implied_type(value))}
+                if out.get("sensitive"):
+                    new_out["sensitive"] = True
+                outputs[oname] = new_out
+    # Terraform's normalize(): resources by module, mode, type, name; instances by key, then deposed.
+    resources.sort(key=lambda r: (r.get("module", "").encode(), r["mode"].encode(), r["type"].encode(), r["name"].encode()))
+    for res in resources:
+        res["instances"].sort(key=lambda o: (o.get("index_key") is not None, o.get("index_key") or 0, o.get("deposed", "")))
+    return {"version": 4, "terraform_version": doc.get("terraform_version") or "0.0.0", "serial": doc.get("serial", 0),
+            "lineage": doc.get("lineage", ""), "outputs": outputs, "resources": resources}
+
+
+def _v3_resource_key(key: str, path: str) -> tuple[str, str, str, int | None]:
+    parts = key.split(".")
+    mode = "managed"
+    if len(parts) > 2 and parts[0] == "data":
+        mode, parts = "data", parts[1:]
+    _expect(2 <= len(parts) <= 3 and all(parts), path, f"{key!r} is not a resource address (TYPE.NAME or TYPE.NAME.INDEX)")
+    index = None
+    if len(parts) == 3:
+        _expect(parts[2].isdigit(), path, f"{key!r}: the index {parts[2]!r} is not a number")
+        index = int(parts[2])
+    return mode, parts[0], parts[1], index
+
+
+def _v3_provider(old: Any, module: str, type_: str, path: str) -> str:
+    """The legacy provider address Terraform's upgrade writes (kl modernises it at a refresh)."""
+    if old is not None:
+        _expect_type(old, str, f"{path}.provider", "a string")
+    old = old or ""
+    if "provider." in old:
+        parse_provider(old, f"{path}.provider")
+        return str(old)
+    # Terraform 0.11's module-local form "aws" or "aws.alias"; none: implied by the type's prefix.
+    local, _, alias = (old or type_.split("_", 1)[0]).partition(".")
+    _expect(re.fullmatch(_NAME, local) is not None and (not alias or re.fullmatch(_NAME, alias) is not None),
+            f"{path}.provider", f"{old!r} is not a provider reference")
+    head = f"{module}." if module else ""
+    return f"{head}provider.{local}" + (f".{alias}" if alias else "")
+
+
+def _v3_object(old: Any, index: int | None, deposed: str, path: str) -> dict[str, Any]:
+    import base64
+
+    _expect_type(old, dict, path, "an object")
+    attributes = old.get("attributes") or {}
+    _expect_type(attributes, dict, f"{path}.attributes", "an object")
+    flat = {}
+    for k, v in attributes.items():
+        _expect_type(v, str, f"{path}.attributes.{k}", "a string")
+        flat[k] = v
+    if old.get("id") and not flat.get("id"):
+        _expect_type(old["id"], str, f"{path}.id", "a string")
+        flat["id"] = old["id"]
+    meta = old.get("meta") or {}
+    _expect_type(meta, dict, f"{path}.meta", "an object")
+    schema_version, private = 0, dict(meta)
+    raw_version = meta.get("schema_version")
+    # The pre-0.12 SDK kept the schema version in meta, as a string; Terraform promotes it.
+    numeric = isinstance(raw_version, (int, float)) and not isinstance(raw_version, bool) and raw_version >= 0
+    if numeric or (isinstance(raw_version, str) and raw_version.isdigit()):
+        schema_version = int(raw_version or 0)
+        del private["schema_version"]
+    obj: dict[str, Any] = {}
+    if index is not None:
+        obj["index_key"] = index
+    if old.get("tainted") is True:
+        obj["status"] = "tainted"
+    if deposed:
+        obj["deposed"] = deposed
+    obj["schema_version"] = schema_version
+    obj["attributes_flat"] = flat
+    if private:
+        # Go's json.Marshal of the remaining meta (sorted keys, compact, HTML-safe), base64 in state.
+        text = json.dumps(private, sort_keys=True, separators=(",", ":"), ensure_ascii=False).translate(_GO_ESCAPES)
+        obj["private"] = base64.b64encode(text.encode()).decode("ascii")
+    return obj
+
+
+def _implied_type(value: Any) -> Any:
+    """cty's type of a JSON value (ctyjson.ImpliedType): arrays are tuples, objects objects."""
+    if value is None:
+        return "dynamic"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return ["tuple", [_implied_type(v) for v in value]]
+    return ["object", {k: _implied_type(v) for k, v in value.items()}]
+
+
+def _simplified(type_: Any) -> Any:
+    """Before 0.12 outputs were strings, lists and maps: a tuple or object whose elements share one
+    type reads as a list or map of it, as Terraform's upgrade decides."""
+    if isinstance(type_, list) and type_[0] == "tuple" and type_[1]:
+        first = type_[1][0]
+        if all(t == first for t in type_[1]):
+            return ["list", _simplified(first)]
+    if isinstance(type_, list) and type_[0] == "object" and type_[1]:
+        types = list(type_[1].values())
+        if all(t == types[0] for t in types):
+            return ["map", _simplified(types[0])]
+    return type_

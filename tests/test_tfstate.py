@@ -43,7 +43,70 @@ def test_instance_address(module, mode, type_, name, key, expected):
 )
 def test_parse_provider(text, source, alias, module):
     ref = tfstate.parse_provider(text)
-    assert (ref.source, ref.alias, ref.module) == (source, alias, module)
+    assert (ref.source, ref.alias, ref.module, ref.legacy) == (source, alias, module, False)
+    assert ref.modern == text
+
+
+@pytest.mark.parametrize(
+    ("text", "modern"),
+    [
+        ("provider.null", NULL),
+        ("provider.google.beta", 'provider["registry.terraform.io/hashicorp/google"].beta'),
+        ("module.net.provider.aws", 'module.net.provider["registry.terraform.io/hashicorp/aws"]'),
+        ("module.a.module.b.provider.aws.west", 'module.a.module.b.provider["registry.terraform.io/hashicorp/aws"].west'),
+        ("provider.terraform", 'provider["terraform.io/builtin/terraform"]'),
+        ('provider["registry.terraform.io/-/null"]', NULL),
+        ('module.m.provider["registry.terraform.io/-/aws"].x', 'module.m.provider["registry.terraform.io/hashicorp/aws"].x'),
+    ],
+)
+def test_legacy_provider_addresses_resolve_as_terraform_013_did(text, modern):
+    ref = tfstate.parse_provider(text)
+    assert ref.legacy and ref.modern == modern
+    assert tfstate.parse_provider(modern).source == ref.source
+
+
+def test_modern_provider_addresses_rewrite_only_legacy_resources_and_keep_the_input():
+    doc = _state(resources=[
+        {"mode": "managed", "type": "null_resource", "name": "a", "provider": "provider.null",
+         "instances": [{"attributes": {"id": "1"}}, {"index_key": 1, "attributes": {"id": "2"}}]},
+        {"mode": "managed", "type": "null_resource", "name": "b", "provider": NULL, "instances": [{"attributes": {"id": "3"}}]},
+    ])
+    before = json.dumps(doc)
+    out, rewrites, positions = tfstate.modern_provider_addresses(doc)
+    assert rewrites == {"provider.null": NULL} and positions == {(0, 0), (0, 1)}
+    assert [r["provider"] for r in out["resources"]] == [NULL, NULL]
+    assert json.dumps(doc) == before
+    assert tfstate.modern_provider_addresses(out) == (out, {}, set())
+
+
+def test_flatmap_instances_are_accepted_as_flatmap():
+    state = tfstate.parse_state(json.dumps(_state(resources=[
+        {"mode": "managed", "type": "null_resource", "name": "a", "provider": "provider.null",
+         "instances": [{"schema_version": 0, "attributes_flat": {"id": "1", "triggers.%": "0"}}]}])))
+    assert state.instances[0].flatmap == {"id": "1", "triggers.%": "0"}
+    assert tfstate.parse_state(json.dumps(_state())).instances[0].flatmap is None
+
+
+@pytest.mark.parametrize(
+    ("value", "dynamic"),
+    [
+        ({"type": "string", "value": "x"}, True),
+        ({"type": ["object", {"a": ["list", "number"]}], "value": {"a": [1, 2.5]}}, True),
+        ({"type": ["tuple", ["string", "bool"]], "value": ["x", True]}, True),
+        ({"type": ["map", "string"], "value": None}, True),
+        ({"type": "dynamic", "value": None}, True),
+        ({"type": "string", "value": 1}, False),
+        ({"type": "A", "value": "x"}, False),  # a plain object with keys type and value
+        ({"type": ["object", {"a": "string"}], "value": {"b": "x"}}, False),
+        ({"type": ["tuple", ["string"]], "value": ["x", "y"]}, False),
+        ({"type": ["list"], "value": []}, False),
+    ],
+)
+def test_dynamic_wrappers_are_told_by_a_value_that_fits_its_type(value, dynamic):
+    assert tfstate.is_dynamic_wrapper(value) is dynamic
+    laid_out = json.loads(tfstate.dumps_terraform(_state(resources=[
+        {"mode": "managed", "type": "t", "name": "n", "provider": NULL, "instances": [{"attributes": {"v": value}}]}])))
+    assert list(laid_out["resources"][0]["instances"][0]["attributes"]["v"]) == (["value", "type"] if dynamic else ["type", "value"])
 
 
 @pytest.mark.parametrize("text", ["null", 'provider["null"]', 'provider["a/b/c"]x', 'provider["a//c"]', 'module.x provider["a/b/c"]'])
@@ -95,7 +158,12 @@ BAD_INPUTS = [
     (b"\xff\xfe{}", "not UTF-8"),
     (b"[1,2]", "expected a JSON object at the top level, got array"),
     (json.dumps({"serial": 1, "lineage": "x"}).encode(), "state.version: missing"),
-    (json.dumps(_state(version=3)).encode(), "state format version 3 is not supported"),
+    (json.dumps(_state(version=3)).encode(), "state format version 3 (stamped Terraform 1.0.3) is not supported"),
+    (json.dumps({**_state(version=3), "terraform_version": "0.12.31"}).encode(), "version 3 (stamped Terraform 0.12.31)"),
+    (json.dumps({k: v for k, v in _state(version=2).items() if k != "terraform_version"}).encode(),
+     "version 2 (from Terraform 0.11 or older)"),
+    (json.dumps({"version": 3, "serial": 1, "lineage": "l", "backend": {"type": "s3", "config": {}, "hash": 1}}).encode(),
+     'backend settings file (.terraform/terraform.tfstate, for the "s3" backend), not a state'),
     (json.dumps(_state(version="4")).encode(), "state.version: expected a number, got string"),
     (json.dumps({k: v for k, v in _state().items() if k != "lineage"}).encode(), "state.lineage: missing"),
     (json.dumps({k: v for k, v in _state().items() if k != "serial"}).encode(), "state.serial: missing"),
@@ -109,8 +177,11 @@ BAD_INPUTS = [
     (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "aws", "instances": []}])).encode(),
      "state.resources[0].provider: provider address 'aws'"),
     (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
-                                   "instances": [{"schema_version": 0, "attributes_flat": {"id": "1"}}]}])).encode(),
-     "state.resources[0].instances[0].attributes_flat: legacy flatmap"),
+                                   "instances": [{"schema_version": 0, "attributes_flat": {"id": 1}}]}])).encode(),
+     "state.resources[0].instances[0].attributes_flat.id: expected a string, got number"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "provider.a.b.c",
+                                   "instances": []}])).encode(),
+     "state.resources[0].provider: provider address 'provider.a.b.c' is not of the form"),
     (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
                                    "instances": [{"schema_version": 0, "attributes": []}]}])).encode(),
      "state.resources[0].instances[0].attributes: expected an object, got array"),

@@ -149,6 +149,8 @@ def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str,
         "failures": [_failure_json(f) for f in result.failures],
         "providers": result.providers,
         "concurrency": result.concurrency,
+        "provider_addresses": [{"from": old, "to": new} for old, new in result.provider_addresses.items()],
+        "upgraded_from_flatmap": result.reshaped,
         "error": result.error,
         "duration_s": result.duration_s,
     }
@@ -218,6 +220,8 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
         print(f"provider: {p}")
     for c in result.concurrency:
         print(f"in flight: {concurrency_text(c)}")
+    for line in _upgrade_lines(result):
+        print(line)
     if result.error:
         print(f"error:    {result.error}")
     if result.drift:
@@ -245,6 +249,16 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
             print(f"  ... and {more} more (--format json lists all)")
 
 
+def _upgrade_lines(result: Any) -> list[str]:
+    """What the commit writes in the modern form, as Terraform 0.13+ does (not drift)."""
+    how = "written" if _committed(result) else "to be written by a commit"
+    lines = [f"provider address: {old} → {new} ({how})" for old, new in result.provider_addresses.items()]
+    if result.reshaped:
+        lines.append(f"flatmap: {len(result.reshaped)} instance(s) upgraded by their provider from attributes_flat to "
+                     f"attributes ({how}; not drift), first: {result.reshaped[0]}")
+    return lines
+
+
 def show(value: Any) -> str:
     from kilolock.drift import show as show_value
 
@@ -260,6 +274,11 @@ def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
     print(f"{result.checked} checked, {result.changed} changed, {result.failed} failed, in {result.duration_s:.2f}s.")
     if result.error:
         print(f"\n**Error:** {result.error}")
+    upgrades = _upgrade_lines(result)
+    if upgrades:
+        print()
+        for line in upgrades:
+            print(f"- {line}")
     for item in result.drift:
         deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
         print(f"\n**`{item['address']}`**{deposed}: {item['kind']}{_item_status(item)}")

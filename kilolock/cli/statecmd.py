@@ -26,11 +26,20 @@ def run_import(args: argparse.Namespace) -> int:
 
     raw = cli_args.read_input(args.file)
     origin = "<stdin>" if args.file == "-" else args.file
-    state = tfstate.parse_state(raw, origin)  # every input error surfaces before the database is touched
+    doc = tfstate.load_json(raw, origin)
+    # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, numbered after the
+    # current version, never indexed or refreshed.
+    encrypted = tfstate.is_encrypted_envelope(doc)
+    # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
+    doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
+    if upgraded:
+        raw = tfstate.dumps_compact(doc).encode()
+    state = None if encrypted else tfstate.parse_state(doc, origin)  # input errors surface before the database is touched
     with db.open_store() as conn:
         try:
             result = versions.write_version(
-                conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(), force=args.force
+                conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(),
+                force=args.force, origin=origin,
             )
         except versions.SerialBehind as behind:
             raise KlError(behind_message(behind, origin, args.file)) from None
@@ -38,6 +47,13 @@ def run_import(args: argparse.Namespace) -> int:
     if not result.created:
         print(f"{args.name}: serial {v.serial} is already the current version (identical content); nothing written")
         return 0
+    if state is None:
+        print(f"{args.name}: stored serial {v.serial} ({args.source}), OpenTofu-encrypted: kept as is, not indexed "
+              "or refreshed (kl cannot read it)")
+        return 0
+    if upgraded:
+        print(f"{args.name}: upgraded state format version 3 to 4 as Terraform does (its flatmap attributes are "
+              "upgraded by each provider at the first refresh)")
     print(
         f"{args.name}: stored serial {v.serial} ({args.source}), {len(state.instances)} instances: "
         f"{result.opened} lifecycles opened, {result.closed} closed, {result.unchanged} unchanged"

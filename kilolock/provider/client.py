@@ -63,7 +63,9 @@ class ProviderClient(abc.ABC):
     def configure(self, config_msgpack: bytes, terraform_version: str = DEFAULT_TERRAFORM_VERSION) -> tuple[Diagnostic, ...]: ...
 
     @abc.abstractmethod
-    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes) -> bytes | None: ...
+    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes,
+                               flatmap: dict[str, str] | None = None) -> bytes | None:
+        """With ``flatmap``, the state is sent as RawState.flatmap (the pre-0.12 form) instead of JSON."""
 
     @abc.abstractmethod
     def read_resource(
@@ -207,9 +209,11 @@ class GrpcProviderClient(ProviderClient):
         resp = self._call(self._d.configure, self._rpc_configure, req)
         return self._check(self._d.configure, "", convert.diagnostics(resp.diagnostics))
 
-    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes) -> bytes | None:
+    def upgrade_resource_state(self, type_name: str, version: int, raw_state_json: bytes,
+                               flatmap: dict[str, str] | None = None) -> bytes | None:
         pb = self._d.pb
-        req = pb.UpgradeResourceState.Request(type_name=type_name, version=version, raw_state=pb.RawState(json=raw_state_json))
+        raw = pb.RawState(flatmap=flatmap) if flatmap is not None else pb.RawState(json=raw_state_json)
+        req = pb.UpgradeResourceState.Request(type_name=type_name, version=version, raw_state=raw)
         resp = self._call("UpgradeResourceState", self._rpc_upgrade, req)
         self._check("UpgradeResourceState", f" {type_name}", convert.diagnostics(resp.diagnostics))
         return self._dynamic(resp, "upgraded_state", "UpgradeResourceState")

@@ -53,6 +53,9 @@ class ResourceClient(Protocol):
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
         """UpgradeResourceState with the stored JSON; returns canonical JSON."""
 
+    def upgrade_flatmap(self, type_name: str, version: int, flatmap: dict[str, str]) -> bytes:
+        """UpgradeResourceState with legacy flatmap attributes (RawState.flatmap); returns canonical JSON."""
+
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
         """ReadResource with canonical prior JSON."""
 

@@ -70,6 +70,15 @@ class EncodingClient:
             raise ResourceError(f"provider {self._raw.name}: UpgradeResourceState returned no state")
         return self._decode(type_name, upgraded, "UpgradeResourceState")
 
+    def upgrade_flatmap(self, type_name: str, version: int, flatmap: dict[str, str]) -> bytes:
+        try:
+            upgraded = self._raw.upgrade_resource_state(type_name, version, b"", flatmap=flatmap)
+        except KlError as exc:
+            raise ResourceError(f"UpgradeResourceState (flatmap attributes): {exc}") from None
+        if upgraded is None:
+            raise ResourceError(f"provider {self._raw.name}: UpgradeResourceState returned no state")
+        return self._decode(type_name, upgraded, "UpgradeResourceState")
+
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
         try:
             wire = self._encode_prior(type_name, prior)

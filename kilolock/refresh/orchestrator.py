@@ -75,6 +75,12 @@ class Result:
     # the last apply or import wrote).
     drift: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    # Legacy provider addresses (Terraform 0.12's provider.null) and the modern form the commit
+    # writes instead, as Terraform 0.13+ does: metadata, not drift.
+    provider_addresses: dict[str, str] = field(default_factory=dict)
+    # Objects stored as legacy flatmap attributes that the provider upgraded (UpgradeResourceState
+    # with RawState.flatmap): the commit writes them as objects; that first form is not drift.
+    reshaped: list[str] = field(default_factory=list)
     error: str | None = None  # the run-level reason when status is not succeeded
     guarded: bool = False  # the mass-removal guard refused the commit (a refresh.guarded event)
     duration_s: float = 0.0
@@ -180,13 +186,28 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"resource instance managed by a newer provider version (state has schema version {recorded}, "
             f"{client.info.source} {client.info.version} has {live})"
         )
-    raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
-    _remember_secrets(client, inst.type, raw_prior, marked_paths(inst.obj.get("sensitive_attributes")), secrets)
-    canonical_prior = client.canonicalize(inst.type, raw_prior)
-    # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
-    # schema version moved or the stored JSON does not fit the live schema (or when asked to).
-    upgraded = options.always_upgrade or live > recorded or canonical_prior is None
-    prior = client.upgrade_resource_state(inst.type, recorded, raw_prior) if upgraded else canonical_prior
+    marks = marked_paths(inst.obj.get("sensitive_attributes"))
+    flatmap = inst.flatmap
+    canonical_prior: bytes | None
+    prior: bytes | None
+    if flatmap is not None:
+        # The pre-0.12 form: only the provider can turn it into an object, as Terraform has it do.
+        # Before it sees them, mask the values under the schema's sensitive top-level attributes.
+        sensitive_names = {a.name for a in schema.block.attributes if a.sensitive}
+        for key, value in flatmap.items():
+            if key.split(".", 1)[0] in sensitive_names:
+                secrets.add(value)
+        raw_prior = canonical_prior = prior = client.upgrade_flatmap(inst.type, recorded, flatmap)
+        _remember_secrets(client, inst.type, raw_prior, marks, secrets)
+        upgraded = True
+    else:
+        raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
+        _remember_secrets(client, inst.type, raw_prior, marks, secrets)
+        canonical_prior = client.canonicalize(inst.type, raw_prior)
+        # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
+        # schema version moved or the stored JSON does not fit the live schema (or when asked to).
+        upgraded = options.always_upgrade or live > recorded or canonical_prior is None
+        prior = client.upgrade_resource_state(inst.type, recorded, raw_prior) if upgraded else canonical_prior
     assert prior is not None
     private = tfstate.private_bytes(inst.obj)
     identity = tfstate.dumps_compact(inst.obj["identity"]).encode() if inst.obj.get("identity") is not None else None
@@ -199,7 +220,10 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             secrets.add_value(value)
     return InstanceUpdate(
         removed=False,
-        changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
+        # A flatmap object's first structured form is its baseline (the lifecycle index keeps it
+        # as the same object), so what the read found is compared with nothing before it.
+        changed=flatmap is None and outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
+        reshaped=flatmap is not None,
         attributes=outcome.new_state,
         private=outcome.private,
         identity=outcome.identity,
@@ -477,6 +501,9 @@ def run(
                    if e.update is not None and e.update.changed]
         result.drift = [_drift_of(e) for e in drifted]
         _judge_drift(conn, name, sid, drifted, result.drift)
+        result.reshaped = sorted({e.inst.address for e in entries
+                                  if e.update is not None and e.update.reshaped and not e.update.removed})
+        modern_doc, result.provider_addresses, rewritten = tfstate.modern_provider_addresses(doc)
 
         mass_removal = _mass_removal(groups, options)
         commit, why_not = commit_decision(result, options, mass_removal, cancel.cancelled,
@@ -493,9 +520,9 @@ def run(
             result.status = "succeeded"
         if commit:
             updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
-            new_doc, moved = build_refreshed_state(doc, updates, serial=current.serial + 1, parser=parser)
+            new_doc, moved = build_refreshed_state(modern_doc, updates, serial=current.serial + 1, parser=parser)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
-            touched = {by_position[p] for p in moved}
+            touched = {by_position[p] for p in moved | rewritten}
             to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
                                                              result.run_id, touched, lock_timeout=options.lock_timeout,
                                                              sleep=cancel.wait, on_lock_wait=on_lock_wait)

@@ -19,6 +19,7 @@ class InstanceUpdate:
     identity: bytes | None = None
     schema_version: int = 0
     sensitive_paths: list[sch.AttributePath] = field(default_factory=list)
+    reshaped: bool = False  # the stored object was a legacy flatmap: write attributes, drop attributes_flat
 
 
 # What the lifecycle index looks at (kilolock.store.versions: the hashed fields and the metadata it
@@ -50,8 +51,9 @@ def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], In
                 touched.add((ri, ii))
                 continue
             old, obj = obj, dict(obj)
-            if upd.changed:
+            if upd.changed or upd.reshaped:
                 obj["attributes"] = parser.loads(upd.attributes) if parser else tfstate.loads_exact(upd.attributes)
+                obj.pop("attributes_flat", None)
             # else: equal in canonical form, so the stored value (cty JSON as Terraform wrote it) stays
             value = obj["attributes"]
             obj["schema_version"] = upd.schema_version

@@ -72,7 +72,7 @@ class WriteResult:
     opened: int = 0
     closed: int = 0
     unchanged: int = 0  # lifecycles kept, including those whose metadata alone was updated
-    metadata_updated: int = 0  # open rows whose marks, provider address or schema version changed in place
+    metadata_updated: int = 0  # open rows whose marks, provider address, schema version or flatmap form changed in place
 
 
 def content_hash(raw: bytes) -> str:
@@ -215,14 +215,17 @@ CREATE TEMP TABLE kl_descriptors (
 # attributes, identity). Metadata (sensitivity marks, the provider address, the schema version)
 # is kept on the open row and updated in place (_UPDATE_METADATA); private, dependencies and
 # create_before_destroy are bookkeeping. Migration 0007 computes the same hash for older rows:
-# change one, change both (in a new migration).
+# change one, change both (in a new migration). An object in the legacy flatmap form (no
+# `attributes`, only `attributes_flat`: its row's attributes are NULL) hashes its flatmap too;
+# no row before that form was accepted has one, so older hashes are unchanged.
 _INCOMING_TABLE = """
 CREATE TEMP TABLE kl_incoming ON COMMIT DROP AS
 SELECT d.address, d.deposed, d.mode, d.type, d.name, d.module, d.index_key, d.provider, o.obj,
        COALESCE((o.obj ->> 'schema_version')::bigint, 0) AS schema_version,
        COALESCE(o.obj -> 'sensitive_attributes', '[]'::jsonb) AS sensitive_attributes,
-       encode(sha256(convert_to(jsonb_build_array(
-           o.obj -> 'status', o.obj -> 'attributes', o.obj -> 'identity')::text, 'UTF8')), 'hex') AS content_hash
+       encode(sha256(convert_to((jsonb_build_array(o.obj -> 'status', o.obj -> 'attributes', o.obj -> 'identity')
+           || CASE WHEN o.obj ? 'attributes' OR NOT o.obj ? 'attributes_flat' THEN '[]'::jsonb
+                   ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') AS content_hash
 FROM kl_descriptors d
 JOIN (
     SELECT (r.ord - 1)::int AS ri, (inst.ord - 1)::int AS ii, inst.obj
@@ -235,15 +238,31 @@ JOIN (
 
 _SCOPE_TABLE = "CREATE TEMP TABLE kl_scope (address text, deposed text) ON COMMIT DROP"
 
-_CLOSE_GONE_OR_CHANGED = """
+# An object stored as a flatmap (its row's attributes NULL) that comes back as an object, in the
+# same status, is the same object in the form providers upgrade it to (UpgradeResourceState):
+# it keeps its lifecycle, which takes that first structured form as its content (_RESHAPE).
+_RESHAPED = """
+r.attributes IS NULL AND i.obj -> 'attributes' IS NOT NULL AND to_jsonb(r.status) IS NOT DISTINCT FROM i.obj -> 'status'
+"""
+
+_CLOSE_GONE_OR_CHANGED = f"""
 UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL
   AND (NOT %(scoped)s OR EXISTS (SELECT 1 FROM kl_scope s WHERE s.address = r.address AND s.deposed = r.deposed))
   AND NOT EXISTS (
       SELECT 1 FROM kl_incoming i
-      WHERE i.address = r.address AND i.deposed = r.deposed AND i.content_hash = r.content_hash
+      WHERE i.address = r.address AND i.deposed = r.deposed AND (i.content_hash = r.content_hash OR ({_RESHAPED}))
   )
+"""
+
+_RESHAPE = f"""
+UPDATE resources r
+SET attributes = i.obj -> 'attributes', content_hash = i.content_hash, provider = i.provider,
+    schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes
+FROM kl_incoming i
+WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
+  AND {_RESHAPED}
 """
 
 # Same object, new metadata: the open row follows it, one statement, no new lifecycle.
@@ -400,7 +419,8 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     cur.execute("ANALYZE kl_incoming")
     params = {"sid": sid, "vid": version.id, "serial": version.serial, "scoped": touched is not None}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
-    relabelled = cur.execute(_UPDATE_METADATA, params).rowcount
+    relabelled = cur.execute(_RESHAPE, params).rowcount
+    relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
     cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")
     return opened, closed, relabelled

@@ -51,14 +51,21 @@ def _encrypted():
 BAD = [
     ("not json", b"{nope", "not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
     ("truncated", b'{"version": 4, "serial": 1, "lineage": "x", "resources": [', "not valid JSON"),
-    ("v3", json.dumps({"version": 3, "serial": 1, "lineage": "x", "modules": []}).encode(), "state format version 3 is not supported"),
+    ("v2", json.dumps({"version": 2, "serial": 1, "lineage": "x", "modules": []}).encode(),
+     "state format version 2 (from Terraform 0.11 or older) is not supported, only 3 and 4"),
+    ("v3 bad key", json.dumps({"version": 3, "serial": 1, "lineage": "x", "modules": [
+        {"path": ["root"], "resources": {"aws_instance": {"primary": {"id": "i"}}}}]}).encode(),
+     ".modules[0].resources.aws_instance: 'aws_instance' is not a resource address"),
     ("flatmap", json.dumps({"version": 4, "serial": 1, "lineage": "x", "resources": [
         {"mode": "managed", "type": "t", "name": "n", "provider": 'provider["a/b/c"]',
-         "instances": [{"attributes_flat": {"id": "1"}}]}]}).encode(), "resources[0].instances[0].attributes_flat: legacy flatmap"),
+         "instances": [{"attributes_flat": {"id": ["1"]}}]}]}).encode(),
+     "resources[0].instances[0].attributes_flat.id: expected a string, got array"),
+    ("backend settings", json.dumps({"version": 3, "serial": 2, "lineage": "x", "backend": {"type": "http", "config": {}, "hash": 7},
+                                     "modules": [{"path": ["root"], "outputs": {}, "resources": {}, "depends_on": []}]}).encode(),
+     "this is Terraform's backend settings file (.terraform/terraform.tfstate, for the \"http\" backend), not a state"),
     ("no lineage", json.dumps({"version": 4, "serial": 1}).encode(), ".lineage: missing"),
     ("no serial", json.dumps({"version": 4, "lineage": "x"}).encode(), ".serial: missing"),
     ("wrong type", json.dumps({"version": 4, "serial": "1", "lineage": "x"}).encode(), ".serial: expected a number, got string"),
-    ("encrypted", _encrypted(), "OpenTofu-encrypted state"),
 ]
 
 
@@ -130,3 +137,21 @@ def test_import_refuses_a_name_kl_serve_could_not_serve(db_url, run_kl, make_sta
 def test_a_nested_name_imports_and_reads_back(db_url, run_kl, make_state):
     assert run_kl("state", "import", "team/prod-1.eu", "-", input=make_state(1, {"a": {"id": "1"}})).returncode == 0
     assert json.loads(run_kl("state", "pull", "team/prod-1.eu").stdout)["serial"] == 1
+
+
+def test_an_opentofu_encrypted_file_is_imported_as_kl_serve_stores_one(db_url, run_kl, make_state, tmp_path):
+    f = tmp_path / "enc.tfstate"
+    f.write_bytes(_encrypted())
+    r = run_kl("state", "import", "prod", str(f))
+    assert r.returncode == 0, r.stderr
+    assert b"prod: stored serial 1 (import), OpenTofu-encrypted: kept as is, not indexed or refreshed" in r.stdout
+    assert run_kl("state", "import", "prod", str(f)).stdout.endswith(b"identical content); nothing written\n")
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT serial, encrypted FROM state_versions").fetchall() == [(1, True)]
+        assert one_row(c, "SELECT count(*) FROM resources")[0] == 0
+    assert json.loads(run_kl("state", "pull", "prod").stdout) == json.loads(_encrypted())
+    r = run_kl("refresh", "prod")
+    assert r.returncode == 1 and b"OpenTofu-encrypted" in r.stderr
+    # A plain state after it continues the serials, as after an encrypted write through kl serve.
+    r = run_kl("state", "import", "prod", "-", "--force", input=make_state(5, {"a": {"id": "1"}}))
+    assert r.returncode == 0, r.stderr

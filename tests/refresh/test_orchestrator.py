@@ -54,6 +54,13 @@ class FakeClient:
         value.pop("legacy_field", None)
         return canon(value)
 
+    def upgrade_flatmap(self, type_name, version, flatmap):
+        self.f.calls.append(("upgrade_flatmap", flatmap.get("id")))
+        if flatmap.get("id") in self.f.fail_upgrade:
+            raise ResourceError(f"cannot upgrade {flatmap}")
+        triggers = {k.removeprefix("triggers."): v for k, v in flatmap.items() if k.startswith("triggers.") and k != "triggers.%"}
+        return canon({"id": flatmap.get("id"), "secret": flatmap.get("secret"), "triggers": triggers or None})
+
     def read_resource(self, type_name, prior, private, identity):
         value = json.loads(prior)
         ident = value.get("id")
@@ -634,3 +641,28 @@ def test_unlock_by_id_releases_only_the_named_lock(conn, make_state):
     assert locks.current(conn, sid) is None and locks.unlock_by_id(conn, sid, "prod", info["ID"], "ops") is None
     ev = conn.execute("SELECT event, lock_id, who, actor FROM lock_events ORDER BY created_at DESC LIMIT 1").fetchone()
     assert ev == ("force_unlock", info["ID"], "alice@laptop", "ops")
+
+
+def test_flatmap_objects_are_upgraded_from_flatmap_with_sensitive_values_masked_first(conn):
+    raw = json.dumps({"version": 4, "terraform_version": "1.2.5", "serial": 1, "lineage": "l", "resources": [
+        {"mode": "managed", "type": "null_resource", "name": f"r{i}", "provider": "provider.null",
+         "instances": [{"schema_version": 0, "attributes_flat": {"id": f"id{i}", "secret": f"flat-s3cret-{i}",
+                                                                  "triggers.%": "1", "triggers.k": "v"}}]}
+        for i in range(2)]}).encode()
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="t")
+    f = FakeFactory()
+    f.fail_upgrade = {"id1"}
+    res = run(conn, f)
+    assert f.opened == [(NULL, "")]  # provider.null is hashicorp/null
+    assert [(x.address, x.message) for x in res.failures] == [
+        ("null_resource.r1", f"cannot upgrade {{'id': 'id1', 'secret': '{MASK}', 'triggers.%': '1', 'triggers.k': 'v'}}")]
+    f.fail_upgrade = set()
+    res = run(conn, f)
+    assert (res.status, res.changed, res.reshaped) == ("succeeded", 0, ["null_resource.r0", "null_resource.r1"])
+    modern = f'provider["{NULL}"]'
+    assert res.provider_addresses == {"provider.null": modern}
+    _, _, doc = current(conn)
+    obj = doc["resources"][0]["instances"][0]
+    assert "attributes_flat" not in obj and obj["attributes"] == {"id": "id0", "secret": "flat-s3cret-0", "triggers": {"k": "v"}}
+    assert [r["provider"] for r in doc["resources"]] == [modern, modern]
+    assert conn.execute("SELECT count(*), min(create_serial), bool_and(attributes IS NOT NULL) FROM resources").fetchone() == (2, 1, True)
