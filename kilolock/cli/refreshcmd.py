@@ -220,8 +220,8 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
         print(f"provider: {p}")
     for c in result.concurrency:
         print(f"in flight: {concurrency_text(c)}")
-    for line in _upgrade_lines(result):
-        print(line)
+    for upgrade in _upgrade_lines(result):
+        print(upgrade)
     if result.error:
         print(f"error:    {result.error}")
     if result.drift:
@@ -277,8 +277,8 @@ def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
     upgrades = _upgrade_lines(result)
     if upgrades:
         print()
-        for line in upgrades:
-            print(f"- {line}")
+        for upgrade in upgrades:
+            print(f"- {upgrade}")
     for item in result.drift:
         deposed = f" (deposed `{item['deposed']}`)" if item["deposed"] else ""
         print(f"\n**`{item['address']}`**{deposed}: {item['kind']}{_item_status(item)}")
@@ -418,7 +418,7 @@ def run_all(args: argparse.Namespace) -> int:
             if args.detailed_exitcode:
                 for r in results:
                     if r.status == "succeeded":
-                        open_drift[r.state] = open_drift_after(r, conn)
+                        open_drift[r.state] = drift_counts(r, conn)[0]
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
