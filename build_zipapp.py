@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -189,6 +190,17 @@ def _native_module(name: str) -> str | None:
     return ".".join([*parent.split("/"), base.split(".", 1)[0]]) if parent else base.split(".", 1)[0]
 
 
+def _binary_version_module(wheel: Wheel) -> bytes:
+    # The wheel's own file asks importlib.metadata, which costs every kl start about 20 ms (it
+    # loads the email package and scans sys.path) and finds nothing in the zip, which keeps no
+    # dist-info: the answer is this wheel's version, known now.
+    return f'"""psycopg-binary distribution version (written by kl\'s build_zipapp.py)."""\n\n__version__ = "{wheel.version}"\n'.encode()
+
+
+# Files of the bundled wheels that the build replaces: path in the wheel -> new content.
+REWRITES: dict[str, Callable[[Wheel], bytes]] = {"psycopg_binary/version.py": _binary_version_module}
+
+
 class Contents:
     """The files of the zip: name -> bytes, with natives recorded for the manifest."""
 
@@ -224,6 +236,8 @@ class Contents:
                 if only_natives and not native:
                     continue
                 data = zf.read(item)
+                if name in REWRITES:
+                    data = REWRITES[name](wheel)
                 if native:
                     self.add(NATIVE_PREFIX + name, data, wheel.path.name)
                     self.natives[name] = {"path": name, "dist": wheel.dist, "module": _native_module(name),

@@ -1,6 +1,6 @@
 try:
-    from kilolock.cli import main
+    from kilolock.cli import exit_process, main
 except KeyboardInterrupt:  # Ctrl-C while Python is still importing: no traceback for that
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+exit_process(main())

@@ -7,12 +7,15 @@ compared in one form and an unchanged object never looks drifted.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
-from kilolock.provider import ProviderClient
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
 from kilolock.schema import AttributePath, ProviderSchema, Schema
+
+if TYPE_CHECKING:
+    from kilolock.provider import ProviderClient
 
 
 class EncodingClient:

@@ -11,13 +11,13 @@ import json
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from kilolock import codec
 from kilolock.errors import KlError
-from kilolock.provider import ProviderClient, launch_provider
+from kilolock.provider import launch_provider
 from kilolock.provider.discovery import find_provider
 from kilolock.redact import Redactor
 from kilolock.refresh.client import OpenedProvider
@@ -25,6 +25,9 @@ from kilolock.refresh.encoding import EncodingClient
 from kilolock.schema import ProviderSchema
 from kilolock.sensitive import sensitive_paths, values_at
 from kilolock.store import provider_configs, provider_schemas
+
+if TYPE_CHECKING:
+    from kilolock.provider import ProviderClient
 
 log = logging.getLogger("kilolock.refresh.factory")
 
