@@ -190,15 +190,19 @@ def _native_module(name: str) -> str | None:
     return ".".join([*parent.split("/"), base.split(".", 1)[0]]) if parent else base.split(".", 1)[0]
 
 
-def _binary_version_module(wheel: Wheel) -> bytes:
+def _version_module(wheel: Wheel) -> bytes:
     # The wheel's own file asks importlib.metadata, which costs every kl start about 20 ms (it
-    # loads the email package and scans sys.path) and finds nothing in the zip, which keeps no
-    # dist-info: the answer is this wheel's version, known now.
-    return f'"""psycopg-binary distribution version (written by kl\'s build_zipapp.py)."""\n\n__version__ = "{wheel.version}"\n'.encode()
+    # loads the email, zipfile and csv modules and scans sys.path) and finds nothing in the zip,
+    # which keeps no dist-info ("0.0.0.0"): the answer is this wheel's version, known now.
+    return (f'"""{wheel.dist} distribution version (written by kl\'s build_zipapp.py)."""\n\n'
+            f'__version__ = "{wheel.version}"\n').encode()
 
 
 # Files of the bundled wheels that the build replaces: path in the wheel -> new content.
-REWRITES: dict[str, Callable[[Wheel], bytes]] = {"psycopg_binary/version.py": _binary_version_module}
+REWRITES: dict[str, Callable[[Wheel], bytes]] = {
+    "psycopg/version.py": _version_module,
+    "psycopg_binary/version.py": _version_module,
+}
 
 
 class Contents:
