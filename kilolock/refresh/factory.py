@@ -63,13 +63,20 @@ class ProductionFactory:
         self._schemas: dict[tuple[str, str], tuple[ProviderSchema, bool]] = {}
         self._lock = threading.Lock()
         self.get_schema_calls = 0
+        self.unavailable: ImportError | None = None  # why no provider can be started in this process at all
 
     def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
         stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
         found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
-        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
+        try:
+            raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
+        except ImportError as exc:
+            # grpc loads with the first plugin (kilolock.provider.launch): one that cannot load (a kl.pyz
+            # built for another system) is kl's own failure, not this provider's; the caller reports it.
+            self.unavailable = exc
+            raise
         try:
             schema, cached = self._schema(source, found.version, raw)
             config = resolve_env_refs(stored.config if stored else {}, secrets,
