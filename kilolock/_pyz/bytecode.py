@@ -90,7 +90,8 @@ class GeneratedCodeCache:
         except (OSError, ValueError, EOFError, TypeError):
             pass
 
-    def exec(self, source: object, globals: dict[str, Any] | None = None, locals: Mapping[str, object] | None = None) -> None:
+    def exec(self, source: str | bytes | CodeType, globals: dict[str, Any] | None = None,
+             locals: Mapping[str, object] | None = None) -> None:
         if isinstance(source, str):
             code = self.codes.get(source)
             if code is None:
