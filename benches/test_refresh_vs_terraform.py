@@ -5,8 +5,7 @@ time and the peak RSS of each tool with its provider processes.
 
 Both state shapes, since Terraform's time depends on it: `count` (null_resource.r[0..N-1], config
 tf/big-count) and `for_each` (null_resource.r["k0000"..], config tf/big). The states are slices of
-the Terraform-made fixtures (big10000 for count; big2000-v1 for for_each up to 2,000 and, beyond,
-the count instances keyed as for_each would key them).
+the Terraform-made fixtures (big10000 for count, big2000-v1 for for_each).
 
 Gates, per size: kl's speed-up over the FASTEST peer on the shape where that peer is fastest (the
 issue's targets: 1.2x at 10, 4x at 2,000, 25x at 10,000), and kl's peak RSS below every peer's.
@@ -48,9 +47,13 @@ SIZES: dict[int, tuple[int, float, float, float | None]] = {
 }
 if not QUICK:
     SIZES[10000] = (1, 25.0, 25.0, None)
-# Terraform 1.0.3 evaluates a for_each per instance: 10,000 keys take it many minutes, and it is
-# the slowest peer at every size, so the full run leaves that one case out.
-SKIP = {("terraform-1.0.3", "for_each", 10000)}
+# The shapes run at each size. for_each is slow for every peer at scale (Terraform 1.0.3 evaluates
+# it per instance; on 2026-11-30 Terraform 1.8.5 was still refreshing the 2,000-key state after
+# 9 minutes on the loaded machine), so a CI run compares it at 10 instances and gates 2,000 on
+# count, where the peers are fastest (which is the shape the targets hold for); the full run adds
+# for_each at 2,000. No peer refreshes 10,000 for_each keys in reasonable time.
+SHAPES_AT: dict[int, tuple[str, ...]] = {10: ("count", "for_each"), 2000: ("count",) if QUICK else ("count", "for_each"),
+                                         10000: ("count",)}
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -121,18 +124,10 @@ def _count_state(n: int) -> bytes:
 
 
 def _for_each_state(n: int) -> bytes:
-    if n <= 2000:
-        doc = json.loads((REPO / "tests/fixtures/states/big2000-v1.tfstate").read_bytes())
-        for r in doc["resources"]:
-            if r["mode"] == "managed":
-                r["instances"] = r["instances"][:n]
-    else:  # keyed as tf/big keys them: k0000 .. k9999, in that (byte) order
-        doc = json.loads(_count_state(n))
-        for r in doc["resources"]:
-            for inst in r.get("instances", []):
-                key = inst["index_key"]
-                inst["index_key"] = f"k{key:04d}"
-                inst["attributes"]["triggers"]["revision"] = "1"
+    doc = json.loads((REPO / "tests/fixtures/states/big2000-v1.tfstate").read_bytes())
+    for r in doc["resources"]:
+        if r["mode"] == "managed":
+            r["instances"] = r["instances"][:n]
     return json.dumps(doc, indent=2).encode() + b"\n"
 
 
@@ -203,13 +198,13 @@ def test_refresh_speed_and_memory_vs_peers(benchmark, bench_db, bench_summary, k
     kl_dir.mkdir()
     subprocess.run([PYTHON, "-I", str(kl_pyz), "version"], env=kl_env, check=True, capture_output=True)  # extracts
     results: dict[str, ShapeResult] = {}
-    for shape in SHAPES:
+    for shape in SHAPES_AT[size]:
         state = STATES[shape](size)
         name = f"{shape.replace('_', '')}{size}"
         subprocess.run([PYTHON, "-I", str(kl_pyz), "state", "import", name, "-"], input=state, env=kl_env, check=True,
                        capture_output=True)
         kl_cmd = [PYTHON, "-I", str(kl_pyz), "refresh", name, "-q", "--provider-search-path", str(PLUGINS)]
-        peers = [p for p in PEERS if (p, shape, size) not in SKIP]
+        peers = list(PEERS)
         for peer in peers:
             (workspaces[(peer, shape)] / "size.tfvars").write_text(f"instances = {size}\n")
         res = results[shape] = ShapeResult(shape, peers={p: [] for p in peers})
