@@ -45,7 +45,7 @@ def _span(events: list[tuple[str, float, float]], step: str) -> tuple[float, flo
 
 
 def _dur(events: list[tuple[str, float, float]], step: str) -> float:
-    """The first occurrence's duration (a step that ran twice, such as a relaunch, adds up)."""
+    """The step's total duration: a step that ran twice (a relaunch) adds up."""
     return sum(b - a for s, a, b in events if s == step)
 
 
