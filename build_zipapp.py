@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -189,6 +190,21 @@ def _native_module(name: str) -> str | None:
     return ".".join([*parent.split("/"), base.split(".", 1)[0]]) if parent else base.split(".", 1)[0]
 
 
+def _version_module(wheel: Wheel) -> bytes:
+    # The wheel's own file asks importlib.metadata, which costs every kl start about 20 ms (it
+    # loads the email, zipfile and csv modules and scans sys.path) and finds nothing in the zip,
+    # which keeps no dist-info ("0.0.0.0"): the answer is this wheel's version, known now.
+    return (f'"""{wheel.dist} distribution version (written by kl\'s build_zipapp.py)."""\n\n'
+            f'__version__ = "{wheel.version}"\n').encode()
+
+
+# Files of the bundled wheels that the build replaces: path in the wheel -> new content.
+REWRITES: dict[str, Callable[[Wheel], bytes]] = {
+    "psycopg/version.py": _version_module,
+    "psycopg_binary/version.py": _version_module,
+}
+
+
 class Contents:
     """The files of the zip: name -> bytes, with natives recorded for the manifest."""
 
@@ -224,6 +240,8 @@ class Contents:
                 if only_natives and not native:
                     continue
                 data = zf.read(item)
+                if name in REWRITES:
+                    data = REWRITES[name](wheel)
                 if native:
                     self.add(NATIVE_PREFIX + name, data, wheel.path.name)
                     self.natives[name] = {"path": name, "dist": wheel.dist, "module": _native_module(name),

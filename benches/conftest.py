@@ -3,7 +3,10 @@ printed at the end of the run."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +47,19 @@ def bench_db(pg_server: str) -> Iterator[str]:
         with psycopg.connect(url, autocommit=True) as conn:
             apply_migrations(conn)
         yield url
+
+
+@pytest.fixture(scope="session")
+def kl_pyz() -> Iterator[Path]:
+    """kl.pyz for the whole-process benches: $KL_TEST_PYZ if set (a kl.pyz built earlier in the
+    run), else one built once for the session."""
+    from kit.pyz import build
+
+    base = Path(tempfile.mkdtemp(prefix="kl-bench-pyz-"))
+    prebuilt = os.environ.get("KL_TEST_PYZ")
+    if prebuilt:
+        shutil.copyfile(prebuilt, base / "kl.pyz")
+        yield base / "kl.pyz"
+    else:
+        yield build(base / "kl.pyz")
+    shutil.rmtree(base, ignore_errors=True)

@@ -13,14 +13,13 @@ import resource
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kit.pyz import build, clean_env
+from kit.pyz import clean_env
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 ROUNDS = 5 if QUICK else 15
@@ -33,17 +32,10 @@ COLD_BUDGET_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def pyz() -> Iterator[Path]:
+def pyz(kl_pyz: Path) -> Path:
     if not Path(PYTHON).exists():
         pytest.fail(f"{PYTHON} is missing: install Debian's python3", pytrace=False)
-    base = Path(tempfile.mkdtemp(prefix="kl-bench-pyz-"))
-    prebuilt = os.environ.get("KL_TEST_PYZ")
-    if prebuilt:
-        shutil.copyfile(prebuilt, base / "kl.pyz")
-        yield base / "kl.pyz"
-    else:
-        yield build(base / "kl.pyz")
-    shutil.rmtree(base, ignore_errors=True)
+    return kl_pyz
 
 
 def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:

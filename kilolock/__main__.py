@@ -1,6 +1,9 @@
+import sys
+
 try:
-    from kilolock.cli import main
-except KeyboardInterrupt:  # Ctrl-C while Python is still importing: no traceback for that
+    from kilolock.cli import exit_process, main
+except KeyboardInterrupt:  # Ctrl-C while Python is still importing: no traceback, kl's one line
+    print("kl: interrupted", file=sys.stderr)
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+exit_process(main())

@@ -5,7 +5,10 @@ points at an existing server on which the suite may create and drop databases.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -22,6 +25,10 @@ _TEMPLATE = "kl_test_template"
 # its environment, so leak checks count our own processes only, not a neighbour's on the machine.
 SESSION_MARK = f"KL_TEST_SESSION={uuid.uuid4().hex}"
 os.environ[SESSION_MARK.split("=")[0]] = SESSION_MARK.split("=")[1]
+# What kl remembers in the user's cache dir (AutoMTLS failures: kilolock.provider.tlsmemo) stays
+# in the session's own, so a test neither reads the user's nor leaves anything there.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="kl-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
 @pytest.fixture(scope="session")

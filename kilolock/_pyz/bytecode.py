@@ -11,8 +11,10 @@ import marshal
 import os
 import sys
 import zipimport
+from collections.abc import Mapping
 from importlib.util import MAGIC_NUMBER
 from types import CodeType
+from typing import Any
 
 
 class CachingZipImporter(zipimport.zipimporter):
@@ -61,12 +63,81 @@ class CachingZipImporter(zipimport.zipimporter):
         return code
 
 
+class GeneratedCodeCache:
+    """Compiled code of the methods ``dataclasses`` and ``namedtuple`` write at import time.
+
+    Both generate Python source for each class (a frozen dataclass: six functions) and ``exec``
+    it; compiling that is most of what importing a module of dataclasses costs (kilolock.schema:
+    16 ms of 17 on a 2-core CI box), every run. The source text fully determines the code, so the
+    code is kept here, keyed by the text, in one file of the extraction dir (private to this build
+    and interpreter ABI), read once at start and rewritten at exit when something new was compiled.
+    A missing or damaged file means compiling as usual.
+    """
+
+    FILE = "generated-code.marshal"
+
+    def __init__(self, code_dir: str) -> None:
+        self.path = os.path.join(code_dir, self.FILE)
+        self.codes: dict[str, CodeType] = {}
+        self.new = False
+        try:
+            with open(self.path, "rb") as fh:
+                data = fh.read()
+            if data[:4] == MAGIC_NUMBER:
+                loaded = marshal.loads(memoryview(data)[4:])
+                if isinstance(loaded, dict):
+                    self.codes = {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, CodeType)}
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+
+    def exec(self, source: str | bytes | CodeType, globals: dict[str, Any] | None = None,
+             locals: Mapping[str, object] | None = None) -> None:
+        if isinstance(source, str):
+            code = self.codes.get(source)
+            if code is None:
+                # dont_inherit: compiled as the generating module would, not with this module's
+                # __future__ flags (dataclasses and collections have none).
+                code = self.codes[source] = compile(source, "<string>", "exec", dont_inherit=True)
+                self.new = True
+            source = code
+        exec(source, globals, locals)  # noqa: S102 - the generated class methods, as the stdlib would
+
+    def save(self) -> None:
+        if not self.new:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(MAGIC_NUMBER + marshal.dumps(self.codes))
+            os.replace(tmp, self.path)
+        except (OSError, ValueError):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _cache_generated_code(code_dir: str) -> None:
+    """Route the stdlib's class generators through a GeneratedCodeCache. Both call ``exec`` by its
+    global name (3.10 to 3.13), so a module attribute of that name takes the call; elsewhere it
+    is never looked up and nothing changes."""
+    import atexit
+    import collections
+    import dataclasses
+
+    cache = GeneratedCodeCache(code_dir)
+    dataclasses.exec = cache.exec  # type: ignore[attr-defined]
+    collections.exec = cache.exec  # type: ignore[attr-defined]
+    atexit.register(cache.save)
+
+
 def install(archive_path: str, code_dir: str) -> None:
     """From now on, modules under ``archive_path`` load through the cache in ``code_dir``."""
     try:
         os.makedirs(code_dir, exist_ok=True)
     except OSError:
         return  # e.g. a read-only pre-extracted cache: imports fall back to plain zipimport
+    _cache_generated_code(code_dir)
     CachingZipImporter.code_dir = code_dir
     archive = os.path.abspath(archive_path)
 

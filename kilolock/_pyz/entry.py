@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 from kilolock._pyz import bytecode, cache, manifest
 from kilolock._pyz.finder import NativeFinder, install
@@ -24,7 +25,7 @@ def cache_dir_description() -> str:
     return f"{os.path.join(cache.planned_root(), cache.unit_name(_manifest))} (unavailable)"
 
 
-def main(archive_path: str) -> int:
+def main(archive_path: str) -> NoReturn:
     global _finder, _manifest
     # Read through the zipimporter that loaded this module: it has already parsed the zip's
     # directory, so the warm path never imports zipfile.
@@ -35,7 +36,8 @@ def main(archive_path: str) -> int:
     if extracted is not None:
         bytecode.install(archive_path, os.path.join(extracted, "__pycache__"))
     os.environ["KL_BUILD_ID"] = build_id()
+    from kilolock.cli import exit_process
     from kilolock.cli import main as kl_main
 
     sys.argv[0] = os.path.basename(archive_path)
-    return kl_main(sys.argv[1:])
+    exit_process(kl_main(sys.argv[1:]))

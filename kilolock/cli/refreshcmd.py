@@ -346,6 +346,8 @@ def run(args: argparse.Namespace) -> int:
                                         workdir=options.workdir)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
                                  on_lock_wait=progress.lock_wait if progress else None)
+            if factory.unavailable is not None:
+                raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
             counts = drift_counts(result, conn) if result.status == "succeeded" else None
         if progress:
             progress.end()

@@ -16,6 +16,8 @@ the sensitive paths in ReadResource's undeclared field 6) and wire (DynamicValue
 fields). discovery finds binaries; logbridge maps plugin stderr to logging
 (``kilolock.provider.<type>``), masking the secrets of the run that launched the plugin.
 
+Importing this package does not import grpc (see launch); the client module does.
+
 Environment: KL_DISABLE_PLUGIN_TLS / TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER
 or KL_LOG make providers log verbosely (otherwise kl asks them for warnings only).
 """
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import os
 
-# grpc core reads these once, when grpc is first imported, and every module below imports it:
+# grpc core reads these once, when grpc is first imported (by the client and connection modules):
 # INFO lines from its TLS and fork handlers would otherwise reach the user's terminal.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from kilolock.provider.client import DEFAULT_TERRAFORM_VERSION, ProviderClient, ReadResult
+from typing import TYPE_CHECKING, Any
+
 from kilolock.provider.diagnostics import Diagnostic, Severity
 from kilolock.provider.errors import (
     PluginStartError,
@@ -39,6 +42,22 @@ from kilolock.provider.errors import (
 )
 from kilolock.provider.launch import launch_provider
 from kilolock.provider.process import kill_all
+
+if TYPE_CHECKING:
+    from kilolock.provider.client import DEFAULT_TERRAFORM_VERSION, ProviderClient, ReadResult
+
+# The client module loads grpc and the protocol stubs, which a refresh imports only once its first
+# plugin is starting (kilolock.provider.launch): these names load it on first use.
+_FROM_CLIENT = ("DEFAULT_TERRAFORM_VERSION", "ProviderClient", "ReadResult")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_CLIENT:
+        from kilolock.provider import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_TERRAFORM_VERSION",

@@ -7,7 +7,9 @@ negotiates, the server must sign with ecdsa_secp521r1_sha512, and grpcio's Borin
 that signature algorithm, nor can it be configured (grpc/grpc#41089): the server answers
 handshake_failure. kl then starts the provider again without ``PLUGIN_CLIENT_CERT``: plaintext gRPC
 over a unix socket in a private 0700 directory (PLUGIN_UNIX_SOCKET_DIR) that only kl's user can
-reach, logs a warning saying so, and skips the attempt for that binary for the rest of the process.
+reach, logs it at INFO, and skips the attempt for that binary from then on: for the rest of the
+process, and in later runs through ``tlsmemo`` (keyed by the binary's path, size and mtime and the
+grpcio version).
 Every plugin gets such a private socket directory, TLS or not (go-plugin < 1.5 ignores it and uses
 $TMPDIR, where the socket is still closed to other users by its mode).
 """
@@ -27,22 +29,19 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import grpc
 from google.protobuf import empty_pb2
 
+from kilolock.provider import launch, tlsmemo
 from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
 from kilolock.provider.certs import der_to_pem, process_client_certificate
 from kilolock.provider.errors import PluginStartError
-from kilolock.provider.process import LaunchSpec, PluginProcess
+from kilolock.provider.launch import DEFAULT_START_TIMEOUT, TlsChoice, choose_tls, spawn_plugin
+from kilolock.provider.process import PluginProcess
 from kilolock.redact import Redactor
 
 _log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # provider schemas exceed grpc's 4 MiB default
-DEFAULT_START_TIMEOUT = 60.0  # go-plugin's StartTimeout
 _PROBE_TIMEOUT = 10.0
 _SHUTDOWN_GRACE = 2.0  # go-plugin's Kill waits 2 s before SIGKILL
-
-
-def tls_disabled_by_env() -> bool:
-    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS") or os.environ.get("TF_DISABLE_PLUGIN_TLS"))
 
 
 class PluginConnection:
@@ -141,23 +140,33 @@ def _probe(channel: grpc.Channel) -> grpc.RpcError | None:
     return None
 
 
-# Binaries whose TLS handshake already failed in this process: later launches go straight to the
-# fallback instead of paying for a doomed start.
-_tls_failed: set[str] = set()
-
-
 def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT,
             secrets: Redactor | None = None, cwd: str | None = None) -> PluginConnection:
     """Launch ``binary`` and return a working connection (TLS unless disabled or impossible).
     ``secrets`` are masked in whatever the plugin writes (None: it knows no secrets); ``cwd`` is
     the plugin's working directory (None: kl's)."""
     secrets = Redactor() if secrets is None else secrets
-    want_tls = (not tls_disabled_by_env() and binary not in _tls_failed) if tls is None else tls
-    cert_pem = process_client_certificate().cert_pem if want_tls else None
-    process = PluginProcess.start(LaunchSpec(binary, name, cert_pem, start_timeout, secrets, cwd))
+    choice = choose_tls(binary, tls)
+    process = spawn_plugin(binary, name, choice, start_timeout, secrets, cwd)
+    return connect_spawned(process, choice, start_timeout=start_timeout, secrets=secrets, cwd=cwd)
+
+
+def connect_spawned(process: PluginProcess, choice: TlsChoice, *, start_timeout: float, secrets: Redactor,
+                    cwd: str | None) -> PluginConnection:
+    """A working connection to a plugin ``spawn_plugin`` started with ``choice``; on a failed
+    AutoMTLS attempt the plugin is started again without TLS."""
+    binary, name = process.spec.binary, process.spec.name
+    if choice.remembered_grpcio is not None and choice.remembered_grpcio != grpc.__version__:
+        # The failure was remembered under another grpcio, which may verify what this one cannot:
+        # this plugin was started without TLS on that memory alone, so start it again and try.
+        process.kill()
+        _log.info("AutoMTLS with %s failed under grpcio %s; trying again under %s", binary, choice.remembered_grpcio,
+                  grpc.__version__)
+        choice = TlsChoice(True)
+        process = spawn_plugin(binary, name, choice, start_timeout, secrets, cwd)
+    want_tls = choice.offered
     try:
-        hs = process.handshake
-        assert hs is not None
+        hs = process.wait_for_handshake()
         use_tls = want_tls and hs.server_cert_der is not None
         if want_tls and not use_tls:
             process.logger.info("%s offered no server certificate (no AutoMTLS support); using plaintext on a private socket", binary)
@@ -167,6 +176,8 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
         process.kill()
         raise
     if failure is None:
+        if use_tls and tlsmemo.failed_with(binary) is not None:
+            tlsmemo.forget(binary)  # it works under this grpcio
         conn = PluginConnection(process, channel, use_tls)
         conn.start_stdio()
         return conn
@@ -175,14 +186,16 @@ def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: f
     detail = failure.details()
     process.kill()
     if use_tls and alive:
-        _tls_failed.add(binary)
+        launch.tls_failed_here.add(binary)
+        tlsmemo.remember_failure(binary, grpc.__version__)
         # Expected with every current Go provider (P-521 certificate under TLS 1.3, which grpcio
         # cannot verify: README "Provider transport"), so INFO, not a warning on every run.
         _log.info(
             "grpcio could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
-            "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt)",
+            "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt; remembered in %s)",
             binary,
             detail,
+            tlsmemo.memo_path(),
         )
         return connect(binary, name, tls=False, start_timeout=start_timeout, secrets=secrets, cwd=cwd)
     raise PluginStartError(f"{binary} completed the handshake but does not answer gRPC ({process.exit_description()}): {detail}")

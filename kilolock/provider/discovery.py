@@ -16,7 +16,6 @@ Layouts understood in each directory D:
 from __future__ import annotations
 
 import os
-import platform
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,8 +66,10 @@ def parse_address(source: str) -> ProviderAddress:
 
 
 def current_os_arch() -> str:
-    system = platform.system().lower()
-    machine = platform.machine().lower()
+    # os.uname(), not the platform module: what platform.system()/machine() answer on POSIX, without
+    # importing platform (2 ms of every refresh's start).
+    uname = os.uname()
+    system, machine = uname.sysname.lower(), uname.machine.lower()
     return f"{system}_{_ARCH.get(machine, machine)}"
 
 

@@ -1,14 +1,37 @@
-"""Start a provider binary and hand back a ``ProviderClient`` for whichever protocol it speaks."""
+"""Start a provider binary and hand back a ``ProviderClient`` for whichever protocol it speaks.
+
+The plugin is spawned before grpc and the protocol stubs are imported: a Go binary takes tens of
+milliseconds to print its handshake (more with AutoMTLS, when it generates its own key), and the
+imports take about as long, so the two overlap. Nothing here imports grpc at module level.
+"""
 from __future__ import annotations
 
+import logging
 import os
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kilolock.provider.client import GrpcProviderClient, ProviderClient
-from kilolock.provider.connection import DEFAULT_START_TIMEOUT, connect
+from kilolock.provider import tlsmemo
+from kilolock.provider.certs import process_client_certificate
+from kilolock.provider.process import LaunchSpec, PluginProcess
 from kilolock.redact import Redactor
 
+if TYPE_CHECKING:
+    from kilolock.provider.client import ProviderClient
+
+_log = logging.getLogger("kilolock.provider.connection")  # where the TLS fallback has always logged
+
 _NAME = re.compile(r"terraform-provider-([A-Za-z0-9-]+)")
+DEFAULT_START_TIMEOUT = 60.0  # go-plugin's StartTimeout
+
+# Binaries whose TLS handshake already failed in this process: later launches go straight to the
+# fallback instead of paying for a doomed start (tlsmemo remembers it across processes).
+tls_failed_here: set[str] = set()
+
+
+def tls_disabled_by_env() -> bool:
+    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS") or os.environ.get("TF_DISABLE_PLUGIN_TLS"))
 
 
 def provider_name_from_binary(path: str) -> str:
@@ -16,6 +39,33 @@ def provider_name_from_binary(path: str) -> str:
     base = os.path.basename(path)
     m = _NAME.match(base)
     return m.group(1) if m else base
+
+
+@dataclass(frozen=True)
+class TlsChoice:
+    offered: bool  # the plugin was started with a client certificate (AutoMTLS)
+    # AutoMTLS was skipped because it failed before with this binary under this grpcio version
+    # (tlsmemo); the connection checks the version once grpc is loaded, and tries TLS on a mismatch.
+    remembered_grpcio: str | None = None
+
+
+def choose_tls(binary: str, tls: bool | None) -> TlsChoice:
+    """``tls`` given: exactly that. None: AutoMTLS unless the environment turns it off or it is
+    known to fail with this binary (in this process, or remembered from an earlier run)."""
+    if tls is not None:
+        return TlsChoice(tls)
+    if tls_disabled_by_env() or binary in tls_failed_here:
+        return TlsChoice(False)
+    remembered = tlsmemo.failed_with(binary)
+    if remembered is not None:
+        return TlsChoice(False, remembered)
+    return TlsChoice(True)
+
+
+def spawn_plugin(binary: str, name: str, choice: TlsChoice, start_timeout: float, secrets: Redactor,
+                 cwd: str | None) -> PluginProcess:
+    cert_pem = process_client_certificate().cert_pem if choice.offered else None
+    return PluginProcess.spawn(LaunchSpec(binary, name, cert_pem, start_timeout, secrets, cwd))
 
 
 def launch_provider(
@@ -32,6 +82,19 @@ def launch_provider(
     ``rpc_timeout`` is the deadline of every call the client makes, in seconds (None: no deadline).
     ``secrets``: the run's redactor, masking what the plugin logs and what errors quote of it.
     ``cwd``: the plugin's working directory (None: kl's), where relative paths in resources resolve."""
-    conn = connect(binary, name or provider_name_from_binary(binary), tls=tls, start_timeout=start_timeout,
-                   secrets=secrets, cwd=cwd)
+    name = name or provider_name_from_binary(binary)
+    secrets = Redactor() if secrets is None else secrets
+    choice = choose_tls(binary, tls)
+    if choice.remembered_grpcio is not None:
+        _log.info("AutoMTLS with %s failed in an earlier run (grpcio %s, remembered in %s); using plaintext gRPC on a "
+                  "private 0700 unix socket directory", binary, choice.remembered_grpcio, tlsmemo.memo_path())
+    process = spawn_plugin(binary, name, choice, start_timeout, secrets, cwd)
+    try:
+        # While the plugin starts.
+        from kilolock.provider.client import GrpcProviderClient
+        from kilolock.provider.connection import connect_spawned
+    except BaseException:
+        process.kill()
+        raise
+    conn = connect_spawned(process, choice, start_timeout=start_timeout, secrets=secrets, cwd=cwd)
     return GrpcProviderClient(conn, rpc_timeout=rpc_timeout)

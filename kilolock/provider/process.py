@@ -158,6 +158,16 @@ class PluginProcess:
 
     @classmethod
     def start(cls, spec: LaunchSpec) -> PluginProcess:
+        """Spawn the plugin and wait for its handshake line."""
+        proc = cls.spawn(spec)
+        proc.wait_for_handshake()
+        return proc
+
+    @classmethod
+    def spawn(cls, spec: LaunchSpec) -> PluginProcess:
+        """Start the plugin without waiting for it: a Go binary takes a while to print its handshake
+        (longer with AutoMTLS, when it makes its own key), which the caller can spend on other work
+        (importing grpc) before ``wait_for_handshake``."""
         if spec.cwd is not None and not os.path.isdir(spec.cwd):
             # Popen would say FileNotFoundError, which reads as a missing binary.
             raise PluginStartError(f"working directory {spec.cwd} does not exist on this host")
@@ -207,12 +217,17 @@ class PluginProcess:
         proc = cls(spec, popen, socket_dir)
         with _live_lock:
             _live.add(proc)
-        try:
-            proc.handshake = proc._await_handshake()
-        except BaseException:
-            proc.kill()
-            raise
         return proc
+
+    def wait_for_handshake(self) -> Handshake:
+        """The plugin's handshake (waiting for it once); a plugin that fails it is killed."""
+        if self.handshake is None:
+            try:
+                self.handshake = self._await_handshake()
+            except BaseException:
+                self.kill()
+                raise
+        return self.handshake
 
     def _await_handshake(self) -> Handshake:
         binary, timeout = self.spec.binary, self.spec.start_timeout

@@ -7,14 +7,17 @@ compared in one form and an unchanged object never looks drifted.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
-from kilolock.provider import ProviderClient
 from kilolock.provider.errors import ProviderDiagnosticsError
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
 from kilolock.refresh.inflight import is_throttling
 from kilolock.schema import AttributePath, ProviderSchema, Schema
+
+if TYPE_CHECKING:
+    from kilolock.provider import ProviderClient
 
 
 class EncodingClient:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from kilolock import codec, redact
 from kilolock.errors import KlError
-from kilolock.provider import ProviderClient, launch_provider
+from kilolock.provider import launch_provider
 from kilolock.provider.discovery import find_provider
 from kilolock.redact import Redactor
 from kilolock.refresh.client import OpenedProvider
@@ -24,6 +24,9 @@ from kilolock.refresh.encoding import EncodingClient
 from kilolock.schema import ProviderSchema
 from kilolock.sensitive import sensitive_paths, values_at
 from kilolock.store import provider_configs, provider_schemas
+
+if TYPE_CHECKING:
+    from kilolock.provider import ProviderClient
 
 log = logging.getLogger("kilolock.refresh.factory")
 
@@ -48,13 +51,20 @@ class ProductionFactory:
         self._schemas: dict[tuple[str, str], tuple[ProviderSchema, bool]] = {}
         self._lock = threading.Lock()
         self.get_schema_calls = 0
+        self.unavailable: ImportError | None = None  # why no provider can be started in this process at all
 
     def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
         stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
         found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
-        raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
+        try:
+            raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
+        except ImportError as exc:
+            # grpc loads with the first plugin (kilolock.provider.launch): one that cannot load (a kl.pyz
+            # built for another system) is kl's own failure, not this provider's; the caller reports it.
+            self.unavailable = exc
+            raise
         try:
             schema, cached = self._schema(source, found.version, raw)
             config = resolve_env_refs(stored.config if stored else {}, secrets,

@@ -232,3 +232,36 @@ def test_a_damaged_pyz_is_reported_not_extracted(run_pyz, pyz, tmp_path):
     codec = version_fields(r.stdout)["codec"]
     assert codec.startswith("python (the Rust codec cannot load") and "kl.pyz is damaged" in codec, codec
     assert [p.name for p in (tmp_path / "kc").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def _generated_code(unit: Path) -> dict[str, object]:
+    import marshal
+    from importlib.util import MAGIC_NUMBER
+
+    data = (unit / "__pycache__" / "generated-code.marshal").read_bytes()
+    assert data[:4] == MAGIC_NUMBER  # the host python and the test's are both 3.11
+    return marshal.loads(data[4:])
+
+
+def test_the_methods_dataclasses_generate_are_compiled_once(run_pyz, home):
+    unit = _first_run(run_pyz, home)  # `kl version` loads kilolock.schema: frozen dataclasses
+    codes = _generated_code(unit)
+    assert any("def __init__" in src and "nested_type" in src for src in codes), sorted(codes)[:3]
+    cached = unit / "__pycache__" / "generated-code.marshal"
+    before = cached.stat().st_mtime_ns
+    r = run_pyz("version")
+    assert r.returncode == 0, r.stderr
+    assert cached.stat().st_mtime_ns == before  # everything came from the cache: nothing to write
+
+
+@pytest.mark.parametrize("damage", [b"garbage", b"", None])
+def test_a_damaged_generated_code_cache_is_rebuilt(run_pyz, home, damage):
+    unit = _first_run(run_pyz, home)
+    cached = unit / "__pycache__" / "generated-code.marshal"
+    if damage is None:  # right magic, truncated body
+        cached.write_bytes(cached.read_bytes()[:40])
+    else:
+        cached.write_bytes(damage)
+    r = run_pyz("version")
+    assert r.returncode == 0, r.stderr
+    assert _generated_code(unit)

@@ -1,0 +1,126 @@
+"""The fixed costs of a small refresh, step by step: `python3 -I kl.pyz refresh` of a 10-instance
+state (null 2.1.2, which completes AutoMTLS), traced by benches/refresh_steps.py, medians of
+interleaved rounds. Prints one table and records it in extra_info; it gates nothing by itself
+(test_refresh_vs_terraform gates the whole process against the peers), but fails when a step
+it should see is missing, so a renamed function cannot silently drop a line.
+
+Steps overlap where kl overlaps them (the plugin starts while grpc is imported): the table shows
+each step's own duration, and `critical path` the wall time from the interpreter's start to exit.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.paths import PLUGIN_CACHE, REPO
+from kit.pyz import clean_env
+
+QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
+ROUNDS = 5 if QUICK else 11
+PYTHON = "/usr/bin/python3"
+DRIVER = REPO / "benches" / "refresh_steps.py"
+STATE = "tests/fixtures/states/big10000.tfstate.gz"
+
+
+def _state(n: int) -> bytes:
+    import gzip
+
+    doc = json.loads(gzip.decompress((REPO / STATE).read_bytes()))
+    for r in doc["resources"]:
+        if r["mode"] == "managed":
+            r["instances"] = r["instances"][:n]
+    return json.dumps(doc, indent=2).encode()
+
+
+def _span(events: list[tuple[str, float, float]], step: str) -> tuple[float, float] | None:
+    hits = [(a, b) for s, a, b in events if s == step]
+    return (min(a for a, _ in hits), max(b for _, b in hits)) if hits else None
+
+
+def _dur(events: list[tuple[str, float, float]], step: str) -> float:
+    """The step's total duration: a step that ran twice (a relaunch) adds up."""
+    return sum(b - a for s, a, b in events if s == step)
+
+
+def steps_of(doc: dict[str, Any], before_t0: float, wall: float) -> dict[str, float]:
+    """Seconds per step of one traced run. ``before_t0``: from spawning the interpreter to the
+    tracer's first line; ``wall``: the whole process as its parent saw it."""
+    ev = [(s, a, b) for s, a, b in doc["events"]]
+    cmd = _span(ev, "refresh command")
+    store = _span(ev, "open store (connect + schema check)")
+    factory = _span(ev, "factory open (discover .. configure)")
+    reads = _span(ev, "read")
+    commit = _span(ev, "commit")
+    finish = _span(ev, "finish audit row")
+    cli = _span(ev, "import kilolock.cli")
+    assert cmd and store and factory and reads and commit and finish and cli, f"the trace lacks steps: {sorted({e[0] for e in ev})}"
+    imports_before_connect = store[0] - cmd[0]
+    out = {
+        "interpreter + tracer start": before_t0,
+        "kl.pyz bootstrap (to kilolock.cli)": cli[0],
+        "import kilolock.cli + parse args": cmd[0] - cli[0],
+        "import psycopg": _dur(ev, "import psycopg"),
+        "import grpc": _dur(ev, "import grpc"),
+        "import protocol stubs (protobuf)": _dur(ev, "import protocol stubs"),
+        "imports before connect (all)": imports_before_connect,
+        "db connect": _dur(ev, "db connect"),
+        "schema check": (store[1] - store[0]) - _dur(ev, "db connect"),
+        "state load, audit row, lock check": factory[0] - store[1],
+        "AutoMTLS client certificate": _dur(ev, "AutoMTLS client certificate"),
+        "provider spawn": _dur(ev, "provider spawn"),
+        "provider handshake wait": _dur(ev, "provider handshake wait") or _dur(ev, "provider launch (spawn to handshake line)"),
+        "grpc channel": _dur(ev, "grpc channel"),
+        "AutoMTLS / first call (health probe)": _dur(ev, "AutoMTLS / first call (health probe)"),
+        "schema (cached)": _dur(ev, "schema (cached or fetched)"),
+        "validate + configure": _dur(ev, "validate + configure"),
+        "factory open (discover .. configure)": factory[1] - factory[0],
+        "reads (first start to last end)": reads[1] - reads[0],
+        "provider close, drift": commit[0] - reads[1],
+        "commit": commit[1] - commit[0],
+        "finish audit row": finish[1] - finish[0],
+        "exit (after the audit row)": wall - before_t0 - finish[1],
+        "critical path (whole process)": wall,
+    }
+    return out
+
+
+def traced_run(pyz: Path, args: list[str], env: dict[str, str], cwd: Path, out: Path) -> dict[str, float]:
+    start = time.monotonic()
+    r = subprocess.run([PYTHON, "-I", str(DRIVER), str(pyz), "--", *args], env={**env, "KL_STEPS_OUT": str(out)},
+                       cwd=cwd, capture_output=True)
+    wall = time.monotonic() - start
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    doc = json.loads(out.read_text())
+    return steps_of(doc, doc["t0_monotonic"] - start, wall)
+
+
+def test_refresh_fixed_costs(benchmark, bench_db, bench_summary, kl_pyz: Path, tmp_path: Path) -> None:
+    if not Path(PYTHON).exists():
+        pytest.fail(f"{PYTHON} is missing: install Debian's python3", pytrace=False)
+    env = clean_env(tmp_path, KL_DATABASE_URL=bench_db)
+    subprocess.run([PYTHON, "-I", str(kl_pyz), "state", "import", "small", "-"], input=_state(10), env=env, check=True,
+                   capture_output=True)
+    args = ["refresh", "small", "-q", "--provider-search-path", str(PLUGIN_CACHE)]
+    bare, runs = [], []
+    traced_run(kl_pyz, args, env, tmp_path, tmp_path / "steps.json")  # warm-up: extraction, code cache
+    for _ in range(ROUNDS):
+        start = time.monotonic()
+        subprocess.run([PYTHON, "-I", "-c", "pass"], env=env, check=True)
+        bare.append(time.monotonic() - start)
+        runs.append(traced_run(kl_pyz, args, env, tmp_path, tmp_path / "steps.json"))
+    medians = {step: statistics.median(r[step] for r in runs) for step in runs[0]}
+    medians = {"bare interpreter (python3 -I -c pass)": statistics.median(bare), **medians}
+    benchmark.extra_info.update({k: round(v * 1e3, 1) for k, v in medians.items()})
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)  # the figures are in extra_info
+    width = max(len(k) for k in medians)
+    table = "\n".join(f"  {k:<{width}}  {v * 1e3:7.1f} ms" for k, v in medians.items())
+    line = f"refresh fixed costs, 10 instances, medians of {ROUNDS} (ms):\n{table}"
+    bench_summary.append(line)
+    print("\n" + line)

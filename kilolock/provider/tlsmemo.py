@@ -1,0 +1,103 @@
+"""Provider binaries whose AutoMTLS attempt failed, remembered across runs.
+
+Every current Go provider fails AutoMTLS with grpcio (README "Provider transport"), and finding out
+costs a whole extra launch (~0.1 s) per provider per run. A failure depends only on the binary and
+on grpcio, so it is recorded with the binary's real path, size and mtime and the grpcio version;
+a new build of either gets a fresh attempt.
+
+The file is a cache, never a source of truth: a missing, unreadable, corrupt or foreign file reads
+as empty, and a write that fails is skipped. Writers replace it whole (a temp file renamed over
+it), so a reader never sees half a file; two runs writing at once may lose one entry, which the
+next run learns again. Only the standard library, and no grpc: it is consulted before grpc is
+imported, so the plugin can start while grpc loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+FILE_NAME = "plugin-tls.json"
+_FORMAT = 1
+_MAX_ENTRIES = 256  # binaries come and go with provider upgrades; keep the newest
+
+
+def memo_path() -> str:
+    """``$XDG_CACHE_HOME/kilolock/plugin-tls.json``, else ``~/.cache/kilolock/plugin-tls.json``."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kilolock", FILE_NAME)
+
+
+def _binary_key(binary: str) -> tuple[str, dict[str, int]] | None:
+    try:
+        real = os.path.realpath(binary)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return real, {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _load() -> dict[str, Any]:
+    try:
+        with open(memo_path(), encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT or not isinstance(doc.get("failed"), dict):
+        return {}
+    return {k: v for k, v in doc["failed"].items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _store(failed: dict[str, Any]) -> None:
+    path = memo_path()
+    if len(failed) > _MAX_ENTRIES:
+        newest = sorted(failed.items(), key=lambda kv: kv[1].get("recorded_ns", 0) if isinstance(kv[1].get("recorded_ns"), int) else 0)
+        failed = dict(newest[-_MAX_ENTRIES:])
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"format": _FORMAT, "failed": failed}, fh, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass  # a read-only home: every run tries AutoMTLS, as before
+
+
+def failed_with(binary: str) -> str | None:
+    """The grpcio version with which AutoMTLS failed for this very binary (same path, size and
+    mtime), or None when no failure is remembered."""
+    key = _binary_key(binary)
+    if key is None:
+        return None
+    entry = _load().get(key[0])
+    if entry is None or any(entry.get(k) != v for k, v in key[1].items()):
+        return None
+    version = entry.get("grpcio")
+    return version if isinstance(version, str) else None
+
+
+def remember_failure(binary: str, grpcio_version: str) -> None:
+    key = _binary_key(binary)
+    if key is None:
+        return
+    import time
+
+    failed = _load()
+    failed[key[0]] = {**key[1], "grpcio": grpcio_version, "recorded_ns": time.time_ns()}
+    _store(failed)
+
+
+def forget(binary: str) -> None:
+    """AutoMTLS worked after all (a newer grpcio): drop the entry."""
+    key = _binary_key(binary)
+    if key is None:
+        return
+    failed = _load()
+    if failed.pop(key[0], None) is not None:
+        _store(failed)
