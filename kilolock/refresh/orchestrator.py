@@ -188,10 +188,11 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     if sensitive:
         for value in values_at(json.loads(outcome.new_state), sensitive):
             secrets.add_value(value)
+    changed = outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior)
     return InstanceUpdate(
         removed=False,
-        changed=outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
-        attributes=outcome.new_state,
+        changed=changed,
+        attributes=outcome.new_state if changed else b"",  # the splice keeps an unchanged object's stored value
         private=outcome.private,
         identity=outcome.identity,
         schema_version=live if upgraded else recorded,
@@ -358,6 +359,7 @@ def run(
     try:
         parser = tfstate.ExactJSON()
         doc = parser.loads(raw_text)
+        del raw_text  # one copy of a big state at a time: from here on, the parsed document
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
@@ -368,6 +370,7 @@ def run(
 
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
+        del stored
         shared = _Run(factory, options, progress, cancel, secrets)
         timer = None
         if options.timeout:
@@ -393,6 +396,9 @@ def run(
         result.failures = sorted(shared.group_failures, key=lambda f: f.provider or "") + sorted(
             (Failure(e.inst.address, e.error) for e in entries if e.error and e.read), key=lambda f: f.address or "")
         result.failed = sum(1 for e in entries if e.error)
+        for e in entries:  # what an unchanged object was and read back is needed no more
+            if e.update is None or not e.update.changed:
+                e.prior_json = None
         changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
         result.changed_addresses, result.changed = changed, len(changed)
         result.drift = [_drift_of(e) for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
@@ -408,10 +414,12 @@ def run(
             result.status = "succeeded"
         if commit:
             updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
-            new_doc, moved = build_refreshed_state(doc, updates, serial=current.serial + 1, parser=parser)
+            new_state, moved = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved}
-            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
+            # The reads' bookkeeping is done with: free it before the commit serialises the document.
+            del updates, by_position, entries, groups, state, doc
+            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_state, parser, current, options.actor,
                                                              result.run_id, touched, lock_timeout=options.lock_timeout,
                                                              sleep=cancel.wait, on_lock_wait=on_lock_wait)
     except KeyboardInterrupt:
