@@ -23,9 +23,15 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 def run_import(args: argparse.Namespace) -> int:
     from kilolock.store import db, versions
 
-    raw = cli_args.read_input(args.file)
     origin = "<stdin>" if args.file == "-" else args.file
-    state = tfstate.parse_state(raw, origin)  # every input error surfaces before the database is touched
+    # Only one whole copy of the input at a time (the parsed form of a big state outweighs its
+    # text 3x): its text while it is parsed, then its bytes again, which UTF-8 gives back exactly.
+    text = tfstate.decode_text(cli_args.read_input(args.file), origin)
+    # Every input error surfaces before the database is touched. An index, not the parsed document:
+    # the bytes are stored as they are.
+    state = tfstate.parse_state(text, origin, keep_objects=False)
+    raw = text.encode("utf-8")
+    del text
     with db.open_store() as conn:
         result = versions.write_version(
             conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(), force=args.force
@@ -105,8 +111,7 @@ def run_pull(args: argparse.Namespace) -> int:
     from kilolock.store import db, versions
 
     with db.open_store() as conn:
-        text = versions.raw_state_text(conn, args.name, args.serial)
-    sys.stdout.write(tfstate.pretty_state(text))
+        versions.write_pulled(conn, args.name, args.serial, sys.stdout.write)
     return 0
 
 
