@@ -414,7 +414,8 @@ def run(
             result.status = "succeeded"
         if commit:
             updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
-            new_state, moved = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser)
+            # In place: drift is computed, and nothing reads the prior document after the commit.
+            new_state, moved = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser, in_place=True)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved}
             # The reads' bookkeeping is done with: free it before the commit serialises the document.

@@ -28,17 +28,23 @@ _INDEXED_FIELDS = ("schema_version", "status", "attributes", "sensitive_attribut
 
 
 def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], InstanceUpdate], serial: int,
-                          parser: tfstate.ExactJSON | None = None) -> tuple[tfstate.State, set[tuple[int, int]]]:
+                          parser: tfstate.ExactJSON | None = None, *,
+                          in_place: bool = False) -> tuple[tfstate.State, set[tuple[int, int]]]:
     """A new state: refreshed objects spliced in, gone objects removed (and resources left
     without instances dropped, as Terraform does), serial set, lineage kept, its instances indexed
     (from the prior state's: nothing here needs validating again). Also returns the (resource,
     instance) positions, in the prior document, of objects that were removed or now differ in an
-    indexed field."""
+    indexed field.
+
+    ``in_place``: the caller is done with the prior state, so an object that differs is updated
+    where it is rather than copied (a first refresh, which rewrites every object's private data,
+    would otherwise copy all of them)."""
     doc = state.raw
     prior_instances = iter(state.instances)  # in document order, as parse_state lists them
     instances: list[tfstate.Instance] = []
     # Copies only the containers on the way to a changed object: everything else is shared with
-    # the prior document, which is never modified (a deep copy of a 10k-instance state is slow).
+    # the prior document, which is never modified unless in_place (a deep copy of a 10k-instance
+    # state is slow).
     out = dict(doc)
     out["serial"] = serial
     kept_resources: list[dict[str, Any]] = []
@@ -73,14 +79,15 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
             differs = [k for k, v in fields.items() if k in ("attributes", "identity")
                        or (k in obj) != (v is not None) or (v is not None and obj[k] != v)]
             if differs:
-                old, obj = obj, dict(obj)
+                if any(k in _INDEXED_FIELDS and obj.get(k) != fields[k] for k in differs):
+                    touched.add((ri, ii))
+                if not in_place:
+                    obj = dict(obj)
                 for k in differs:
                     if fields[k] is None:
                         del obj[k]
                     else:
                         obj[k] = fields[k]
-                if any(obj.get(k) != old.get(k) for k in _INDEXED_FIELDS):
-                    touched.add((ri, ii))
             kept.append(obj)
             instances.append(_placed(inst, len(kept_resources), len(kept) - 1, obj))
         if kept or res.get("mode") != "managed":

@@ -47,3 +47,20 @@ def test_removals_move_the_index_with_the_objects():
     assert [i.obj for i in new.instances] == [i.obj for i in again.instances]
     assert new.raw["resources"][1]["instances"][0]["attributes"] == {"id": "new"}
     assert state.raw["resources"][2]["instances"][0]["attributes"] == {"id": "0"}  # the prior document is never modified
+
+
+def test_in_place_updates_the_objects_it_changes_and_agrees_with_a_copy():
+    state, fresh = _state(), _state()
+    def updates_of(st):
+        ups = {(i.resource_index, i.instance_index): InstanceUpdate(removed=False, changed=False, private=b"p")
+               for i in st.instances}
+        ups[(1, 0)] = InstanceUpdate(removed=True, changed=True)
+        ups[(0, 2)] = InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"x"}', private=b"p")
+        return ups
+    copied, touched_copy = build_refreshed_state(fresh, updates_of(fresh), serial=4)
+    objs = [i.obj for i in state.instances]
+    moved, touched = build_refreshed_state(state, updates_of(state), serial=4, in_place=True)
+    assert moved.raw == copied.raw and touched == touched_copy == {(1, 0), (0, 2)}
+    assert moved.instances[0].obj is objs[0] and objs[0]["private"] == "cA=="  # updated where it was
+    assert [(i.address, i.resource_index, i.instance_index) for i in moved.instances] == \
+        [(i.address, i.resource_index, i.instance_index) for i in copied.instances]
