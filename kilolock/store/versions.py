@@ -257,8 +257,12 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
         if head is None or (has_resources and not streamable):
             write(tfstate.pretty_state(raw_state_text(conn, name, serial)))
             return
-        rows = conn.cursor().stream(_PIECES, (vid,))
-        tfstate.write_terraform_streamed(head, (count, _resources(rows)) if has_resources else None, write)
+        # A server-side cursor, fetched a few thousand rows at a time: row by row (single-row mode),
+        # a loaded machine spent most of a pull handing the CPU between kl and the server.
+        with conn.cursor(name="kl_pull") as rows:
+            rows.itersize = 2000
+            rows.execute(_PIECES, (vid,))
+            tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
 
 
 def _resources(rows: Iterator[tuple[Any, ...]]) -> Iterator[tfstate.StreamedResource]:
