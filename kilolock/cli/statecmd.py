@@ -24,17 +24,24 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 def run_import(args: argparse.Namespace) -> int:
     from kilolock.store import db, versions
 
-    raw = cli_args.read_input(args.file)
     origin = "<stdin>" if args.file == "-" else args.file
-    doc = tfstate.load_json(raw, origin)
+    # Only one whole copy of the input at a time besides its parsed form (which outweighs the text
+    # 3x and is freed once indexed): its text, then its bytes again, which UTF-8 gives back exactly.
+    text = tfstate.decode_text(cli_args.read_input(args.file), origin)
+    doc = tfstate.load_json(text, origin)
     # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, numbered after the
     # current version, never indexed or refreshed.
     encrypted = tfstate.is_encrypted_envelope(doc)
     # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
     doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
     if upgraded:
-        raw = tfstate.dumps_compact(doc).encode()
-    state = None if encrypted else tfstate.parse_state(doc, origin)  # input errors surface before the database is touched
+        text = tfstate.dumps_compact(doc)
+    # Every input error surfaces before the database is touched. An index, not the parsed document:
+    # the bytes are stored as they are.
+    state = None if encrypted else tfstate.parse_state(doc, origin, keep_objects=False)
+    del doc
+    raw = text.encode("utf-8")
+    del text
     with db.open_store() as conn:
         try:
             result = versions.write_version(
@@ -148,8 +155,7 @@ def run_pull(args: argparse.Namespace) -> int:
     from kilolock.store import db, versions
 
     with db.open_store() as conn:
-        text = versions.raw_state_text(conn, args.name, args.serial)
-    sys.stdout.write(tfstate.pretty_state(text))
+        versions.write_pulled(conn, args.name, args.serial, sys.stdout.write)
     return 0
 
 

@@ -18,7 +18,7 @@ from kilolock.store import db, locks, refresh_runs, versions
 from kilolock.store.db import first_line, reconnect
 
 
-def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str, Any], parser: tfstate.ExactJSON,
+def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
                    start: versions.VersionRow, actor: str, run_id: str | None,
                    touched: set[tuple[str, str]], *, lock_timeout: float = 0.0, sleep: SleepFn | None = None,
                    on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
@@ -28,7 +28,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str,
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
     # any stored version out as Terraform does.
-    raw = parser.dumps_compact(doc).encode()
+    raw = parser.dumps_compact(state.raw).encode()
     # A connection that died during the reads fails here, before anything is sent, so that case is
     # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
     db.ping(conn)
@@ -46,7 +46,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, doc: dict[str,
                 raise KlError(f"run {run_id} was finished meanwhile by someone else (a fleet worker took its job "
                               "over after its lease expired); refresh not committed")
             written = versions.write_version(
-                conn, name, tfstate.parse_state(doc), raw, source="refresh", actor=actor,
+                conn, name, state, raw, source="refresh", actor=actor,
                 expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
             )
             landed = written.version.id, written.version.serial

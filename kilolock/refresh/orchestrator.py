@@ -11,6 +11,7 @@ its providers' logs and in its failure messages, and never in another run's.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import json
 import logging
 import os
@@ -218,13 +219,15 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     if sensitive:
         for value in values_at(json.loads(outcome.new_state), sensitive):
             secrets.add_value(value)
+    changed = flatmap is None and outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior)
     return InstanceUpdate(
         removed=False,
         # A flatmap object's first structured form is its baseline (the lifecycle index keeps it
         # as the same object), so what the read found is compared with nothing before it.
-        changed=flatmap is None and outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior),
+        changed=changed,
         reshaped=flatmap is not None,
-        attributes=outcome.new_state,
+        # The splice keeps an unchanged object's stored value; a flatmap one gets its first object form.
+        attributes=outcome.new_state if changed or flatmap is not None else b"",
         private=outcome.private,
         identity=outcome.identity,
         schema_version=live if upgraded else recorded,
@@ -459,6 +462,7 @@ def run(
     try:
         parser = tfstate.ExactJSON()
         doc = parser.loads(raw_text)
+        del raw_text  # one copy of a big state at a time: from here on, the parsed document
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
@@ -469,6 +473,7 @@ def run(
 
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
+        del stored
         shared = _Run(factory, options, progress, cancel, secrets)
         timer = None
         if options.timeout:
@@ -495,6 +500,9 @@ def run(
             (Failure(e.inst.address, e.error) for e in entries if e.error and e.read), key=lambda f: f.address or "")
         result.failed = sum(1 for e in entries if e.error)
         result.concurrency = sorted(shared.concurrency, key=lambda c: (c["provider"], c["alias"] or ""))
+        for e in entries:  # what an unchanged object was and read back is needed no more
+            if e.update is None or not e.update.changed:
+                e.prior_json = None
         changed = sorted({e.inst.address for e in entries if e.update is not None and e.update.changed})
         result.changed_addresses, result.changed = changed, len(changed)
         drifted = [e for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
@@ -520,10 +528,19 @@ def run(
             result.status = "succeeded"
         if commit:
             updates = {(e.inst.resource_index, e.inst.instance_index): e.update for e in entries if e.update is not None}
-            new_doc, moved = build_refreshed_state(modern_doc, updates, serial=current.serial + 1, parser=parser)
+            if result.provider_addresses:
+                # Terraform 0.13+ writes the modern address: the rewritten resources hold the same
+                # objects, so the index only changes its provider.
+                state = tfstate.State(raw=modern_doc, instances=[
+                    dataclasses.replace(i, provider=result.provider_addresses.get(i.provider, i.provider))
+                    for i in state.instances])
+            # In place: drift is computed, and nothing reads the prior document after the commit.
+            new_state, moved = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser, in_place=True)
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in moved | rewritten}
-            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_doc, parser, current, options.actor,
+            # The reads' bookkeeping is done with: free it before the commit serialises the document.
+            del updates, by_position, entries, groups, state, doc, modern_doc
+            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_state, parser, current, options.actor,
                                                              result.run_id, touched, lock_timeout=options.lock_timeout,
                                                              sleep=cancel.wait, on_lock_wait=on_lock_wait)
     except KeyboardInterrupt:

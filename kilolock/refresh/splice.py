@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,48 +28,79 @@ class InstanceUpdate:
 _INDEXED_FIELDS = ("schema_version", "status", "attributes", "sensitive_attributes", "identity")
 
 
-def build_refreshed_state(doc: dict[str, Any], updates: dict[tuple[int, int], InstanceUpdate], serial: int,
-                          parser: tfstate.ExactJSON | None = None) -> tuple[dict[str, Any], set[tuple[int, int]]]:
-    """A new state document: refreshed objects spliced in, gone objects removed (and resources
-    left without instances dropped, as Terraform does), serial set, lineage kept. Also returns
-    the (resource, instance) positions, in ``doc``, of objects that were removed or now differ in
-    an indexed field."""
+def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], InstanceUpdate], serial: int,
+                          parser: tfstate.ExactJSON | None = None, *,
+                          in_place: bool = False) -> tuple[tfstate.State, set[tuple[int, int]]]:
+    """A new state: refreshed objects spliced in, gone objects removed (and resources left
+    without instances dropped, as Terraform does), serial set, lineage kept, its instances indexed
+    (from the prior state's: nothing here needs validating again). Also returns the (resource,
+    instance) positions, in the prior document, of objects that were removed or now differ in an
+    indexed field.
+
+    ``in_place``: the caller is done with the prior state, so an object that differs is updated
+    where it is rather than copied (a first refresh, which rewrites every object's private data,
+    would otherwise copy all of them)."""
+    doc = state.raw
+    prior_instances = iter(state.instances)  # in document order, as parse_state lists them
+    instances: list[tfstate.Instance] = []
     # Copies only the containers on the way to a changed object: everything else is shared with
-    # the prior document, which is never modified (a deep copy of a 10k-instance state is slow).
+    # the prior document, which is never modified unless in_place (a deep copy of a 10k-instance
+    # state is slow).
     out = dict(doc)
     out["serial"] = serial
-    kept_resources = []
+    kept_resources: list[dict[str, Any]] = []
     touched: set[tuple[int, int]] = set()
     for ri, res in enumerate(doc.get("resources", [])):
         res = dict(res)
         kept = []
         for ii, obj in enumerate(res.get("instances", [])):
+            inst = next(prior_instances)
+            assert (inst.resource_index, inst.instance_index) == (ri, ii) and inst.obj is obj
             upd = updates.get((ri, ii))
             if upd is None:
                 kept.append(obj)
+                instances.append(_placed(inst, len(kept_resources), len(kept) - 1, obj))
                 continue
             if upd.removed:
                 touched.add((ri, ii))
                 continue
-            old, obj = obj, dict(obj)
+            # A new object only where something differs: a refresh that changes nothing shares every
+            # object with the prior document instead of copying 100,000 of them.
+            fields: dict[str, Any] = {}
             if upd.changed or upd.reshaped:
-                obj["attributes"] = parser.loads(upd.attributes) if parser else tfstate.loads_exact(upd.attributes)
-                obj.pop("attributes_flat", None)
+                fields["attributes"] = parser.loads(upd.attributes) if parser else tfstate.loads_exact(upd.attributes)
+                if "attributes_flat" in obj:
+                    fields["attributes_flat"] = None  # the provider's object form replaces the flatmap
             # else: equal in canonical form, so the stored value (cty JSON as Terraform wrote it) stays
-            value = obj["attributes"]
-            obj["schema_version"] = upd.schema_version
-            obj["sensitive_attributes"] = merged_marks(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
-            if upd.private:
-                obj["private"] = base64.b64encode(upd.private).decode("ascii")
-            else:
-                obj.pop("private", None)
+            value = fields["attributes"] if "attributes" in fields else obj["attributes"]
+            fields["schema_version"] = upd.schema_version
+            fields["sensitive_attributes"] = merged_marks(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
+            fields["private"] = base64.b64encode(upd.private).decode("ascii") if upd.private else None
             if upd.identity is not None:
-                obj["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)
-            if any(obj.get(k) != old.get(k) for k in _INDEXED_FIELDS):
-                touched.add((ri, ii))
+                fields["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)
+            # New attributes and identity always go in (equal in Python is not equal in JSON: 1 == 1.0 == True).
+            differs = [k for k, v in fields.items() if k in ("attributes", "identity")
+                       or (k in obj) != (v is not None) or (v is not None and obj[k] != v)]
+            if differs:
+                if any(k in _INDEXED_FIELDS and obj.get(k) != fields[k] for k in differs):
+                    touched.add((ri, ii))
+                if not in_place:
+                    obj = dict(obj)
+                for k in differs:
+                    if fields[k] is None:
+                        del obj[k]
+                    else:
+                        obj[k] = fields[k]
             kept.append(obj)
+            instances.append(_placed(inst, len(kept_resources), len(kept) - 1, obj))
         if kept or res.get("mode") != "managed":
             res["instances"] = kept
             kept_resources.append(res)
     out["resources"] = kept_resources
-    return out, touched
+    return tfstate.State(raw=out, instances=instances), touched
+
+
+def _placed(inst: tfstate.Instance, ri: int, ii: int, obj: dict[str, Any]) -> tfstate.Instance:
+    if (inst.resource_index, inst.instance_index) == (ri, ii) and inst.obj is obj:
+        return inst
+    return dataclasses.replace(inst, resource_index=ri, instance_index=ii, obj=obj)

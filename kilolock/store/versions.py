@@ -9,13 +9,17 @@ one with the highest serial.
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Dumper
 from psycopg.rows import class_row, dict_row
 
 from kilolock import tfstate
@@ -73,6 +77,43 @@ class WriteResult:
     closed: int = 0
     unchanged: int = 0  # lifecycles kept, including those whose metadata alone was updated
     metadata_updated: int = 0  # open rows whose marks, provider address, schema version or flatmap form changed in place
+
+
+class _JsonbText:
+    """A version's bytes, sent to PostgreSQL as jsonb text exactly as they are: a str parameter
+    would cost two more full copies of a big state (the decoded str, then psycopg's encoding)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _JsonbTextDumper(Dumper):
+    oid = psycopg.adapters.types["jsonb"].oid
+
+    def dump(self, obj: _JsonbText) -> bytes:
+        # libpq sends a text parameter as a C string: a NUL byte would cut the document short.
+        # psycopg refuses one in a str the same way.
+        if b"\x00" in obj.data:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return obj.data
+
+
+_UTF8_CHUNK = 1 << 20
+
+
+def _is_utf8(raw: bytes) -> bool:
+    """Whether RAW is UTF-8, checked a chunk at a time (no decoded copy of the whole document)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(raw)
+    try:
+        for start in range(0, len(view), _UTF8_CHUNK):
+            decoder.decode(view[start:start + _UTF8_CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def content_hash(raw: bytes) -> str:
@@ -183,6 +224,95 @@ def raw_state_text(conn: psycopg.Connection, name: str, serial: int | None = Non
     return str(row[0])
 
 
+# A version whose resources are all objects with an "instances" array (every version kl indexed)
+# can be read a piece at a time; the rest (an encrypted envelope: given back exactly as stored) are
+# read whole. CASE, not AND:
+# SQL does not promise to test the type before jsonb_array_elements would fail on a non-array.
+_PIECES_HEAD = """
+SELECT v.id::text,
+       CASE WHEN jsonb_typeof(v.raw_state) = 'object' THEN (v.raw_state - 'resources')::text END,
+       v.raw_state ? 'resources',
+       CASE WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN jsonb_array_length(v.raw_state -> 'resources') END,
+       CASE WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN NOT EXISTS (
+           SELECT 1 FROM jsonb_array_elements(v.raw_state -> 'resources') r(res)
+           WHERE CASE WHEN jsonb_typeof(r.res) = 'object' THEN jsonb_typeof(r.res -> 'instances') IS DISTINCT FROM 'array'
+                      ELSE true END) END,
+       v.encrypted
+FROM state_versions v WHERE v.state_id = %s AND v.serial = %s
+"""
+
+# One pass over the document (as _INCOMING_TABLE), one row per instance in document order, the
+# resource's own fields on its first row; a resource without instances is one row of NULLs.
+_PIECES = """
+SELECT r.ord, CASE WHEN i.ord IS NULL OR i.ord = 1 THEN (r.res - 'instances')::text END, r.n, i.ord, i.obj::text
+FROM state_versions v
+CROSS JOIN LATERAL (
+    -- Once per resource (OFFSET 0 keeps the planner from inlining it): `res -> 'instances'` copies
+    -- the array, which per instance row made a 100,000-instance resource quadratic.
+    SELECT e.res, e.ord, e.res -> 'instances' AS instances, jsonb_array_length(e.res -> 'instances') AS n
+    FROM jsonb_array_elements(v.raw_state -> 'resources') WITH ORDINALITY AS e(res, ord) OFFSET 0
+) r
+LEFT JOIN LATERAL jsonb_array_elements(r.instances) WITH ORDINALITY AS i(obj, ord) ON true
+WHERE v.id = %s
+"""
+
+
+def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write: Callable[[str], object]) -> None:
+    """Write version SERIAL of state NAME (default: the current one) as `kl state pull` gives it
+    (tfstate.pretty_state of its text, byte for byte), streamed: the rows of one snapshot, one
+    instance at a time, so a big state is never held whole."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        if serial is None:
+            cur = current_version(conn, state_id(conn, name))
+            if cur is None:
+                raise KlError(f"state {name!r} has no versions")
+            serial = cur.serial
+        row = conn.execute(_PIECES_HEAD, (state_id(conn, name), serial)).fetchone()
+        if row is None:
+            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
+        vid, head, has_resources, count, streamable, encrypted = row
+        if encrypted or head is None or (has_resources and not streamable):
+            write(tfstate.pretty_state(raw_state_text(conn, name, serial)))
+            return
+        # A server-side cursor, fetched a few thousand rows at a time: row by row (single-row mode),
+        # a loaded machine spent most of a pull handing the CPU between kl and the server.
+        with conn.cursor(name="kl_pull") as rows:
+            rows.itersize = 2000
+            rows.execute(_PIECES, (vid,))
+            tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
+
+
+def _resources(rows: Iterator[tuple[Any, ...]]) -> Iterator[tfstate.StreamedResource]:
+    """The resources of _PIECES rows, each with an iterator of its instances' texts, which must be
+    consumed before the next resource is asked for (write_terraform_streamed does)."""
+    pending = next(rows, None)
+    expected_ri = 1
+    while pending is not None:
+        ri, head, count, ii, _ = pending
+        if ri != expected_ri or head is None:
+            raise KlError("stored state: its resources came back out of order")  # a guard: the rows carry their positions
+
+        def instances(first: tuple[Any, ...], ri: int = ri) -> Iterator[str]:
+            nonlocal pending
+            row: tuple[Any, ...] | None = first
+            expected_ii = 1
+            while row is not None and row[0] == ri and row[3] is not None:
+                if row[3] != expected_ii:
+                    raise KlError("stored state: its instances came back out of order")
+                yield row[4]
+                expected_ii += 1
+                row = next(rows, None)
+            pending = row
+
+        if ii is None:  # no instances: this row is the whole resource
+            pending = next(rows, None)
+            yield head, 0, iter(())
+        else:
+            yield head, count, instances(pending)
+        expected_ri += 1
+
+
 def has_open_resources(conn: psycopg.Connection, sid: str) -> bool:
     """Whether the current version has any resource instance kl indexed (none when encrypted)."""
     row = conn.execute(_HAS_OPEN_RESOURCES, (sid,)).fetchone()
@@ -195,8 +325,13 @@ def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str],
     The open lifecycle rows hold exactly the current version's objects (written in the same
     transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
     """
-    rows = conn.cursor(row_factory=dict_row).execute(_OPEN_ATTRIBUTES, (sid,)).fetchall()
-    return {(r["address"], r["deposed"]): r["attributes"].encode() for r in rows if r["attributes"] is not None}
+    # Rows as they arrive, not fetchall(): the rows of a 100,000-instance state, held at once next to
+    # the bytes made from them, were a second full copy of its attributes.
+    out: dict[tuple[str, str], bytes] = {}
+    for address, deposed, attributes in conn.cursor().stream(_OPEN_ATTRIBUTES, (sid,)):
+        if attributes is not None:
+            out[(address, deposed)] = attributes.encode()
+    return out
 
 
 # --- the write path ----------------------------------------------------------------------------
@@ -352,10 +487,8 @@ def write_version(
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
     new_hash = content_hash(raw)
-    try:
-        raw_text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise tfstate.StateError(f"{origin}: not UTF-8 text") from None
+    if not _is_utf8(raw):
+        raise tfstate.StateError(f"{origin}: not UTF-8 text")
     with conn.transaction():
         sid = lock_state_row(conn, name, create=True)
         assert sid is not None  # created above, and deletes wait for the row lock we hold
@@ -373,10 +506,12 @@ def write_version(
             if cur is not None and _check_advance(conn, sid, name, cur, state, new_hash, force):
                 return WriteResult(state_id=sid, version=cur, created=False)
             serial, lineage, terraform_version = state.serial, state.lineage, state.terraform_version or None
+        cur_versions = _versions(conn)
+        cur_versions.adapters.register_dumper(_JsonbText, _JsonbTextDumper)
         try:
-            version = _versions(conn).execute(
+            version = cur_versions.execute(
                 _INSERT_VERSION,
-                (sid, serial, lineage, terraform_version, source, raw_text, new_hash, actor, state is None),
+                (sid, serial, lineage, terraform_version, source, _JsonbText(raw), new_hash, actor, state is None),
             ).fetchone()
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None

@@ -198,7 +198,7 @@ def populate(conn: psycopg.Connection) -> None:
         versions,
     )
 
-    # Notification channels (0015) first: the writes below then make events and deliveries.
+    # Notification channels (0013) first: the writes below then make events and deliveries.
     notify.add_channel(conn, name="ops", format="json", webhook={"env": "OPS_HOOK"}, secret="fixture-hmac",
                        states_glob="**", states_regex=globs.sql_regex("**"), events=list(notify.EVENTS), failed_after=1,
                        ui_url="https://kl.example.com", created_by="fixture@cli")

@@ -1,0 +1,66 @@
+"""Splicing reads back into the document: an unchanged object is shared, not copied, and the new
+state's index follows the objects to their new positions without parsing the document again."""
+from __future__ import annotations
+
+import json
+
+from kilolock import tfstate
+from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
+
+NULL = 'provider["registry.terraform.io/hashicorp/null"]'
+
+
+def _state() -> tfstate.State:
+    def inst(n):
+        return {"index_key": n, "schema_version": 0, "attributes": {"id": str(n)}, "sensitive_attributes": []}
+    doc = {"version": 4, "serial": 3, "lineage": "l", "resources": [
+        {"mode": "managed", "type": "null_resource", "name": "a", "provider": NULL, "instances": [inst(0), inst(1), inst(2)]},
+        {"mode": "managed", "type": "null_resource", "name": "gone", "provider": NULL, "instances": [inst(0)]},
+        {"mode": "managed", "type": "null_resource", "name": "b", "provider": NULL, "instances": [inst(0)]},
+    ]}
+    return tfstate.parse_state(json.dumps(doc))
+
+
+def _same() -> InstanceUpdate:
+    return InstanceUpdate(removed=False, changed=False)
+
+
+def test_unchanged_objects_are_shared_and_untouched():
+    state = _state()
+    updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
+    new, touched = build_refreshed_state(state, updates, serial=4)
+    assert touched == set() and new.serial == 4
+    assert all(a.obj is b.obj for a, b in zip(state.instances, new.instances, strict=True))
+    assert all(a is b for a, b in zip(state.instances, new.instances, strict=True))  # same place, same index entry
+
+
+def test_removals_move_the_index_with_the_objects():
+    state = _state()
+    updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
+    updates[(0, 1)] = updates[(1, 0)] = InstanceUpdate(removed=True, changed=True)
+    updates[(2, 0)] = InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"new"}')
+    new, touched = build_refreshed_state(state, updates, serial=4)
+    assert touched == {(0, 1), (1, 0), (2, 0)}
+    again = tfstate.parse_state(json.dumps(new.raw))  # what a full parse of the new document indexes
+    assert [(i.address, i.resource_index, i.instance_index) for i in new.instances] == \
+        [(i.address, i.resource_index, i.instance_index) for i in again.instances]
+    assert [i.obj for i in new.instances] == [i.obj for i in again.instances]
+    assert new.raw["resources"][1]["instances"][0]["attributes"] == {"id": "new"}
+    assert state.raw["resources"][2]["instances"][0]["attributes"] == {"id": "0"}  # the prior document is never modified
+
+
+def test_in_place_updates_the_objects_it_changes_and_agrees_with_a_copy():
+    state, fresh = _state(), _state()
+    def updates_of(st):
+        ups = {(i.resource_index, i.instance_index): InstanceUpdate(removed=False, changed=False, private=b"p")
+               for i in st.instances}
+        ups[(1, 0)] = InstanceUpdate(removed=True, changed=True)
+        ups[(0, 2)] = InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"x"}', private=b"p")
+        return ups
+    copied, touched_copy = build_refreshed_state(fresh, updates_of(fresh), serial=4)
+    objs = [i.obj for i in state.instances]
+    moved, touched = build_refreshed_state(state, updates_of(state), serial=4, in_place=True)
+    assert moved.raw == copied.raw and touched == touched_copy == {(1, 0), (0, 2)}
+    assert moved.instances[0].obj is objs[0] and objs[0]["private"] == "cA=="  # updated where it was
+    assert [(i.address, i.resource_index, i.instance_index) for i in moved.instances] == \
+        [(i.address, i.resource_index, i.instance_index) for i in copied.instances]

@@ -1,0 +1,90 @@
+"""The big-state paths: `kl state pull` streamed a piece at a time gives the very bytes the whole
+document gave; the write path sends the version's bytes as they are; an import keeps an index,
+not the parsed document."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kilolock import tfstate
+from kilolock.store import versions
+
+STATES = Path(__file__).resolve().parents[1] / "fixtures" / "states"
+NULL = 'provider["registry.terraform.io/hashicorp/null"]'
+
+
+def _inst(key, **extra):
+    return {"index_key": key, "schema_version": 0, "attributes": {"id": f"i{key}", "n": 1.50, "big": 12345678901234567890,
+                                                                  "html": "<&>", "nested": {"b": [1, {"z": 1, "a": 2}]}},
+            "sensitive_attributes": [[{"type": "get_attr", "value": "id"}]], "private": "bnVsbA==", **extra}
+
+
+SHAPES = {
+    "no resources key": {"version": 4, "serial": 1, "lineage": "l", "outputs": {}},
+    "no resources": {"version": 4, "serial": 1, "lineage": "l", "outputs": {}, "resources": []},
+    "odd keys everywhere": {
+        "zz_top": 1, "version": 4, "serial": 1, "lineage": "l", "terraform_version": "1.8.5",
+        "outputs": {"o": {"type": "string", "value": "v", "sensitive": True}},
+        "check_results": [{"status": "pass", "object_kind": "resource", "config_addr": "x", "objects": None}],
+        "resources": [
+            {"zz": "extra", "mode": "managed", "type": "null_resource", "name": "empty", "provider": NULL, "instances": []},
+            {"module": "module.m", "mode": "managed", "type": "null_resource", "name": "many", "provider": NULL, "each": "list",
+             "instances": [_inst(n) for n in range(5)] + [_inst(5, deposed="00000001", status="tainted")]},
+            {"mode": "data", "type": "null_data_source", "name": "d", "provider": NULL,
+             "instances": [{"schema_version": 0, "attributes": {"x": None}}]},
+            {"mode": "managed", "type": "null_resource", "name": "one", "provider": NULL, "instances": [_inst("k\u2028é")]},
+        ],
+    },
+}
+
+
+def _pulled(conn, name, serial=None) -> str:
+    out = io.StringIO()
+    versions.write_pulled(conn, name, serial, out.write)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_streamed_pull_is_byte_identical_to_the_whole_document_layout(conn, shape):
+    raw = json.dumps(SHAPES[shape]).encode()
+    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+
+
+@pytest.mark.parametrize("fixture", ["varied.tfstate", "big2000-v1.tfstate"])
+def test_streamed_pull_gives_back_terraforms_bytes(conn, fixture):
+    raw = (STATES / fixture).read_bytes()
+    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    assert _pulled(conn, "s") == raw.decode()
+
+
+def test_encrypted_envelope_is_pulled_whole_as_before(conn):
+    raw = json.dumps({"meta": {"k": "e30="}, "encrypted_data": "AAAA", "encryption_version": "v0"}).encode()
+    versions.write_version(conn, "s", None, raw, source="apply", actor="t")
+    assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+
+
+def test_write_sends_the_bytes_as_they_are_and_refuses_what_jsonb_cannot_hold(conn, make_state):
+    raw = make_state(1, {"a": {"id": "é<&>"}})
+    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    assert json.loads(versions.raw_state_text(conn, "s")) == json.loads(raw)
+    with pytest.raises(tfstate.StateError, match="not UTF-8 text"):
+        versions.write_version(conn, "t", None, b'{"a": "\xff"}', source="apply", actor="t")
+    # A raw NUL byte would cut a text parameter short: refused, as psycopg refuses one in a str.
+    with pytest.raises(tfstate.StateError, match="cannot contain NUL"):
+        versions.write_version(conn, "u", None, b'{"a": 1}\x00{"b": 2}', source="apply", actor="t")
+    assert conn.execute("SELECT count(*) FROM state_versions").fetchone()[0] == 1
+
+
+def test_an_import_index_holds_the_instances_but_not_the_document():
+    raw = json.dumps(SHAPES["odd keys everywhere"]).encode()
+    full, index = tfstate.parse_state(raw), tfstate.parse_state(raw, keep_objects=False)
+    fields = [(i.address, i.deposed, i.module, i.mode, i.type, i.name, i.index_key, i.provider, i.resource_index,
+               i.instance_index) for i in full.instances]
+    assert fields == [(i.address, i.deposed, i.module, i.mode, i.type, i.name, i.index_key, i.provider, i.resource_index,
+                       i.instance_index) for i in index.instances]
+    assert all(i.obj == {} for i in index.instances) and "resources" not in index.raw
+    assert (index.serial, index.lineage, index.terraform_version) == (full.serial, full.lineage, full.terraform_version)
