@@ -52,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
         provider_search_path=None, workdir=None, lock_timeout=args.lock_timeout, timeout=None, rpc_timeout="10m",
         always_upgrade=False, allow_mass_removal=False)
     options_from_args(refresh_args)  # a bad --lock-timeout before anything starts
+    from kilolock.notify.deliver import Background
+    from kilolock.store import notify
+
+    url = db.resolve_target().url
+    # A worker commits, so it sends what its runs notify while it runs, not only when it exits.
+    sender = Background(lambda: db.connect(url))
     with db.open_store() as conn:
         worker = Worker(conn, config, lambda stored: options_from_args(refresh_args, stored),
                         say=lambda text: print(text, flush=True))
@@ -60,8 +66,12 @@ def run(args: argparse.Namespace) -> int:
             worker.stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        sender.start()
         try:
             return worker.run()
         finally:
+            sender.stop()
+            if not args.once:  # a long-lived worker's thread did the sending; --once sends at exit, as kl refresh
+                notify.hand_over()
             for s, h in previous.items():
                 signal.signal(s, h)
