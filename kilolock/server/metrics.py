@@ -48,7 +48,21 @@ class StoreCollector(Collector):
             buckets = [(_le(b), float(n)) for b, n in zip(DURATION_BUCKETS, d.cumulative, strict=True)]
             buckets.append(("+Inf", float(d.count)))
             durations.add_metric([d.name], buckets, d.total_seconds)
-        yield from (drift, last, runs, durations)
+        q = figures.fleet
+        queue = GaugeMetricFamily("kilolock_fleet_queue_jobs", "Fleet refresh jobs by queue position", labels=["status"])
+        for status, n in (("due", q.due), ("upcoming", q.upcoming), ("running", q.running)):
+            queue.add_metric([status], n)
+        lag = GaugeMetricFamily("kilolock_fleet_schedule_lag_seconds",
+                                "How long the oldest due refresh job has waited for a worker (0: none waits)")
+        lag.add_metric([], q.lag_s)
+        workers = GaugeMetricFamily("kilolock_fleet_workers_alive", "Workers whose heartbeat is within their lease")
+        workers.add_metric([], q.workers_alive)
+        deliveries = GaugeMetricFamily("kilolock_notify_deliveries",
+                                       "Notification deliveries kept in the delivery log, by channel and outcome",
+                                       labels=["channel", "status"])
+        for channel, status, n in figures.deliveries:
+            deliveries.add_metric([channel, status], n)
+        yield from (drift, last, runs, durations, queue, lag, workers, deliveries)
 
 
 def _le(bound: float) -> str:

@@ -335,10 +335,15 @@ ORDER BY j.finished_at DESC LIMIT %s
 """
 
 
+def queue_figures(conn: psycopg.Connection) -> dict[str, Any]:
+    """Queue depth and lag, as `kl fleet status` shows them (and /metrics exports them)."""
+    return conn.cursor(row_factory=dict_row).execute(_QUEUE).fetchone() or {}
+
+
 def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:
     cur = conn.cursor(row_factory=dict_row)
     workers = cur.execute(_WORKERS).fetchall()
-    queue = cur.execute(_QUEUE).fetchone() or {}
+    queue = queue_figures(conn)
     last_errors = cur.execute(_ERRORS, (errors,)).fetchall()
     now_row = conn.execute("SELECT now()").fetchone()
     assert now_row is not None

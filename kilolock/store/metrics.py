@@ -13,6 +13,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from kilolock.store import fleet
+
 # Upper bounds (seconds) of the refresh-duration histogram: a small state refreshes in well under a
 # second, a large one against a slow cloud API in minutes.
 DURATION_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -46,6 +48,18 @@ GROUP BY s.name, x.bucket
 ORDER BY s.name, x.bucket
 """
 
+_WORKERS_ALIVE = """
+SELECT count(*) FROM fleet_workers
+WHERE status <> 'stopped' AND heartbeat_at + make_interval(secs => lease_s) >= now()
+"""
+
+_DELIVERIES = """
+SELECT c.name, d.status, count(*) AS deliveries
+FROM notify_deliveries d JOIN notify_channels c ON c.id = d.channel_id
+GROUP BY c.name, d.status
+ORDER BY c.name, d.status
+"""
+
 
 @dataclass(frozen=True)
 class StateFigures:
@@ -63,10 +77,21 @@ class DurationFigures:
 
 
 @dataclass(frozen=True)
+class FleetFigures:
+    due: int  # queued jobs whose time has come
+    upcoming: int  # queued for later (jitter, a requeue's delay)
+    running: int
+    lag_s: float  # how long the oldest due job has waited (0: none waits)
+    workers_alive: int
+
+
+@dataclass(frozen=True)
 class StoreFigures:
     states: list[StateFigures]
     runs: list[tuple[str, str, int]]  # (state, status, runs)
     durations: list[DurationFigures]
+    fleet: FleetFigures
+    deliveries: list[tuple[str, str, int]]  # (channel, status, deliveries)
 
 
 def store_figures(conn: psycopg.Connection) -> StoreFigures:
@@ -78,7 +103,12 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
                   for r in cur.execute(_STATES)]
         runs = [(r["name"], r["status"], r["runs"]) for r in cur.execute(_RUNS)]
         rows = cur.execute(_DURATIONS, {"buckets": list(DURATION_BUCKETS)}).fetchall()
-    return StoreFigures(states, runs, _histograms(rows))
+        queue = fleet.queue_figures(conn)
+        alive = conn.execute(_WORKERS_ALIVE).fetchone()
+        deliveries = [(r["name"], r["status"], r["deliveries"]) for r in cur.execute(_DELIVERIES)]
+    figures = FleetFigures(queue["due"], queue["upcoming"], queue["running"], queue["lag_s"] or 0.0,
+                           alive[0] if alive else 0)
+    return StoreFigures(states, runs, _histograms(rows), figures, deliveries)
 
 
 def _histograms(rows: list[dict[str, Any]]) -> list[DurationFigures]:

@@ -105,3 +105,25 @@ def test_metrics_open_on_loopback_only_when_asked(imported, start_server):
     assert open_.request("GET", "/metrics").status == 200
     assert open_.request("GET", "/states/prod").status == 401  # only /metrics is opened
     assert open_.request("PUT", "/metrics", body=b"x").status in (401, 405)
+
+
+def test_fleet_queue_and_deliveries_match_kl_fleet_status_and_notify_log(imported, start_server, tmp_path):
+    r = kl("schedule", "run-now", "--states", "prod")
+    assert r.returncode == 0, r.stderr
+    # A receiver that is not there: the delivery stays pending, retried later (not waited for here).
+    assert kl("notify", "add", "ops", "--webhook", "http://127.0.0.1:9/hook", "--events", "refresh.failed").returncode == 0
+    r = kl("refresh", "empty-path", "--provider-search-path", str(tmp_path), "--workdir", str(tmp_path),
+           env={"KL_NOTIFY_WAIT": "0"})
+    assert r.returncode == 1, r.stderr
+
+    fleet = json.loads(kl("fleet", "status", "--format", "json").stdout)
+    samples = _samples(start_server().request("GET", "/metrics").text)  # after: its lag is the longer
+    assert fleet["queue"]["due"] == 1  # the test is not comparing zeros
+    for status in ("due", "upcoming", "running"):
+        assert samples[("kilolock_fleet_queue_jobs", (("status", status),))] == fleet["queue"][status], status
+    assert samples[("kilolock_fleet_schedule_lag_seconds", ())] >= fleet["queue"]["lag_s"] > 0
+    assert samples[("kilolock_fleet_workers_alive", ())] == 0
+    log = json.loads(kl("notify", "log", "--format", "json").stdout)
+    entries = log["deliveries"] if isinstance(log, dict) else log
+    assert [(e["channel"], e["status"]) for e in entries] == [("ops", "pending")], entries
+    assert samples[("kilolock_notify_deliveries", (("channel", "ops"), ("status", "pending")))] == 1
