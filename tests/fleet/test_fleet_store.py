@@ -89,7 +89,7 @@ def test_a_taken_over_run_does_not_commit(conn):
     doc = parser.loads(versions.raw_state_text(conn, "s"))
     doc["serial"] = 2
     with pytest.raises(KlError, match="finished meanwhile"):
-        commit_refresh(conn, "s", sid, doc, parser, current, "zombie", run_id, set())
+        commit_refresh(conn, "s", sid, tfstate.parse_state(doc), parser, current, "zombie", run_id, set())
     assert [v.serial for v in versions.list_versions(conn, "s")] == [1]
     assert locks.current(conn, sid) is None
 
