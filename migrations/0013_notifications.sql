@@ -25,6 +25,9 @@ CREATE TABLE notify_channels (
     failed_after  int         NOT NULL DEFAULT 1 CHECK (failed_after >= 1),
     -- refresh.stale: a scheduled state with no successful refresh for this long (NULL: never sent)
     stale_after_s double precision CHECK (stale_after_s IS NULL OR stale_after_s > 0),
+    -- when staleness was last evaluated for this channel: the pollers evaluate it at most every
+    -- stale_after_s / 10 (at most every 30 s), whatever the number of kl processes
+    stale_checked_at timestamptz,
     ui_url        text,
     created_at    timestamptz NOT NULL DEFAULT now(),
     created_by    text

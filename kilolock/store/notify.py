@@ -270,15 +270,22 @@ def record_run_events(conn: psycopg.Connection, run_id: str, *, failed: bool, gu
 # --- the outbox: refresh.stale ----------------------------------------------------------------
 
 # Nothing commits staleness, so the pollers evaluate it: every kl process that opens the store
-# and the notify sender threads (check_due). The first CTE is the gate: with no channel asking for
-# refresh.stale the statement reads one small table and stops (the EXISTS is a one-time filter).
+# and the notify sender threads (check_due). The first CTE is the gate: only channels asking for
+# refresh.stale whose last evaluation is older than a tenth of their threshold (at most 30 s) take
+# part, and they are stamped as evaluated now (so many processes polling cost one evaluation per
+# period, and two at once queue on the channel row: the second finds it stamped and skips). With
+# none due the statement reads one small table and stops (the EXISTS is a one-time filter).
 # A state is scheduled while an active schedule's glob matches it (the lowest-numbered such
 # schedule is the one named). Never refreshed successfully: stale counts from when the state was
 # created or that schedule was, whichever is later.
+STALE_CHECK_MAX_PERIOD_S = 30.0
 _STALE_EVENTS = """
-WITH channels AS MATERIALIZED (
-    SELECT id, states_regex, stale_after_s FROM notify_channels
+WITH channels AS (
+    UPDATE notify_channels SET stale_checked_at = now()
     WHERE stale_after_s IS NOT NULL AND 'refresh.stale' = ANY(events)
+      AND (stale_checked_at IS NULL
+           OR stale_checked_at <= now() - make_interval(secs => LEAST(stale_after_s / 10, %(max_period)s)))
+    RETURNING id, states_regex, stale_after_s
 ),
 scheduled AS MATERIALIZED (
     SELECT DISTINCT ON (s.id) s.id AS state_id, s.name, sc.id AS schedule_id, sc.states_glob, sc.every_s, sc.cron,
@@ -325,7 +332,7 @@ SELECT f.event_id, f.channel_id FROM fresh f JOIN events e ON e.id = f.event_id
 def record_stale_events(conn: psycopg.Connection) -> int:
     """refresh.stale for every (scheduled state, channel) whose staleness streak was not announced
     yet; returns the deliveries created (they are due at once: the caller's check sees them)."""
-    return conn.execute(_STALE_EVENTS).rowcount
+    return conn.execute(_STALE_EVENTS, {"max_period": STALE_CHECK_MAX_PERIOD_S}).rowcount
 
 
 # --- delivery ----------------------------------------------------------------------------------
