@@ -152,10 +152,13 @@ def run_list(args: argparse.Namespace) -> int:
     if not channels:
         print("no notification channels (kl notify add NAME --webhook URL)")
         return 0
-    render.table(["name", "format", "webhook", "secret", "states", "events", "failed after"],
+    from kilolock.durations import format_duration
+
+    render.table(["name", "format", "webhook", "secret", "states", "events", "failed after", "stale after"],
                  [(c.name, c.format, describe(c.webhook),
                    describe(c.secret) if isinstance(c.secret, dict) else ("(set)" if c.secret else "-"),
-                   c.states_glob, ",".join(c.events), c.failed_after) for c in channels])
+                   c.states_glob, ",".join(c.events), c.failed_after,
+                   "-" if c.stale_after_s is None else format_duration(c.stale_after_s)) for c in channels])
     return 0
 
 

@@ -332,7 +332,11 @@ SELECT f.event_id, f.channel_id FROM fresh f JOIN events e ON e.id = f.event_id
 def record_stale_events(conn: psycopg.Connection) -> int:
     """refresh.stale for every (scheduled state, channel) whose staleness streak was not announced
     yet; returns the deliveries created (they are due at once: the caller's check sees them)."""
-    return conn.execute(_STALE_EVENTS, {"max_period": STALE_CHECK_MAX_PERIOD_S}).rowcount
+    try:
+        return conn.execute(_STALE_EVENTS, {"max_period": STALE_CHECK_MAX_PERIOD_S}).rowcount
+    except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
+        # A read-only replica or role can still run commands that read: another poller evaluates.
+        return 0
 
 
 # --- delivery ----------------------------------------------------------------------------------

@@ -93,8 +93,10 @@ def test_no_stale_after_means_no_refresh_stale_and_the_option_needs_the_event(ru
     assert receiver.events() == []
     r = run_kl("notify", "add", "x", "--webhook", receiver.url, "--events", "drift.new", "--stale-after", "1h")
     assert r.returncode == 2 and b"do not include refresh.stale" in r.stderr and b"Traceback" not in r.stderr
+    ok(run_kl("notify", "add", "daily", "--webhook", receiver.url, "--stale-after", "1d"))
     listed = json.loads(ok(run_kl("notify", "list", "--format", "json")).stdout)["channels"]
-    assert [c["stale_after_s"] for c in listed] == [None]
+    assert [(c["name"], c["stale_after_s"]) for c in listed] == [("all", None), ("daily", 86400)]
+    assert b"1d00h" in ok(run_kl("notify", "list")).stdout
 
 
 @pytest.fixture
