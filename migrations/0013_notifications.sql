@@ -5,7 +5,10 @@
 -- records that version opened, updated or resolved; refresh events with the refresh_runs finish.
 -- A delivery is one (event, channel) pair, created in that same transaction for every channel
 -- whose states glob and event list match. A channel added later gets no delivery of an older
--- event: turning a channel on over a drifting fleet replays nothing.
+-- event: turning a channel on over a drifting fleet replays nothing, unless it is added with
+-- --replay-open-drift (one drift.new per state from its open drift, to that channel only).
+-- refresh.stale has no causing write: it is evaluated by the processes that poll (store/notify.py
+-- record_stale_events) and remembered per (state, channel) in notify_stale_notices.
 --
 -- Deliveries are claimed with FOR UPDATE SKIP LOCKED and a lease (lease_owner, lease_until), so
 -- two processes never send the same one at once; each attempt is a row of notify_attempts.
@@ -20,6 +23,11 @@ CREATE TABLE notify_channels (
     states_regex  text        NOT NULL,  -- kilolock.globs, as drift_ignore_rules
     events        text[]      NOT NULL CHECK (cardinality(events) >= 1),
     failed_after  int         NOT NULL DEFAULT 1 CHECK (failed_after >= 1),
+    -- refresh.stale: a scheduled state with no successful refresh for this long (NULL: never sent)
+    stale_after_s double precision CHECK (stale_after_s IS NULL OR stale_after_s > 0),
+    -- when staleness was last evaluated for this channel: the pollers evaluate it at most every
+    -- stale_after_s / 10 (at most every 30 s), whatever the number of kl processes
+    stale_checked_at timestamptz,
     ui_url        text,
     created_at    timestamptz NOT NULL DEFAULT now(),
     created_by    text
@@ -29,7 +37,7 @@ CREATE TABLE notify_channels (
 CREATE TABLE notify_events (
     id          uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     kind        text        NOT NULL CHECK (kind IN ('drift.new', 'drift.updated', 'drift.resolved',
-                                                     'refresh.failed', 'refresh.guarded')),
+                                                     'refresh.failed', 'refresh.guarded', 'refresh.stale')),
     state_id    uuid        NOT NULL REFERENCES states(id) ON DELETE CASCADE,
     state_name  text        NOT NULL,
     version_id  uuid                 REFERENCES state_versions(id) ON DELETE CASCADE,
@@ -37,7 +45,8 @@ CREATE TABLE notify_events (
     run_id      uuid                 REFERENCES refresh_runs(id) ON DELETE CASCADE,
     -- drift events: {"addresses": [{drift_id, address, deposed, kind, paths, baseline, current, resolved_how}]}
     -- (resource row ids; values are read and masked at send time, never copied here);
-    -- refresh events: {"error": ..., "failures_in_a_row": n}
+    -- refresh events: {"error": ..., "failures_in_a_row": n};
+    -- refresh.stale: {"last_success_at", "stale_for_s", "stale_after_s", "schedule": {id, states, every_s, cron}}
     detail      jsonb       NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now()
 );
@@ -83,3 +92,18 @@ CREATE TABLE notify_drift_notices (
     kind      text    NOT NULL,
     paths     text[]  NOT NULL DEFAULT '{}'
 );
+
+-- refresh.stale, once per staleness streak and channel: the streak is named by the state's last
+-- successful refresh when it was announced ('-infinity': never refreshed successfully). A later
+-- success changes that time, so the next staleness is a new streak. The primary key serialises two
+-- processes evaluating at once: only one of them inserts (or moves) the row, and only it sends.
+CREATE TABLE notify_stale_notices (
+    state_id    uuid        NOT NULL REFERENCES states(id) ON DELETE CASCADE,
+    channel_id  bigint      NOT NULL REFERENCES notify_channels(id) ON DELETE CASCADE,
+    last_ok_at  timestamptz NOT NULL,
+    noticed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (state_id, channel_id)
+);
+
+-- A state's last successful refresh: one index probe per scheduled state in the staleness check.
+CREATE INDEX refresh_runs_succeeded_idx ON refresh_runs (state_id, finished_at DESC) WHERE status = 'succeeded';

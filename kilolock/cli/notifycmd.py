@@ -1,7 +1,7 @@
 """``kl notify add|list|remove|test|log``: notification channels (webhooks) and their delivery log.
 
 A channel hears the events of the states its glob matches from the moment it is added (older
-events are never replayed). URLs and secrets given as {"env": "NAME"} are stored as that reference
+events are never replayed; --replay-open-drift sends the drift open now as drift.new, to it only). URLs and secrets given as {"env": "NAME"} are stored as that reference
 and resolved at send time; neither a resolved one nor a literal secret is ever printed.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 
-EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded")  # store.notify.EVENTS
+EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
+          "refresh.stale")  # store.notify.EVENTS
 
 
 def channel_name(text: str) -> str:
@@ -98,21 +99,36 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failed-after", type=cli_args.positive, default=1, metavar="N",
                         help="refresh.failed once a state's refreshes failed N times in a row (default 1); "
                              "once per streak")
+    parser.add_argument("--stale-after", type=cli_args.duration, metavar="DURATION",
+                        help="refresh.stale once a scheduled state (an active `kl schedule` matches it) has had no "
+                             "successful refresh for this long, e.g. 6h or 1d; once per streak (default: not sent)")
+    parser.add_argument("--replay-open-drift", action="store_true",
+                        help="also send this channel (only) one drift.new per state for the drift open now, "
+                             "after ignore rules (default: only drift found from now on)")
     parser.add_argument("--ui-url", type=ui_url, metavar="URL", help="the kl web UI's base URL, linked from payloads")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who adds it (default: $USER@cli)")
 
 
 def run_add(args: argparse.Namespace) -> int:
     from kilolock import globs
+    from kilolock.errors import UsageError
     from kilolock.store import db, notify
 
-    with db.open_store() as conn:
+    if args.stale_after is not None and "refresh.stale" not in args.events:
+        raise UsageError("--stale-after: the channel's --events do not include refresh.stale")
+    if args.replay_open_drift and "drift.new" not in args.events:
+        raise UsageError("--replay-open-drift: the channel's --events do not include drift.new")
+    with db.open_store() as conn, conn.transaction():
         channel = notify.add_channel(
             conn, name=args.name, format=args.payload_format, webhook=args.webhook, secret=args.secret,
             states_glob=args.states, states_regex=globs.sql_regex(args.states), events=args.events,
-            failed_after=args.failed_after, ui_url=args.ui_url, created_by=args.actor or cli_args.default_actor())
+            failed_after=args.failed_after, ui_url=args.ui_url, created_by=args.actor or cli_args.default_actor(),
+            stale_after_s=args.stale_after)
+        replayed = notify.replay_open_drift(conn, channel.id) if args.replay_open_drift else 0
+    since = (f"replaying the open drift of {replayed} state(s), then what happens from now on" if args.replay_open_drift
+             else "from now on, nothing older is sent")
     print(f"added notification channel {channel.name}: {', '.join(channel.events)} of states {channel.states_glob} "
-          f"to {describe(channel.webhook)} ({channel.format}); from now on, nothing older is sent")
+          f"to {describe(channel.webhook)} ({channel.format}); {since}")
     return 0
 
 
@@ -129,16 +145,20 @@ def run_list(args: argparse.Namespace) -> int:
         render.emit_json({"version": 1, "channels": [
             {"name": c.name, "format": c.format, "webhook": describe(c.webhook),
              "secret": describe(c.secret) if isinstance(c.secret, dict) else ("(set)" if c.secret else None),
-             "states": c.states_glob, "events": c.events, "failed_after": c.failed_after, "ui_url": c.ui_url,
+             "states": c.states_glob, "events": c.events, "failed_after": c.failed_after,
+             "stale_after_s": c.stale_after_s, "ui_url": c.ui_url,
              "created_at": c.created_at, "created_by": c.created_by} for c in channels]})
         return 0
     if not channels:
         print("no notification channels (kl notify add NAME --webhook URL)")
         return 0
-    render.table(["name", "format", "webhook", "secret", "states", "events", "failed after"],
+    from kilolock.durations import format_duration
+
+    render.table(["name", "format", "webhook", "secret", "states", "events", "failed after", "stale after"],
                  [(c.name, c.format, describe(c.webhook),
                    describe(c.secret) if isinstance(c.secret, dict) else ("(set)" if c.secret else "-"),
-                   c.states_glob, ",".join(c.events), c.failed_after) for c in channels])
+                   c.states_glob, ",".join(c.events), c.failed_after,
+                   "-" if c.stale_after_s is None else format_duration(c.stale_after_s)) for c in channels])
     return 0
 
 

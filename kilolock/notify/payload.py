@@ -27,6 +27,7 @@ _TITLES = {
     "drift.resolved": "drift resolved",
     "refresh.failed": "refresh failed",
     "refresh.guarded": "refresh refused by the mass-removal guard",
+    "refresh.stale": "no successful refresh",
 }
 
 
@@ -72,6 +73,12 @@ def document(event: Mapping[str, Any], found: list[dict[str, Any]]) -> dict[str,
     }
     if kind.startswith("drift."):
         body["addresses"] = found
+        if event["detail"].get("replayed"):
+            body["replayed"] = True  # --replay-open-drift: drift open when the channel was added
+    elif kind == "refresh.stale":
+        detail = event["detail"]
+        body["stale"] = {"last_success_at": detail.get("last_success_at"), "stale_for_s": detail.get("stale_for_s"),
+                         "stale_after_s": detail.get("stale_after_s"), "schedule": detail.get("schedule")}
     else:
         detail = event["detail"]
         body["refresh"] = {"error": detail.get("error"), "failures_in_a_row": detail.get("failures_in_a_row")}
@@ -105,6 +112,15 @@ def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
                     lines.append(f"    … {len(a['changes']) - MAX_SLACK_CHANGES} more")
         if len(doc["addresses"]) > MAX_SLACK_ADDRESSES:
             lines.append(f"… {len(doc['addresses']) - MAX_SLACK_ADDRESSES} more addresses")
+    elif kind == "refresh.stale":
+        stale = doc["stale"]
+        last = stale.get("last_success_at")
+        lines.append(f"last successful refresh: {_slack_escape(str(last)) if last else 'never'}; "
+                     f"stale for {_span(stale.get('stale_for_s'))} (alert after {_span(stale.get('stale_after_s'))})")
+        schedule = stale.get("schedule") or {}
+        if schedule:
+            every = f"every {_span(schedule.get('every_s'))}" if schedule.get("every_s") else f"cron `{schedule.get('cron')}`"
+            lines.append(f"scheduled by schedule {schedule.get('id')} ({_slack_escape(str(schedule.get('states')))}, {every})")
     else:
         refresh = doc["refresh"]
         if refresh.get("failures_in_a_row"):
@@ -120,6 +136,21 @@ def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]}})
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
     return {"text": text, "blocks": blocks}
+
+
+def _span(seconds: Any) -> str:
+    """Seconds as a person reads them: 90061 → 1d1h1m."""
+    if seconds is None:
+        return "?"
+    left = int(float(seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    if left or not parts:
+        parts.append(f"{left}s")
+    return "".join(parts)
 
 
 def body_bytes(format: str, doc: Mapping[str, Any]) -> bytes:

@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from kilolock.errors import KlError
 
-EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded")
+EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded", "refresh.stale")
 FORMATS = ("json", "slack")
 
 # Set when this process wrote a delivery (so it should deliver before it exits), or found one due
@@ -56,16 +56,19 @@ class Channel:
     events: list[str]
     failed_after: int
     ui_url: str | None
+    stale_after_s: float | None = None
     created_at: datetime | None = None
     created_by: str | None = None
 
 
 # --- channels ----------------------------------------------------------------------------------
 
-_CHANNEL_COLS = "id, name, format, webhook, secret, states_glob, events, failed_after, ui_url, created_at, created_by"
+_CHANNEL_COLS = ("id, name, format, webhook, secret, states_glob, events, failed_after, ui_url, stale_after_s, "
+                 "created_at, created_by")
 _ADD_CHANNEL = f"""
-INSERT INTO notify_channels (name, format, webhook, secret, states_glob, states_regex, events, failed_after, ui_url, created_by)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING {_CHANNEL_COLS}
+INSERT INTO notify_channels (name, format, webhook, secret, states_glob, states_regex, events, failed_after, ui_url,
+                             stale_after_s, created_by)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING RETURNING {_CHANNEL_COLS}
 """
 _LIST_CHANNELS = f"SELECT {_CHANNEL_COLS} FROM notify_channels ORDER BY name"
 _GET_CHANNEL = f"SELECT {_CHANNEL_COLS} FROM notify_channels WHERE name = %s"
@@ -74,13 +77,63 @@ _REMOVE_CHANNEL = "DELETE FROM notify_channels WHERE name = %s"
 
 def add_channel(conn: psycopg.Connection, *, name: str, format: str, webhook: Any, secret: Any, states_glob: str,
                 states_regex: str, events: list[str], failed_after: int, ui_url: str | None,
-                created_by: str | None) -> Channel:
+                created_by: str | None, stale_after_s: float | None = None) -> Channel:
     row = conn.cursor(row_factory=class_row(Channel)).execute(_ADD_CHANNEL, (
         name, format, Jsonb(webhook), None if secret is None else Jsonb(secret), states_glob, states_regex, events,
-        failed_after, ui_url, created_by)).fetchone()
+        failed_after, ui_url, stale_after_s, created_by)).fetchone()
     if row is None:
         raise ChannelError(f"a notification channel named {name!r} exists already (see `kl notify list`)")
     return row
+
+
+# The replay a channel asks for when it is added (--replay-open-drift): one drift.new per state
+# whose name the channel's glob matches, naming that state's open drift as current_resource_drift
+# shows it (ignore rules applied), delivered to that channel only. The records become announced
+# (if no earlier channel heard of them), so their growth and end are sent as for live drift.
+_REPLAY_OPEN_DRIFT = """
+WITH channel AS (SELECT id, states_regex FROM notify_channels WHERE id = %(channel)s),
+open AS MATERIALIZED (
+    SELECT d.id, d.state_id, s.name AS state_name, d.address, d.deposed, d.kind, d.changed_attributes,
+           d.baseline_resource_id, d.current_resource_id, d.detected_version_id
+    FROM drift_records d JOIN states s ON s.id = d.state_id, channel c
+    WHERE d.resolved_version_id IS NULL AND s.name ~ c.states_regex
+      AND EXISTS (SELECT 1 FROM current_resource_drift v WHERE v.drift_id = d.id)
+),
+noted AS (
+    INSERT INTO notify_drift_notices (drift_id, kind, paths)
+    SELECT id, kind, COALESCE(changed_attributes, '{}') FROM open
+    ON CONFLICT (drift_id) DO NOTHING
+    RETURNING 1
+),
+per_state AS MATERIALIZED (
+    SELECT gen_random_uuid() AS event_id, o.state_id, o.state_name,
+           (SELECT v.id FROM state_versions v WHERE v.state_id = o.state_id ORDER BY v.serial DESC LIMIT 1) AS version_id,
+           jsonb_build_object('replayed', true, 'addresses', jsonb_agg(jsonb_build_object(
+               'drift_id', o.id, 'address', o.address, 'deposed', o.deposed, 'kind', o.kind,
+               'paths', COALESCE(to_jsonb(o.changed_attributes), '[]'::jsonb),
+               'baseline', o.baseline_resource_id, 'current', o.current_resource_id, 'resolved_how', NULL)
+               ORDER BY o.address, o.deposed)) AS detail
+    FROM open o GROUP BY o.state_id, o.state_name
+),
+events AS (
+    INSERT INTO notify_events (id, kind, state_id, state_name, version_id, serial, detail)
+    SELECT p.event_id, 'drift.new', p.state_id, p.state_name, p.version_id,
+           (SELECT v.serial FROM state_versions v WHERE v.id = p.version_id), p.detail
+    FROM per_state p
+    RETURNING id
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT e.id, c.id FROM events e, channel c
+"""
+
+
+def replay_open_drift(conn: psycopg.Connection, channel_id: int) -> int:
+    """drift.new of the open drift the channel's states have now, to that channel only (in the
+    transaction that adds it); returns the events (one per state) created."""
+    created = conn.execute(_REPLAY_OPEN_DRIFT, {"channel": channel_id}).rowcount
+    if created:
+        _hint["wrote"] = True
+    return created
 
 
 def list_channels(conn: psycopg.Connection) -> list[Channel]:
@@ -214,6 +267,78 @@ def record_run_events(conn: psycopg.Connection, run_id: str, *, failed: bool, gu
     return created
 
 
+# --- the outbox: refresh.stale ----------------------------------------------------------------
+
+# Nothing commits staleness, so the pollers evaluate it: every kl process that opens the store
+# and the notify sender threads (check_due). The first CTE is the gate: only channels asking for
+# refresh.stale whose last evaluation is older than a tenth of their threshold (at most 30 s) take
+# part, and they are stamped as evaluated now (so many processes polling cost one evaluation per
+# period, and two at once queue on the channel row: the second finds it stamped and skips). With
+# none due the statement reads one small table and stops (the EXISTS is a one-time filter).
+# A state is scheduled while an active schedule's glob matches it (the lowest-numbered such
+# schedule is the one named). Never refreshed successfully: stale counts from when the state was
+# created or that schedule was, whichever is later.
+STALE_CHECK_MAX_PERIOD_S = 30.0
+_STALE_EVENTS = """
+WITH channels AS (
+    UPDATE notify_channels SET stale_checked_at = now()
+    WHERE stale_after_s IS NOT NULL AND 'refresh.stale' = ANY(events)
+      AND (stale_checked_at IS NULL
+           OR stale_checked_at <= now() - make_interval(secs => LEAST(stale_after_s / 10, %(max_period)s)))
+    RETURNING id, states_regex, stale_after_s
+),
+scheduled AS MATERIALIZED (
+    SELECT DISTINCT ON (s.id) s.id AS state_id, s.name, sc.id AS schedule_id, sc.states_glob, sc.every_s, sc.cron,
+           GREATEST(s.created_at, sc.created_at) AS scheduled_at
+    FROM states s JOIN fleet_schedules sc ON NOT sc.paused AND s.name ~ sc.states_regex
+    WHERE EXISTS (SELECT 1 FROM channels)
+    ORDER BY s.id, sc.id
+),
+last_ok AS MATERIALIZED (
+    SELECT sd.*, (SELECT r.finished_at FROM refresh_runs r WHERE r.state_id = sd.state_id AND r.status = 'succeeded'
+                  ORDER BY r.finished_at DESC LIMIT 1) AS last_ok_at
+    FROM scheduled sd
+),
+stale AS MATERIALIZED (
+    SELECT l.*, c.id AS channel_id, c.stale_after_s, COALESCE(l.last_ok_at, l.scheduled_at) AS since
+    FROM last_ok l JOIN channels c ON l.name ~ c.states_regex
+    WHERE COALESCE(l.last_ok_at, l.scheduled_at) + make_interval(secs => c.stale_after_s) < now()
+),
+noticed AS (
+    INSERT INTO notify_stale_notices AS n (state_id, channel_id, last_ok_at)
+    SELECT state_id, channel_id, COALESCE(last_ok_at, '-infinity') FROM stale
+    ON CONFLICT (state_id, channel_id) DO UPDATE SET last_ok_at = EXCLUDED.last_ok_at, noticed_at = now()
+        WHERE n.last_ok_at IS DISTINCT FROM EXCLUDED.last_ok_at
+    RETURNING state_id, channel_id
+),
+fresh AS MATERIALIZED (
+    SELECT gen_random_uuid() AS event_id, st.* FROM stale st JOIN noticed USING (state_id, channel_id)
+),
+events AS (
+    INSERT INTO notify_events (id, kind, state_id, state_name, detail)
+    SELECT f.event_id, 'refresh.stale', f.state_id, f.name, jsonb_build_object(
+               'last_success_at', f.last_ok_at, 'stale_for_s', round(EXTRACT(EPOCH FROM now() - f.since)),
+               'stale_after_s', f.stale_after_s,
+               'schedule', jsonb_build_object('id', f.schedule_id, 'states', f.states_glob, 'every_s', f.every_s,
+                                              'cron', f.cron))
+    FROM fresh f
+    RETURNING id
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT f.event_id, f.channel_id FROM fresh f JOIN events e ON e.id = f.event_id
+"""
+
+
+def record_stale_events(conn: psycopg.Connection) -> int:
+    """refresh.stale for every (scheduled state, channel) whose staleness streak was not announced
+    yet; returns the deliveries created (they are due at once: the caller's check sees them)."""
+    try:
+        return conn.execute(_STALE_EVENTS, {"max_period": STALE_CHECK_MAX_PERIOD_S}).rowcount
+    except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
+        # A read-only replica or role can still run commands that read: another poller evaluates.
+        return 0
+
+
 # --- delivery ----------------------------------------------------------------------------------
 
 _DUE = """
@@ -274,7 +399,9 @@ RETURNING d.status
 
 
 def check_due(conn: psycopg.Connection) -> bool:
-    """The cheap check of every kl process that opens the store: is any delivery waiting?"""
+    """The cheap check of every kl process that opens the store and of the sender threads: record
+    what staleness is due (record_stale_events), then is any delivery waiting?"""
+    record_stale_events(conn)
     row = conn.execute(_DUE).fetchone()
     due = bool(row and row[0])
     if due:

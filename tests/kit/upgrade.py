@@ -340,6 +340,17 @@ def populate(conn: psycopg.Connection) -> None:
     claimed = fleet.claim(conn, worker, 2, 60.0)
     fleet.finish_job(conn, claimed[0].id, worker, "failed", None, "fixture: provider exited")
 
+    # refresh.stale (0013): a channel that asks for it, and a streak it was told of. Its threshold
+    # (a century) keeps the kl processes the upgrade test runs from finding prod stale again, and
+    # its evaluation time ('infinity') from evaluating (and stamping) it at all.
+    stale = notify.add_channel(conn, name="stale", format="json", webhook="https://hooks.example.com/stale",
+                               secret=None, states_glob="prod", states_regex=globs.sql_regex("prod"),
+                               events=["refresh.stale"], failed_after=1, ui_url=None, created_by="fixture@cli",
+                               stale_after_s=100 * 365 * 86400.0)
+    conn.execute("INSERT INTO notify_stale_notices (state_id, channel_id, last_ok_at, noticed_at) "
+                 "VALUES (%s, %s, '-infinity', '2026-01-02T00:00:00Z')", (versions.state_id(conn, "prod"), stale.id))
+    conn.execute("UPDATE notify_channels SET stale_checked_at = 'infinity' WHERE id = %s", (stale.id,))
+
 
 def main() -> int:
     """Write fixtures/schema-<head>.{sql,json} from a fresh database at the current head schema."""

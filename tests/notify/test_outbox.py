@@ -113,6 +113,42 @@ def test_a_channel_added_over_existing_drift_replays_nothing(run_kl, make_state,
     assert kinds(receiver) == [("drift.new", ["null_resource.b"])]
 
 
+def test_replay_open_drift_sends_the_open_drift_after_ignore_rules_to_the_new_channel_only(run_kl, make_state,
+                                                                                          start_receiver):
+    early, late, scoped = start_receiver(), start_receiver(), start_receiver()
+    add_channel(run_kl, "early", early.url)
+    ok(run_kl("drift", "ignore", "add", "--states", "prod", "--address", "null_resource.c"))
+    C = {"id": "3", "triggers": {"w": "1"}}
+    ok(write(run_kl, make_state, 1, "apply", {"a": A(), "b": B, "c": C}))
+    ok(write(run_kl, make_state, 2, "refresh", {"a": A(x="2"), "b": B, "c": {"id": "3", "triggers": {"w": "2"}}}))
+    ok(write(run_kl, make_state, 1, "apply", {"a": A()}, state="staging/eu"))
+    ok(write(run_kl, make_state, 2, "refresh", {}, state="staging/eu"))  # deleted behind Terraform's back
+    ok(write(run_kl, make_state, 1, "apply", {"a": A()}, state="calm"))
+    ok(write(run_kl, make_state, 2, "refresh", {"a": A()}, state="calm"))
+    assert sorted(kinds(early)) == [("drift.new", ["null_resource.a"]), ("drift.new", ["null_resource.a"])]
+
+    r = ok(run_kl("notify", "add", "late", "--webhook", late.url, "--replay-open-drift"))
+    assert b"replaying the open drift of 2 state(s)" in r.stdout
+    got = {e.json["state"]: e.json for e in late.wait_for(2)}
+    assert sorted(got) == ["prod", "staging/eu"] and len(late.events()) == 2
+    prod = got["prod"]
+    assert (prod["event"], prod["serial"], prod["replayed"]) == ("drift.new", 2, True)
+    assert prod["addresses"] == [{"address": "null_resource.a", "deposed": None, "kind": "changed", "paths": ["triggers"],
+                                  "changes": [{"path": 'triggers["x"]', "before": "1", "after": "2"}], "resolved_how": None}]
+    assert [(a["address"], a["kind"]) for a in got["staging/eu"]["addresses"]] == [("null_resource.a", "deleted")]
+    add_channel(run_kl, "scoped", scoped.url, "--states", "staging/**", "--replay-open-drift")
+    assert [e.json["state"] for e in scoped.events()] == ["staging/eu"]
+    assert len(early.events()) == 2  # the channels that heard it live hear nothing again
+
+    # Replayed drift is followed like live drift: its end reaches every channel.
+    ok(write(run_kl, make_state, 3, "apply", {"a": A(x="2"), "b": B, "c": C}))
+    assert kinds(late)[2:] == [("drift.resolved", ["null_resource.a"])]
+    assert kinds(early)[2:] == [("drift.resolved", ["null_resource.a"])]
+
+    r = run_kl("notify", "add", "x", "--webhook", late.url, "--events", "drift.resolved", "--replay-open-drift")
+    assert r.returncode == 2 and b"do not include drift.new" in r.stderr, r.stderr
+
+
 def test_a_500_then_200_is_one_delivery_with_both_attempts_logged(run_kl, make_state, start_receiver):
     receiver = start_receiver([500])
     add_channel(run_kl, "flaky", receiver.url)
