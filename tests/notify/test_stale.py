@@ -20,7 +20,7 @@ from kit.fleet import add_states, q, runs_of
 from kit.paths import REPO
 from kit.webhook import Receiver
 
-STALE_AFTER = 1.5  # seconds: short, so a test waits little; every check below is a real kl process
+STALE_AFTER = 5.0  # seconds: short, so a test waits little, yet longer than the few kl processes before the first check take on a loaded CI machine
 
 
 def ok(r: Any) -> Any:
@@ -40,12 +40,13 @@ def checks(run_kl, n: int = 3) -> None:
 
 def test_a_stale_scheduled_state_is_sent_once_per_streak_and_a_successful_refresh_ends_it(run_kl, db_url, receiver):
     add_states(db_url, ["prod/a", "paused/b", "loose"], instances=2)
+    ok(run_kl("notify", "add", "late", "--webhook", receiver.url, "--stale-after", f"{STALE_AFTER:g}s", "--secret", "k"))
+    ok(run_kl("notify", "add", "nostale", "--webhook", receiver.url, "--events", "drift.new,refresh.stale"))
+    # Staleness counts from the schedule's creation (no success yet): the clock starts here.
     schedule = ok(run_kl("schedule", "set", "--states", "prod/**", "--every", "1h")).stdout.decode()
     paused = ok(run_kl("schedule", "set", "--states", "paused/**", "--every", "1h")).stdout.decode()
     paused_id = next(w for w in paused.split() if w.isdigit())
     ok(run_kl("schedule", "pause", paused_id))
-    ok(run_kl("notify", "add", "late", "--webhook", receiver.url, "--stale-after", f"{STALE_AFTER}s", "--secret", "k"))
-    ok(run_kl("notify", "add", "nostale", "--webhook", receiver.url, "--events", "drift.new,refresh.stale"))
     checks(run_kl, 1)
     assert receiver.events() == []  # not stale yet
 
