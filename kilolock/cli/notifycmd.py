@@ -25,7 +25,7 @@ def channel_name(text: str) -> str:
     return text
 
 
-def _env_ref(text: str, what: str) -> Any:
+def _env_ref(text: str) -> Any:
     """TEXT as stored: a literal string, or {"env": "NAME"} given as that JSON."""
     if not text.lstrip().startswith("{"):
         return text
@@ -34,26 +34,27 @@ def _env_ref(text: str, what: str) -> Any:
     except ValueError:
         value = None
     if not (isinstance(value, dict) and set(value) == {"env"} and isinstance(value["env"], str) and value["env"]):
-        raise argparse.ArgumentTypeError(f'{what}: give a literal value or {{"env": "NAME"}}, not {text!r}')
+        # argparse names the option ("argument --webhook: ...").
+        raise argparse.ArgumentTypeError(f'give a literal value or {{"env": "NAME"}}, not {text!r}')
     return value
 
 
 def webhook(text: str) -> Any:
     cli_args.utf8_text(text)
-    value = _env_ref(text, "--webhook")
+    value = _env_ref(text)
     if isinstance(value, str):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             # The URL itself may be a credential: the message does not quote it.
-            raise argparse.ArgumentTypeError('--webhook: not an http(s) URL (or {"env": "NAME"} naming one)')
+            raise argparse.ArgumentTypeError('not an http(s) URL (or {"env": "NAME"} naming one)')
     return value
 
 
 def secret(text: str) -> Any:
     cli_args.utf8_text(text)
-    value = _env_ref(text, "--secret")
+    value = _env_ref(text)
     if isinstance(value, str) and not value:
-        raise argparse.ArgumentTypeError("--secret: empty")
+        raise argparse.ArgumentTypeError("empty")
     return value
 
 
@@ -61,7 +62,7 @@ def event_list(text: str) -> list[str]:
     events = [e.strip() for e in text.split(",") if e.strip()]
     unknown = [e for e in events if e not in EVENTS]
     if unknown or not events:
-        raise argparse.ArgumentTypeError(f"--events: unknown event {', '.join(unknown) or '(none)'}; "
+        raise argparse.ArgumentTypeError(f"unknown event {', '.join(unknown) or '(none)'}; "
                                          f"events are {', '.join(EVENTS)}")
     return sorted(set(events), key=EVENTS.index)
 
@@ -70,7 +71,7 @@ def ui_url(text: str) -> str:
     cli_args.utf8_text(text)
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"--ui-url: {text!r} is not an http(s) URL")
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
     return text
 
 

@@ -264,8 +264,9 @@ def test_channel_commands(run_kl, receiver):
     [sample] = receiver.events()
     assert sample.json["test"] is True and sample.signed_by("literal-secret-value")
 
-    for bad, said in ((["--webhook", "ftp://x"], "not an http(s) URL"), (["--webhook", '{"env": 3}'], '{"env": "NAME"}'),
-                      (["--webhook", receiver.url, "--events", "drift.new,nope"], "unknown event nope"),
+    for bad, said in ((["--webhook", "ftp://x"], "kl: notify add: argument --webhook: not an http(s) URL"),
+                      (["--webhook", '{"env": 3}'], '{"env": "NAME"}'),
+                      (["--webhook", receiver.url, "--events", "drift.new,nope"], "argument --events: unknown event nope"),
                       (["--webhook", receiver.url, "--states", ""], "state glob must not be empty")):
         r = run_kl("notify", "add", "x", *bad)
         assert r.returncode != 0 and said in r.stderr.decode() and "Traceback" not in r.stderr.decode(), r.stderr
