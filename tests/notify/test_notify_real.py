@@ -9,16 +9,12 @@ when the streak reaches the channel's --failed-after.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kit.paths import LOCAL_V, PLUGIN_CACHE, REPO, TERRAFORM
+from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
 from kit.procs import assert_no_new_providers, provider_pids
 from kit.tfworkspace import terraform
 from kit.webhook import Receiver
@@ -50,23 +46,6 @@ def _tools_and_no_orphans() -> Iterator[None]:
     before = provider_pids()
     yield
     assert_no_new_providers(before)
-
-
-@pytest.fixture
-def kl_serve(db_url: str) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, KL_DATABASE_URL=db_url, PYTHONPATH=str(REPO))
-    env.pop("KL_SERVE_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", "-q"],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(30)
 
 
 def refresh(run_kl, ws: Path) -> dict:

@@ -6,18 +6,10 @@ refreshed by real `kl refresh` runs with the real null provider.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from kit.fleet import add_states, q, runs_of
-from kit.paths import REPO
 from kit.webhook import Receiver
 
 STALE_AFTER = 5.0  # seconds: short, so a test waits little, yet longer than the few kl processes before the first check take on a loaded CI machine
@@ -98,23 +90,6 @@ def test_no_stale_after_means_no_refresh_stale_and_the_option_needs_the_event(ru
     listed = json.loads(ok(run_kl("notify", "list", "--format", "json")).stdout)["channels"]
     assert [(c["name"], c["stale_after_s"]) for c in listed] == [("all", None), ("daily", 86400)]
     assert b"1d00h" in ok(run_kl("notify", "list")).stdout
-
-
-@pytest.fixture
-def kl_serve(db_url: str) -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, KL_DATABASE_URL=db_url, PYTHONPATH=str(REPO))
-    env.pop("KL_SERVE_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", "-q"],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
-    yield
-    proc.terminate()
-    proc.wait(30)
 
 
 def test_kl_serve_sender_thread_finds_staleness_with_no_other_kl_process(run_kl, db_url, receiver, kl_serve):
