@@ -36,13 +36,17 @@ OptionsFor = Callable[[StateSettings | None], RefreshOptions]
 
 
 def check_not_running(conn: psycopg.Connection, sid: str, name: str) -> None:
-    """Refuse (StateBusy) while a fleet worker refreshes the state: two runs of one state never
-    overlap, so ``kl refresh`` waits for it (--lock-timeout) or says who runs it."""
+    """Refuse (StateBusy) while a fleet worker or another live ``kl refresh`` refreshes the state:
+    two runs of one state never overlap, so ``kl refresh`` waits for it (--lock-timeout) or says
+    who runs it."""
     job = fleet.running_job(conn, sid)
     if job is not None:
         raise StateBusy(name, {"Who": f"worker {job['worker']} (fleet job {job['id']})", "Created": job["claimed_at"],
                                "Operation": "kl worker", "ID": job["run_id"] or f"job {job['id']}"},
                         "--lock-timeout DURATION waits for it")
+    busy = refresh_runs.live_run(conn, sid)
+    if busy is not None:
+        raise busy
 
 
 def wait_until_not_running(conn: psycopg.Connection, sid: str, name: str, options: RefreshOptions,

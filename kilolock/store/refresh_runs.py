@@ -101,19 +101,28 @@ def mark_fleet_job(conn: psycopg.Connection, job_id: int | None) -> None:
     conn.execute("SELECT set_config(%s, %s, false)", (_FLEET_JOB, "" if job_id is None else str(job_id)))
 
 
+def live_run(conn: psycopg.Connection, state_id: str) -> StateBusy | None:
+    """Why a new run of the state may not start now: a live run of it (a ``kl refresh`` whose
+    process holds its liveness lock, or a fleet worker's), or None."""
+    live = conn.execute(_LIVE_RUN, (state_id,)).fetchone()
+    if live is None:
+        return None
+    return StateBusy(live[3], {"Who": f"run {live[0]} ({live[1]})", "Created": live[2], "ID": live[0]},
+                     "--lock-timeout DURATION waits for it")
+
+
 def _refuse_overlap(conn: psycopg.Connection, state_id: str, job: int | None) -> None:
-    """A fleet job's run does not start beside a live run of the state, and a plain run does not
-    start beside a fleet worker's (two plain runs may, as before: the commit's compare-and-swap
-    lets one write). Called with the state's begin serialised, so the check and the insert are one."""
+    """No run starts beside a live run of the state, and a plain run does not start beside a fleet
+    worker's job either (its run may not have begun yet). Called with the state's begin
+    serialised, so the check and the insert are one."""
     if job is None:
         running = conn.execute(_RUNNING_JOB, (state_id,)).fetchone()
         if running is not None:
             raise StateBusy(running[3], {"Who": f"worker {running[2]} (fleet job {running[0]})", "Created": running[1]},
                             "--lock-timeout DURATION waits for it")
-        return
-    live = conn.execute(_LIVE_RUN, (state_id,)).fetchone()
-    if live is not None:
-        raise StateBusy(live[3], {"Who": f"run {live[0]} ({live[1]})", "Created": live[2]})
+    busy = live_run(conn, state_id)
+    if busy is not None:
+        raise busy
 
 
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ import pytest
 
 from kit.faults import install_fake
 from kit.fleet import LEASE, add_fake_state, add_states, assert_no_overlap, q, runs_of, start_worker, stop, wait_for
+from kit.kl import kl_cmd, kl_env
 from kit.procs import assert_no_new_providers, provider_pids
 
 
@@ -134,6 +136,27 @@ def test_manual_refresh_waits_for_or_refuses_a_workers_run(run_kl, db_url, tmp_p
         code, out = stop(worker)
     assert code == 0, out
     assert [s for s, *_ in runs_of(db_url, "slow/x")] == ["succeeded", "succeeded"]
+    assert_no_overlap(db_url)
+
+
+def test_a_second_manual_refresh_waits_for_or_refuses_the_first(run_kl, db_url, tmp_path):
+    events = tmp_path / "events.log"
+    cache = install_fake(tmp_path, events, FAKE_SLOW_SECONDS="3")
+    add_fake_state(db_url, "slow/y", cache)
+    first = subprocess.Popen(kl_cmd("refresh", "slow/y"), env=kl_env(KL_DATABASE_URL=db_url),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for("the first run", lambda: q(db_url, "SELECT 1 FROM refresh_runs WHERE status = 'running'"))
+        r = run_kl("refresh", "slow/y", "--dry-run")
+        err = r.stderr.decode()
+        assert r.returncode == 1 and "is being refreshed now by run" in err and "--lock-timeout" in err, err
+        r = run_kl("refresh", "slow/y", "--lock-timeout", "30s", "--format", "json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["to_serial"] == 3  # after the first run's v2
+    finally:
+        _, err_first = first.communicate(timeout=60)
+    assert first.returncode == 0, err_first
+    assert [s for s, *_ in runs_of(db_url, "slow/y")] == ["succeeded", "succeeded"]
     assert_no_overlap(db_url)
 
 

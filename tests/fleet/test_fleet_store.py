@@ -2,6 +2,7 @@
 take-over of a dead worker's job, fencing of its late commit, and schedule firing."""
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -76,6 +77,25 @@ def test_a_fleet_run_and_a_plain_run_of_one_state_never_begin_together(conn, db_
         with pytest.raises(refresh_runs.StateBusy, match="being refreshed now by worker w"):
             refresh_runs.begin(conn, sid, current.id, "someone@cli")  # a plain run beside the worker's: refused
     assert conn.execute("SELECT refresh_run_id::text FROM fleet_jobs").fetchone() == (worker_run,)
+
+
+def test_two_plain_runs_of_one_state_never_begin_together(conn, db_url):
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    with psycopg.connect(db_url, autocommit=True) as first:
+        first_run = refresh_runs.begin(first, sid, current.id, "first@cli")
+        with pytest.raises(refresh_runs.StateBusy, match=f"being refreshed now by run {first_run} \\(first@cli\\)"):
+            refresh_runs.begin(conn, sid, current.id, "second@cli")
+        assert refresh_runs.live_run(conn, sid) is not None
+    # The first run's process is gone (its liveness lock with it, once its backend has exited):
+    # the next run may begin.
+    deadline = time.monotonic() + 10
+    while refresh_runs.live_run(conn, sid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert refresh_runs.live_run(conn, sid) is None
+    refresh_runs.begin(conn, sid, current.id, "second@cli")
+    assert conn.execute("SELECT count(*) FROM refresh_runs WHERE state_id = %s", (sid,)).fetchone() == (2,)
 
 
 def test_a_taken_over_run_does_not_commit(conn):

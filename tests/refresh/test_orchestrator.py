@@ -485,9 +485,9 @@ def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_sta
     vid = conn.execute("SELECT id FROM state_versions").fetchone()[0]
     alive = psycopg.connect(db_url, autocommit=True)
     dead = psycopg.connect(db_url, autocommit=True)
-    live_run = refresh_runs.begin(alive, sid, str(vid), "live")
     dead_run = refresh_runs.begin(dead, sid, str(vid), "dead")
     dead.close()  # the process died: its session (and advisory lock) is gone
+    live_run = refresh_runs.begin(alive, sid, str(vid), "live")  # not refused: the dead run is not live
     r = run_kl("runs", "prod", "--stale", "--format", "json")
     assert r.returncode == 0, r.stderr
     runs = {x["id"]: x for x in json.loads(r.stdout)["runs"]}

@@ -74,27 +74,27 @@ def _clean_failure(stderr: str) -> str:
     return lines[0]
 
 
-def test_two_refreshes_at_once_exactly_one_commits(run_kl, db_url, fake_cache):
+BUSY = re.compile(r"^kl: state 'prod' is being refreshed now by run \S+ \(.*\) \(since .*\); --lock-timeout DURATION waits for it$")
+
+
+def test_two_refreshes_at_once_one_runs_the_other_refuses_or_waits(run_kl, db_url, fake_cache):
     make, events = fake_cache
     cache = make(FAKE_SLOW_SECONDS="2")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"])).returncode == 0
-    procs = [_popen(["refresh", "prod", "--provider-search-path", str(cache), "--format", "json"]) for _ in range(2)]
-    # Both are reading before either can commit: the slow read holds each run for 2 s.
-    wait_for(lambda: event_count(events, "read") >= 4 or any(p.poll() is not None for p in procs), 60,
-             "both runs' reads to be in flight")
-    assert all(p.poll() is None for p in procs), "a run ended before the other had started reading"
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=60)
-        results.append((p.returncode, json.loads(out), err.decode()))
-    winners = [doc for code, doc, _ in results if code == 0]
-    losers = [(doc, err) for code, doc, err in results if code != 0]
-    assert len(winners) == 1 and len(losers) == 1, results
-    assert (winners[0]["from_serial"], winners[0]["to_serial"]) == (1, 2)
-    doc, err = losers[0]
-    assert doc["status"] == "failed" and doc["to_serial"] is None and LOSER.search(doc["error"]), doc
-    assert LOSER.search(_clean_failure(err)), err
-    assert serials(db_url) == [1, 2]
+    first = _popen(["refresh", "prod", "--provider-search-path", str(cache), "--format", "json"])
+    wait_for(lambda: event_count(events, "read") >= 2 or first.poll() is not None, 60, "the first run's reads")
+    assert first.poll() is None, "the first run ended before the second started"
+    # The second is refused before it reads anything: one line naming the live run, no audit row.
+    second = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--format", "json")
+    assert second.returncode == 1 and second.stdout == b"", second
+    assert BUSY.match(_clean_failure(second.stderr.decode())), second.stderr
+    # A third waits for it and then refreshes what the first committed.
+    third = _popen(["refresh", "prod", "--provider-search-path", str(cache), "--format", "json", "--lock-timeout", "60s"])
+    outs = [p.communicate(timeout=60) for p in (first, third)]
+    assert [p.returncode for p in (first, third)] == [0, 0], outs
+    assert [(d["from_serial"], d["to_serial"]) for d in (json.loads(o) for o, _ in outs)] == [(1, 2), (2, 3)]
+    assert [r[:3] for r in _runs(db_url)] == [("succeeded", 1, 2), ("succeeded", 2, 3)]
+    assert serials(db_url) == [1, 2, 3]
     _assert_invariants(db_url)
 
 
@@ -109,6 +109,9 @@ def test_refreshes_with_real_providers_racing_commit_one_serial_each(run_kl, db_
     outcomes = []
     for p in procs:
         out, err = p.communicate(timeout=120)
+        if not out:  # refused at its start: another run of the state was live
+            assert p.returncode == 1 and BUSY.match(_clean_failure(err.decode())), err.decode()
+            continue
         doc = json.loads(out)
         if p.returncode == 0:
             assert doc["to_serial"] == doc["from_serial"] + 1, doc
