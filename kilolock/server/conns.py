@@ -154,7 +154,9 @@ class ConnectionManager:
         self._incoming_lock = threading.Lock()
         self._open = 0  # connections held, in the selector or in a worker
         self._open_lock = threading.Lock()
-        self._watched: set[Connection] = set()
+        self._watched: set[Connection] = set()  # the selector thread's own
+        self._busy: set[Connection] = set()  # in a worker
+        self._busy_lock = threading.Lock()
         self._closing = False
         self._thread = threading.Thread(target=self._loop, name="kl-serve-connections", daemon=True)
         self._thread.start()
@@ -199,6 +201,14 @@ class ConnectionManager:
         except OSError:
             pass
         self._thread.join(timeout=5)
+        # A worker blocked on a slow client would keep the process alive until its timeout.
+        with self._busy_lock:
+            busy = list(self._busy)
+        for conn in busy:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- the selector thread ---------------------------------------------------------------------
@@ -332,6 +342,8 @@ class ConnectionManager:
 
     def _work(self, conn: Connection) -> None:
         keep = False
+        with self._busy_lock:
+            self._busy.add(conn)
         try:
             conn.sock.setblocking(True)
             conn.sock.settimeout(self._request_timeout)
@@ -344,6 +356,9 @@ class ConnectionManager:
         except Exception:
             log.exception("connection from %s failed", conn.address[0])
             keep = False
+        finally:
+            with self._busy_lock:
+                self._busy.discard(conn)
         if keep and not self._closing:
             self._give_back(conn)
         else:
