@@ -405,8 +405,8 @@ class _Handler(BaseHTTPRequestHandler):
         allow_flag = self.server.config.policy.allow_empty_force_unlock
         if not body.strip():
             if principal is ANONYMOUS and not allow_flag:  # as before grants: only with the flag
-                return text(403, "UNLOCK without a lock ID (terraform force-unlock) needs an admin credential, "
-                                 "or kl serve --allow-force-unlock; nothing unlocked")
+                return self._refuse(Decision(False, "admin", None, "UNLOCK without a lock ID (terraform force-unlock) "
+                                             "needs an admin credential, or kl serve --allow-force-unlock"), name)
             decision = self.grants.allows("write" if allow_flag else "force-unlock", name)
             return None if decision else self._refuse(
                 decision, name, "" if allow_flag else " (UNLOCK without a lock ID is terraform force-unlock; "

@@ -307,3 +307,13 @@ def test_cli_is_an_operator_without_any_grant(run_kl, db_url, make_state, tmp_pa
     assert run_kl("token", "create", "ci", "--role", "read", "--states", "nothing/**").returncode == 0
     assert run_kl("state", "import", STATE_B, str(path)).returncode == 0
     assert run_kl("state", "pull", STATE_B).returncode == 0
+
+
+def test_without_authentication_force_unlock_still_needs_the_flag_and_is_audited(client, db_url):
+    assert client.request("LOCK", "/states/open", _lock_info("held")).status == 200
+    refused = client.request("UNLOCK", "/states/open", b"")
+    assert refused.status == 403 and "--allow-force-unlock" in refused.text
+    assert client.request("DELETE", "/states/open?ID=held").status == 200  # an operator otherwise: admin on **
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT actor, target, state FROM access_audit").fetchall() == [
+            ("anonymous", "UNLOCK /states/open", "open")]
