@@ -99,7 +99,6 @@ def _direct_cycle(db_url: str) -> Callable[[str], None]:
 
     conn = db.connect(db_url)
     who = Principal("bench")
-    policy = backend.BackendPolicy()
 
     def cycle(name: str) -> None:
         lock_id = str(uuid.uuid4())
@@ -108,7 +107,7 @@ def _direct_cycle(db_url: str) -> Callable[[str], None]:
         got = backend.get_state(conn, name)
         serial = json.loads(got.body)["serial"] if got.status == 200 else 0
         assert backend.put_state(conn, name, state_body(serial + 1, f"lineage-{name}", "d"), lock_id, who, None).status == 200
-        assert backend.unlock_state(conn, name, _lock(lock_id), who, policy).status == 200
+        assert backend.unlock_state(conn, name, _lock(lock_id), who).status == 200
 
     return cycle
 

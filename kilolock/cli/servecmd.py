@@ -30,8 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body", default="512M", metavar="SIZE",
                         help="largest request body, e.g. 512M (default 512M)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="socket timeout per read/write (default 60)")
-    parser.add_argument("--max-connections", type=int, default=256, metavar="N",
-                        help="open client connections at once, a thread each (default 256); more get 503")
+    parser.add_argument("--max-connections", type=int, default=4096, metavar="N",
+                        help="open client connections at once (default 4096; idle ones cost no thread); more get 503")
+    parser.add_argument("--workers", type=int, default=32, metavar="N",
+                        help="requests answered at once, a thread each (default 32)")
+    parser.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a request's headers must arrive within this (default 10); else 408 and closed")
     parser.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
     parser.add_argument("--metrics-open-on-loopback", action="store_true",
                         help="serve /metrics without credentials to clients on this host (a local Prometheus); "
@@ -91,18 +95,25 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     from kilolock.server.backend import BackendPolicy
     from kilolock.server.http import KilolockHTTPServer, ServerConfig
     from kilolock.server.options import check_exposure, parse_listen, parse_size
+    from kilolock.store import access as access_store
     from kilolock.store import db
 
     listen = parse_listen(args.listen)
     authenticator = auth_mod.Authenticator.from_config(args.users_file)
     tls = tls_context(args.tls_cert, args.tls_key)
-    check_exposure(listen, authenticator.enabled, tls is not None, args.insecure)
-    if args.pool_size < 1 or args.max_connections < 1 or args.timeout <= 0:
-        raise UsageError("--pool-size and --max-connections must be at least 1, --timeout positive")
+    if args.pool_size < 1 or args.max_connections < 1 or args.workers < 1 or args.timeout <= 0 or args.header_timeout <= 0:
+        raise UsageError("--pool-size, --max-connections and --workers must be at least 1, --timeout and --header-timeout positive")
     db.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
     url = db.resolve_target().url
+    with db.connect(url) as conn:
+        # kl token create's tokens are credentials once one exists: until then a server without
+        # --users-file or $KL_SERVE_TOKEN stays the open loopback default.
+        if access_store.any_usable_token(conn):
+            authenticator.accept_kl_tokens()
+    check_exposure(listen, authenticator.enabled, tls is not None, args.insecure)
     config = ServerConfig(max_body=parse_size(args.max_body), timeout=args.timeout, pool_size=args.pool_size,
-                          max_connections=args.max_connections, metrics_open_on_loopback=args.metrics_open_on_loopback,
+                          max_connections=args.max_connections, workers=args.workers,
+                          header_timeout=args.header_timeout, metrics_open_on_loopback=args.metrics_open_on_loopback,
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
         return KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)

@@ -1,6 +1,8 @@
 """The read-only JSON API for tools: states, versions, drift (sensitive values masked), health."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 
 from kilolock import drift
@@ -11,9 +13,12 @@ from kilolock.store import versions as versions_store
 from kilolock.store.versions import StateNotFound
 
 
-def states(conn: psycopg.Connection) -> Response:
+def states(conn: psycopg.Connection, may_read: Callable[[str], bool] | None = None) -> Response:
+    """Every state, or with ``may_read`` (a principal's grants) those it may read."""
     held = locks.held(conn)
     rows = summary.list_states(conn)
+    if may_read is not None:
+        rows = [r for r in rows if may_read(r["name"])]
     for r in rows:
         r["lock"] = held.get(r["name"])
     return json_body(200, {"version": 1, "states": rows})

@@ -27,11 +27,32 @@ class AuthConfigError(KlError):
 
 @dataclass(frozen=True)
 class Principal:
-    name: str
+    name: str  # what versions, lock events and the request log record as the actor
     admin: bool = False
+    # "user" (--users-file), "token" (kl token create), "env" (KL_SERVE_TOKEN / KL_SERVE_ADMIN_TOKEN),
+    # "anonymous" (no authentication configured)
+    kind: str = "env"
+
+    @property
+    def id(self) -> str:
+        """The name grants, locks and the audit know it by: user:NAME, token:NAME, KL_SERVE_TOKEN, ..."""
+        if self.kind == "user":
+            return f"user:{self.name}"
+        if self.kind == "env":
+            return "KL_SERVE_ADMIN_TOKEN" if self.admin else "KL_SERVE_TOKEN"
+        return self.name
 
 
-ANONYMOUS = Principal("anonymous")
+ANONYMOUS = Principal("anonymous", kind="anonymous")
+
+# kl token create's secrets start with this, so the server looks only those up in the database.
+TOKEN_PREFIX = "klt_"
+
+
+@dataclass(frozen=True)
+class PresentedToken:
+    """A kl token (TOKEN_PREFIX…) the request carried: only its hash, to be looked up in the store."""
+    secret_sha256: bytes
 
 
 def hash_password(password: str, *, n: int = _N, r: int = _R, p: int = _P) -> str:
@@ -110,8 +131,11 @@ class Authenticator:
     request is anonymous (the listener refuses non-loopback addresses in that case)."""
 
     def __init__(self, users: dict[str, _User] | None = None, token: str | None = None,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None, kl_tokens: bool = False) -> None:
         self._users = users or {}
+        # Accept kl token create's tokens (looked up in the store). kl serve turns it on when the
+        # store holds any token, so that a server without credentials stays open on loopback.
+        self._tokens = kl_tokens
         self._token = token.encode() if token else None
         self._admin_token = admin_token.encode() if admin_token else None
         # scrypt per request would cap the server at a few dozen requests/s per core: a verified
@@ -122,17 +146,28 @@ class Authenticator:
         self._dummy = _parse_hash(hash_password(secrets.token_hex(8)), "dummy")
 
     @classmethod
-    def from_config(cls, users_file: str | None, env: Mapping[str, str] | None = None) -> Authenticator:
+    def from_config(cls, users_file: str | None, env: Mapping[str, str] | None = None,
+                    kl_tokens: bool = False) -> Authenticator:
         source = os.environ if env is None else env
         users = load_users(Path(users_file)) if users_file else None
-        return cls(users, source.get(TOKEN_ENV) or None, source.get(ADMIN_TOKEN_ENV) or None)
+        return cls(users, source.get(TOKEN_ENV) or None, source.get(ADMIN_TOKEN_ENV) or None, kl_tokens)
+
+    def accept_kl_tokens(self) -> None:
+        self._tokens = True
 
     @property
     def enabled(self) -> bool:
-        return bool(self._users or self._token or self._admin_token)
+        return bool(self._users or self._token or self._admin_token or self._tokens)
 
     def authenticate(self, header: str | None) -> Principal | None:
-        """The principal, or None when the credentials are missing or wrong."""
+        """The principal, or None when the credentials are missing or wrong (a kl token, which
+        only the store can check, counts as wrong here: see identify)."""
+        who = self.identify(header)
+        return who if isinstance(who, Principal) else None
+
+    def identify(self, header: str | None) -> Principal | PresentedToken | None:
+        """The principal; a kl token still to be looked up in the store; or None when the
+        credentials are missing or wrong."""
         if not self.enabled:
             return ANONYMOUS
         if not header:
@@ -140,7 +175,7 @@ class Authenticator:
         scheme, _, value = header.strip().partition(" ")
         value = value.strip()
         if scheme.lower() == "bearer":
-            return self._by_token(value.encode(), "token")
+            return self._by_token(value.encode(), "token") or self._kl_token(value)
         if scheme.lower() == "basic":
             try:
                 user, sep, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
@@ -148,17 +183,23 @@ class Authenticator:
                 return None
             if not sep:
                 return None
-            return self._by_token(password.encode(), user or "token") or self._by_password(user, password)
+            return (self._by_token(password.encode(), user or "token") or self._kl_token(password)
+                    or self._by_password(user, password))
         return None
+
+    def _kl_token(self, presented: str) -> PresentedToken | None:
+        if not self._tokens or not presented.startswith(TOKEN_PREFIX):
+            return None
+        return PresentedToken(hashlib.sha256(presented.encode()).digest())
 
     def _by_token(self, presented: bytes, name: str) -> Principal | None:
         # Both comparisons always run, so timing does not tell which token (if any) matched.
         admin = self._admin_token is not None and hmac.compare_digest(presented, self._admin_token)
         plain = self._token is not None and hmac.compare_digest(presented, self._token)
         if admin:
-            return Principal(name, admin=True)
+            return Principal(name, admin=True, kind="env")
         if plain:
-            return Principal(name)
+            return Principal(name, kind="env")
         return None
 
     def _by_password(self, user: str, password: str) -> Principal | None:
@@ -174,7 +215,7 @@ class Authenticator:
         ok = (entry.hash if entry else self._dummy).matches(password)
         if not ok or entry is None:
             return None
-        principal = Principal(user, admin=entry.admin)
+        principal = Principal(user, admin=entry.admin, kind="user")
         with self._cache_lock:
             if len(self._verified) > 10_000:
                 self._verified.clear()

@@ -135,17 +135,16 @@ def lock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Prin
     if isinstance(info, str):
         return text(400, info)
     try:
-        store_ops.lock(conn, name, info, principal.name)
+        store_ops.lock(conn, name, info, principal.name, principal.id)
     except StateLocked as exc:
         return _holder(exc)
     return json_body(200, info)
 
 
-def unlock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Principal, policy: BackendPolicy) -> Response:
+def unlock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Principal) -> Response:
+    """UNLOCK; whether the principal may (its own lock, another's, a force-unlock) is the caller's
+    check (kilolock.server.access)."""
     if not body.strip():
-        if not (policy.allow_empty_force_unlock or principal.admin):
-            return text(403, "UNLOCK without a lock ID (terraform force-unlock) needs an admin credential, "
-                             "or kl serve --allow-force-unlock; nothing unlocked")
         released = store_ops.force_unlock(conn, name, principal.name)
         return text(200, f"{name}: force-unlocked lock {released['ID']}" if released else f"{name}: was not locked")
     info = parse_lock_info(body)

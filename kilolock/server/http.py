@@ -1,5 +1,7 @@
-"""Sockets and HTTP framing: the standard library's ThreadingHTTPServer, one thread per connection,
-one pooled database connection per request. Bounded bodies, socket timeouts, optional TLS.
+"""Sockets and HTTP framing: connections held by one selector thread until a request head is
+complete, then answered by a worker pool (kilolock.server.conns) with the standard library's
+BaseHTTPRequestHandler; one pooled database connection per request. Bounded bodies, socket
+timeouts, optional TLS. Every route asks kilolock.server.access whether its principal may.
 
 Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /metrics (Prometheus),
 /healthz.
@@ -8,21 +10,25 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from socketserver import TCPServer, _SocketWriter  # type: ignore[attr-defined]
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
 from kilolock.errors import KlError
 from kilolock.names import parse_state_name
-from kilolock.server import api, backend
-from kilolock.server.auth import Authenticator, Principal
+from kilolock.server import api, backend, store_ops
+from kilolock.server.access import Access, Decision, Grants
+from kilolock.server.auth import ANONYMOUS, Authenticator, PresentedToken, Principal
 from kilolock.server.backend import Response, text
+from kilolock.server.conns import Connection, ConnectionManager, Reader, raise_open_files_limit
 from kilolock.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kilolock.server.metrics import ServerMetrics, route_of
 from kilolock.server.options import DEFAULT_MAX_BODY
@@ -41,68 +47,74 @@ def _printable(text: str, limit: int = 200) -> str:
     return out if len(out) <= limit else out[:limit] + "…"
 
 _CHUNK = 1024 * 1024
+# What each backend method needs (kilolock.server.access); UNLOCK depends on whose lock it is.
+_BACKEND_ACTIONS = {"GET": "read", "POST": "write", "PUT": "write", "DELETE": "delete", "LOCK": "lock"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"})
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     max_body: int = DEFAULT_MAX_BODY
-    timeout: float = 60.0  # per socket operation: a stalled client frees its thread after this
+    timeout: float = 60.0  # per socket operation while a request is answered; and how long a kept-alive connection may idle
     pool_size: int = 16
     pool_wait: float = 30.0
-    max_connections: int = 256  # one thread each; beyond this, new connections get 503 at once
+    # Open client connections at once; idle ones and ones still sending their headers cost no
+    # thread (kilolock.server.conns). Beyond this, new connections get 503 at once.
+    max_connections: int = 4096
+    workers: int = 32  # requests answered at once, a thread each
+    header_timeout: float = 10.0  # a request's head must be complete this long after its first byte
     policy: backend.BackendPolicy = field(default_factory=backend.BackendPolicy)
     # /metrics without credentials for clients on this host only (a local Prometheus); everything
     # else keeps the server's authentication.
     metrics_open_on_loopback: bool = False
 
 
-_BUSY_TEXT = b"server busy: too many open connections; retry\n"
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\n"
-         b"Connection: close\r\nContent-Length: " + str(len(_BUSY_TEXT)).encode() + b"\r\n\r\n" + _BUSY_TEXT)
+# File descriptors kept aside for the database pool, the listener, logs and the providers' pipes.
+_FD_RESERVE = 64
 
 
-class KilolockHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
+class KilolockHTTPServer(TCPServer):
+    """Accepts on the calling thread (serve_forever); connections live in a ConnectionManager."""
+
+    allow_reuse_address = True
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], config: ServerConfig, auth: Authenticator,
                  connect: Callable[[], psycopg.Connection], tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.auth = auth
+        self.access = Access()
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
         self.metrics = ServerMetrics(self.pool.connection)
         self.tls = tls
-        self._connection_slots = threading.BoundedSemaphore(config.max_connections)
+        fd_limit = raise_open_files_limit(config.max_connections + config.pool_size + _FD_RESERVE)
+        self.max_connections = max(1, min(config.max_connections, fd_limit - config.pool_size - _FD_RESERVE))
+        if self.max_connections < config.max_connections:
+            log.warning("open-files limit %d allows %d client connections, not %d (--max-connections)",
+                        fd_limit, self.max_connections, config.max_connections)
         super().__init__(address, _Handler)
+        self.connections = ConnectionManager(self._answer, workers=config.workers, max_connections=self.max_connections,
+                                             header_timeout=config.header_timeout, idle_timeout=config.timeout,
+                                             request_timeout=config.timeout)
 
     def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
-        if not self._connection_slots.acquire(blocking=False):
-            if self.tls is None:  # before a TLS handshake there is no way to say anything
-                try:
-                    request.sendall(_BUSY)
-                except OSError:
-                    pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
+        self.connections.add(request, client_address)
 
-    def process_request_thread(self, request, client_address):  # type: ignore[no-untyped-def]
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._connection_slots.release()
+    def _answer(self, connection: Connection) -> bool:
+        handler = _Handler(connection, connection.address, self)  # type: ignore[arg-type]
+        return not handler.close_connection
 
     def get_request(self):  # type: ignore[no-untyped-def]
         sock, addr = super().get_request()
         if self.tls is not None:
-            # The handshake happens in the connection's own thread (see _Handler.setup), so a slow
-            # or silent client cannot stall accept() for everyone else.
+            # The handshake happens in the connection thread, non-blocking, so a slow or silent
+            # client cannot stall accept() for everyone else.
             sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, addr
 
     def server_close(self) -> None:
         super().server_close()
+        self.connections.close()
         self.pool.close()
 
     @property
@@ -128,22 +140,25 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def setup(self) -> None:
-        # Per server, so per handler instance; typeshed declares it a ClassVar.
-        self.timeout = self.server.config.timeout  # type: ignore[misc]
-        super().setup()
-        if isinstance(self.request, ssl.SSLSocket):
-            try:
-                self.request.do_handshake()
-            except (ssl.SSLError, OSError) as exc:
-                log.info("TLS handshake with %s failed: %s", self.client_address[0], exc)
-                self.close_connection = True
-                raise ConnectionAbortedError() from None
+        # The connection's socket and what the selector thread already read of it (the request
+        # head): self.request is a kilolock.server.conns.Connection.
+        conn: Connection = self.request
+        self.connection = conn.sock
+        self.rfile = Reader(conn)  # type: ignore[assignment]
+        self.wfile = _SocketWriter(conn.sock)
+        if conn.served == 0 and not isinstance(conn.sock, ssl.SSLSocket):
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
 
     def handle(self) -> None:
+        # One request: a kept-alive connection goes back to the selector thread, not a loop here.
+        self.close_connection = True
         try:
-            super().handle()
+            self.handle_one_request()
         except OSError:  # the peer went away, timed out, or broke TLS: nothing to answer
             self.close_connection = True
+
+    def finish(self) -> None:
+        pass  # the ConnectionManager keeps or closes the socket
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # The standard library's own errors (malformed request line, unknown method, oversized
@@ -262,6 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._body_read = False
         self._started = time.monotonic()
         self._principal: Principal | None = None
+        self._url_path = ""
         try:
             resp = self._route()
         except _BodyError as exc:
@@ -292,15 +308,21 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         method = self.command
         path = url.path
+        self._url_path = path
         if path == "/healthz" and method == "GET":
             with self.server.pool.connection() as conn:
                 return api.health(conn)
-        principal = self.server.auth.authenticate(self.headers.get("Authorization"))
+        principal, grants = self._who()
         self._principal = principal
-        if path == "/metrics" and method == "GET" and (principal is not None or self._metrics_open()):
-            return Response(200, self.server.metrics.exposition(), METRICS_CONTENT_TYPE)
+        if path == "/metrics" and method == "GET":
+            if principal is not None:
+                return Response(200, self.server.metrics.exposition(self._grants_of(principal, grants).may_read),
+                                METRICS_CONTENT_TYPE)
+            if self._metrics_open():
+                return Response(200, self.server.metrics.exposition(), METRICS_CONTENT_TYPE)
         if principal is None:
             return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
+        self._grants = self._grants_of(principal, grants)
         if path.startswith("/states/"):
             return self._backend(method, parse_state_name(path[len("/states/"):]), url.query, principal)
         if path.startswith("/api/v1/"):
@@ -310,6 +332,38 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             return text(405, f"{method} is not allowed on /metrics", Allow="GET")
         return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/, metrics at /metrics")
+
+    def _who(self) -> tuple[Principal | None, Grants | None]:
+        """The principal and, for a kl token, its grants (read with it, at every request: a revoked
+        or expired token is refused at once)."""
+        who = self.server.auth.identify(self.headers.get("Authorization"))
+        if isinstance(who, PresentedToken):
+            with self.server.pool.connection() as conn:
+                found = self.server.access.token(conn, who)
+            return found if found is not None else (None, None)
+        return who, None
+
+    def _grants_of(self, principal: Principal, grants: Grants | None) -> Grants:
+        if grants is not None:
+            return grants
+        if principal.kind != "user":
+            return self.server.access.grants_for(None, principal)
+        with self.server.pool.connection() as conn:
+            return self.server.access.grants_for(conn, principal)
+
+    @property
+    def grants(self) -> Grants:
+        """The authenticated principal's grants (every route after authentication)."""
+        return self._grants
+
+    def _refuse(self, decision: Decision, state: str | None, hint: str = "") -> Response:
+        """403 with the one-line reason, recorded in the access audit (who, what, when)."""
+        principal = self._principal
+        assert principal is not None
+        reason = decision.reason + hint + "; nothing done"
+        with self.server.pool.connection() as conn:
+            self.server.access.refused(conn, principal, f"{self.command} {_printable(self._url_path)}", state, reason)
+        return text(403, reason)
 
     def _metrics_open(self) -> bool:
         if not self.server.config.metrics_open_on_loopback:
@@ -323,6 +377,11 @@ class _Handler(BaseHTTPRequestHandler):
         return bool(self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"))
 
     def _backend(self, method: str, name: str, query: str, principal: Principal) -> Response:
+        action = _BACKEND_ACTIONS.get(method)
+        if action is not None:
+            decision = self.grants.allows(action, name)
+            if not decision:
+                return self._refuse(decision, name)
         body = self._read_body() if method in ("POST", "PUT", "LOCK", "UNLOCK") else b""
         params = parse_qs(query, keep_blank_values=True)
         lock_id = (params.get("ID") or [""])[0] or None
@@ -332,29 +391,47 @@ class _Handler(BaseHTTPRequestHandler):
             if method in ("POST", "PUT"):
                 return backend.put_state(conn, name, body, lock_id, principal, self.headers.get("Content-MD5"))
             if method == "DELETE":
-                # It drops the whole history, which Terraform itself never asks for over this backend.
-                if self.server.auth.enabled and not principal.admin:
-                    return text(403, f"DELETE of state {name!r} (and all its versions) needs an admin credential")
                 return backend.delete_state(conn, name, lock_id)
             if method == "LOCK":
                 return backend.lock_state(conn, name, body, principal)
-            return backend.unlock_state(conn, name, body, principal, self.server.config.policy)
+            refused = self._may_unlock(conn, name, body, principal)
+            if refused is not None:
+                return refused
+            return backend.unlock_state(conn, name, body, principal)
+
+    def _may_unlock(self, conn: psycopg.Connection, name: str, body: bytes, principal: Principal) -> Response | None:
+        """UNLOCK of its own lock needs read; of another principal's lock (with its ID) write; without
+        any ID (terraform force-unlock) admin, or write with kl serve --allow-force-unlock."""
+        allow_flag = self.server.config.policy.allow_empty_force_unlock
+        if not body.strip():
+            if principal is ANONYMOUS and not allow_flag:  # as before grants: only with the flag
+                return self._refuse(Decision(False, "admin", None, "UNLOCK without a lock ID (terraform force-unlock) "
+                                             "needs an admin credential, or kl serve --allow-force-unlock"), name)
+            decision = self.grants.allows("write" if allow_flag else "force-unlock", name)
+            return None if decision else self._refuse(
+                decision, name, "" if allow_flag else " (UNLOCK without a lock ID is terraform force-unlock; "
+                                                       "or kl serve --allow-force-unlock)")
+        locked, holder = store_ops.lock_holder(conn, name)
+        decision = self.grants.allows("unlock" if not locked or holder == principal.id else "unlock-other", name)
+        return None if decision else self._refuse(decision, name, " (the lock is another principal's)")
 
     def _api(self, rest: str, params: dict[str, list[str]]) -> Response:
         if rest == "states":
             with self.server.pool.connection() as conn:
-                return api.states(conn)
+                return api.states(conn, self.grants.may_read)
         if rest.startswith("states/"):
             inner = rest[len("states/"):]
-            if inner.endswith("/drift"):  # ?all=1: resolved drift too, as `kl drift --all`
-                name = parse_state_name(inner[: -len("/drift")])
-                include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")
-                with self.server.pool.connection() as conn:
-                    return api.drift_report(conn, name, include_resolved)
-            if inner.endswith("/versions"):
-                name = parse_state_name(inner[: -len("/versions")])
-                with self.server.pool.connection() as conn:
-                    return api.versions(conn, name)
+            for suffix in ("/drift", "/versions"):
+                if inner.endswith(suffix):
+                    name = parse_state_name(inner[: -len(suffix)])
+                    decision = self.grants.allows("read", name)
+                    if not decision:
+                        return self._refuse(decision, name)
+                    with self.server.pool.connection() as conn:
+                        if suffix == "/versions":
+                            return api.versions(conn, name)
+                        include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")  # as kl drift --all
+                        return api.drift_report(conn, name, include_resolved)
         return text(404, f"no such API endpoint /api/v1/{rest}: try states, states/<name>/versions, states/<name>/drift")
 
 

@@ -22,12 +22,19 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class StoreCollector(Collector):
-    def __init__(self, connection: Callable[[], AbstractContextManager[psycopg.Connection]]) -> None:
+    """``may_read`` (a principal's grants) keeps only the states it may read: a series labelled
+    with a state name tells its drift and refresh history."""
+
+    def __init__(self, connection: Callable[[], AbstractContextManager[psycopg.Connection]],
+                 may_read: Callable[[str], bool] | None = None) -> None:
         self._connection = connection
+        self._may_read = may_read
 
     def collect(self) -> Iterator[Metric]:
         with self._connection() as conn:
             figures = store_figures(conn)
+        if self._may_read is not None:
+            figures = figures.only_states(self._may_read)
         drift = GaugeMetricFamily("kilolock_state_open_drift",
                                   "Resource instances with open drift (as kl status and kl drift count them)",
                                   labels=["state"])
@@ -73,6 +80,7 @@ class ServerMetrics:
     """The registry one `kl serve` exposes, and the counters its request handler feeds."""
 
     def __init__(self, connection: Callable[[], AbstractContextManager[psycopg.Connection]]) -> None:
+        self._connection = connection
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StoreCollector(connection))
         self.requests = Counter("kilolock_http_requests", "HTTP requests answered, by route and status",
@@ -84,8 +92,24 @@ class ServerMetrics:
         self.requests.labels(route, method, str(status)).inc()
         self.request_seconds.labels(route).observe(seconds)
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, may_read: Callable[[str], bool] | None = None) -> bytes:
+        """Everything, or with ``may_read`` the state-labelled series of those states only (the
+        process's own series are by route, never by state name)."""
+        if may_read is None:
+            return generate_latest(self.registry)
+        scoped = CollectorRegistry(auto_describe=False)
+        scoped.register(StoreCollector(self._connection, may_read))
+        scoped.register(_Own(self))
+        return generate_latest(scoped)
+
+
+class _Own(Collector):
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._metrics.requests.collect()
+        yield from self._metrics.request_seconds.collect()
 
 
 def route_of(path: str) -> str:

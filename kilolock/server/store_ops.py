@@ -86,7 +86,19 @@ def delete_state(conn: psycopg.Connection, name: str, lock_id: str | None) -> bo
     return True
 
 
-def lock(conn: psycopg.Connection, name: str, info: dict[str, Any], actor: str) -> None:
+def lock_holder(conn: psycopg.Connection, name: str) -> tuple[bool, str | None]:
+    """Whether the state is locked, and the principal that took the lock through kl serve (None
+    for a lock kl refresh or an older kl serve took)."""
+    try:
+        sid = versions.state_id(conn, name)
+    except versions.StateNotFound:
+        return False, None
+    if locks.current(conn, sid) is None:
+        return False, None
+    return True, locks.holder_principal(conn, sid)
+
+
+def lock(conn: psycopg.Connection, name: str, info: dict[str, Any], actor: str, principal: str | None = None) -> None:
     """Take the lock; a retry by the holder (same ID) succeeds again. StateLocked otherwise."""
     with conn.transaction():
         sid = versions.lock_state_row(conn, name, create=True)
@@ -96,7 +108,7 @@ def lock(conn: psycopg.Connection, name: str, info: dict[str, Any], actor: str) 
             if holder.get("ID") == info["ID"]:
                 return
             raise StateLocked(name, holder)
-        locks.acquire(conn, sid, name, info, actor)
+        locks.acquire(conn, sid, name, info, actor, principal)
 
 
 def unlock(conn: psycopg.Connection, name: str, lock_id: str, actor: str, forced: bool) -> None:

@@ -43,7 +43,7 @@ def lock_info(operation: str, who: str, version: str, info: str = "") -> dict[st
 _HOLDER = "SELECT info FROM state_locks WHERE state_id = %s"
 _HELD = "SELECT s.name, l.info FROM state_locks l JOIN states s ON s.id = l.state_id"
 _INSERT_LOCK = """
-INSERT INTO state_locks (state_id, lock_id, operation, who, info) VALUES (%s, %s, %s, %s, %s)
+INSERT INTO state_locks (state_id, lock_id, operation, who, info, principal) VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (state_id) DO NOTHING RETURNING lock_id
 """
 _DELETE_OWN_LOCK = "DELETE FROM state_locks WHERE state_id = %s AND lock_id = %s RETURNING lock_id, who, info"
@@ -59,17 +59,25 @@ def current(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | None:
     return row[0] if row else None
 
 
+def holder_principal(conn: psycopg.Connection, state_id: str) -> str | None:
+    """The principal that took the state's current lock through kl serve (None: none, or not kl serve)."""
+    row = conn.execute("SELECT principal FROM state_locks WHERE state_id = %s", (state_id,)).fetchone()
+    return row[0] if row else None
+
+
 def held(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
     """The LockInfo of every locked state, by state name."""
     return {r["name"]: r["info"] for r in conn.cursor(row_factory=dict_row).execute(_HELD).fetchall()}
 
 
-def acquire(conn: psycopg.Connection, state_id: str, name: str, info: dict[str, Any], actor: str | None) -> None:
+def acquire(conn: psycopg.Connection, state_id: str, name: str, info: dict[str, Any], actor: str | None,
+            principal: str | None = None) -> None:
     """Take the lock or raise StateLocked with the holder's LockInfo; committed at once so that
-    Terraform sees the holder while it is held."""
+    Terraform sees the holder while it is held. ``principal``: who took it through kl serve
+    (``user:NAME``, ``token:NAME``), so that a read-only principal may release its own lock only."""
     with conn.transaction():
         row = conn.execute(
-            _INSERT_LOCK, (state_id, info["ID"], info.get("Operation"), info.get("Who"), json.dumps(info))
+            _INSERT_LOCK, (state_id, info["ID"], info.get("Operation"), info.get("Who"), json.dumps(info), principal)
         ).fetchone()
         if row is None:
             raise StateLocked(name, current(conn, state_id) or {})

@@ -7,6 +7,7 @@ a process: every `kl serve` replica, and one restarted a minute ago, reports the
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,10 @@ class StoreFigures:
     durations: list[DurationFigures]
     fleet: FleetFigures
     deliveries: list[tuple[str, str, int]]  # (channel, status, deliveries)
+
+    def only_states(self, keep: Callable[[str], bool]) -> StoreFigures:
+        return StoreFigures([s for s in self.states if keep(s.name)], [r for r in self.runs if keep(r[0])],
+                            [d for d in self.durations if keep(d.name)], self.fleet, self.deliveries)
 
 
 def store_figures(conn: psycopg.Connection) -> StoreFigures:

@@ -182,7 +182,7 @@ def populate(conn: psycopg.Connection) -> None:
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
     rules (one active, one expired), the requests in flight a run used, notification channels with
     the events and deliveries the writes below make (one delivered, one failed once, the rest
-    pending)."""
+    pending), access tokens (one revoked), grants and audit rows, a lock with its principal."""
     import kilolock
     from kilolock import globs, tfstate
     from kilolock import schema as sch
@@ -288,7 +288,19 @@ def populate(conn: psycopg.Connection) -> None:
     store_ops.lock(conn, "precise", lock_body("carol@host"), "carol")
     store_ops.force_unlock(conn, "precise", "admin")
     store_ops.lock(conn, "prod", lock_body("dave@host"), "dave")
-    store_ops.lock(conn, "only-locked", lock_body("erin@host"), "erin")
+    store_ops.lock(conn, "only-locked", lock_body("erin@host"), "token:erin-ci", "token:erin-ci")  # 0015: its principal
+
+    # Access control (0015): a token (its hash only), grants of a user and a token, a revoked and
+    # an expiring token, and the audit those changes and a refusal wrote.
+    import hashlib
+
+    from kilolock.store import access
+    access.create_token(conn, "erin-ci", hashlib.sha256(b"klt_fixture-secret-erin").digest(), "write", "only-*", None, "ops@cli")
+    access.create_token(conn, "old-ci", hashlib.sha256(b"klt_fixture-secret-old").digest(), "read", "**", 86400.0, "ops@cli")
+    access.revoke_token(conn, "old-ci", "ops@cli")
+    access.add_grant(conn, "user:alice", "read", "prod", "ops@cli")
+    access.add_grant(conn, "token:erin-ci", "admin", "precise", "ops@cli")
+    access.audit(conn, "user:alice", "refused", "POST /states/prod", "prod", "user:alice has only read on state 'prod'")
 
     # Provider configuration: global, per state, pinned, with an env reference.
     provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "", config={"region": "eu"})

@@ -1,0 +1,266 @@
+"""``kl access grant|revoke|list|check|log`` and ``kl token create|list|revoke``: who may do what to
+which state through ``kl serve`` (kilolock.server.access has the rules).
+
+Grants and tokens are managed from the command line only: whoever runs kl against the database
+holds its credentials, and so is an operator (no kl serve request can change a grant)."""
+from __future__ import annotations
+
+import argparse
+import re
+
+from kilolock.cli import args as cli_args
+from kilolock.cli import render
+
+ROLES = ("read", "write", "admin")
+_ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock), write (+ POST), admin (+ DELETE, force-unlock)"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*")
+
+
+def principal(text: str) -> str:
+    """``user:NAME`` (a kl serve --users-file user) or ``token:NAME`` (kl token create); a bare
+    NAME is a user."""
+    cli_args.utf8_text(text)
+    kind, sep, name = text.partition(":")
+    if not sep:
+        kind, name = "user", text
+    if kind not in ("user", "token"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a principal is user:NAME or token:NAME")
+    if not name or any(c.isspace() or not c.isprintable() or c == ":" for c in name):
+        raise argparse.ArgumentTypeError(f"{text!r}: the name after {kind}: must be non-empty, without spaces or ':'")
+    return f"{kind}:{name}"
+
+
+def token_name(text: str) -> str:
+    cli_args.utf8_text(text)
+    if not _NAME.fullmatch(text) or len(text) > 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: a token name is letters, digits and _.@- (starting with a letter "
+                                         "or digit), at most 100 characters")
+    return text
+
+
+def _add_role_states(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", required=True, choices=ROLES, help=_ROLE_HELP)
+    parser.add_argument("--states", metavar="GLOB", required=True, type=cli_args.state_glob,
+                        help="states whose name matches: * within one /-separated segment, ** across")
+
+
+def _add_actor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--actor", type=cli_args.utf8_text, help="who makes the change, for the audit (default: $USER@cli)")
+
+
+# --- kl access ------------------------------------------------------------------------------------
+
+def add_grant_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL",
+                        help="user:NAME (a --users-file user; a bare NAME is a user) or token:NAME")
+    _add_role_states(parser)
+    _add_actor(parser)
+
+
+def run_grant(args: argparse.Namespace) -> int:
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        grant_id, before = access.add_grant(conn, args.principal, args.role, args.states, args.actor or cli_args.default_actor())
+    change = f" (was {before})" if before and before != args.role else ""
+    print(f"grant {grant_id}: {args.principal} has {args.role} on {args.states}{change}")
+    if args.principal.startswith("user:") and before is None:
+        with db.open_store() as conn:
+            if len(access.grants_of(conn, args.principal)) == 1:
+                print(f"note: {args.principal} now has only its grants; the users file's rights no longer apply to it")
+    return 0
+
+
+def add_revoke_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help="user:NAME or token:NAME")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--states", metavar="GLOB", type=cli_args.state_glob, help="the grant on exactly this glob")
+    which.add_argument("--all", action="store_true", help="every grant of the principal")
+    _add_actor(parser)
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    from kilolock.errors import KlError
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        gone = access.revoke_grant(conn, args.principal, None if args.all else args.states, args.actor or cli_args.default_actor())
+    if not gone:
+        on = "" if args.all else f" on {args.states}"
+        raise KlError(f"{args.principal} has no grant{on} (see `kl access list {args.principal}`)")
+    for g in gone:
+        print(f"revoked grant {g.id}: {g.principal} {g.role} on {g.states_glob}")
+    return 0
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("principal", type=principal, nargs="?", metavar="PRINCIPAL", help="only this principal's grants")
+    cli_args.add_format(parser)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        rows = access.list_grants(conn, args.principal)
+    if args.format == "json":
+        render.emit_json({"version": 1, "grants": [
+            {"id": r["id"], "principal": r["principal"], "role": r["role"], "states": r["states_glob"],
+             "created_at": r["created_at"], "created_by": r["created_by"],
+             "token_revoked": r["token_revoked_at"] is not None} for r in rows]})
+        return 0
+    if not rows:
+        print("no grants: users-file users and $KL_SERVE_TOKEN keep the users file's rights (kl access grant to narrow them)")
+        return 0
+    render.table(["id", "principal", "role", "states", "created", "by"],
+                 [(r["id"], r["principal"] + (" (revoked)" if r["token_revoked_at"] else ""), r["role"], r["states_glob"],
+                   r["created_at"], r["created_by"]) for r in rows])
+    return 0
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help="user:NAME or token:NAME")
+    parser.add_argument("state", type=cli_args.state_name, metavar="STATE", help="a state name")
+    parser.add_argument("--users-file", metavar="FILE",
+                        help="kl serve's users file, for a user without grants (its admin flag decides)")
+    cli_args.add_format(parser)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kilolock.errors import KlError
+    from kilolock.server import access as rules
+    from kilolock.server.auth import Principal, load_users
+    from kilolock.store import access, db
+
+    kind, name = args.principal.split(":", 1)
+    note = None
+    with db.open_store() as conn:
+        stored = access.grants_of(conn, args.principal)
+        if kind == "token":
+            usable = {t["name"]: t for t in access.list_tokens(conn)}.get(name)
+            if usable is None:
+                raise KlError(f"no token named {name!r} (see `kl token list`)")
+            if usable["revoked_at"] is not None or usable["expired"]:
+                note = "this token is " + ("revoked" if usable["revoked_at"] is not None else "expired") + ": kl serve refuses it"
+    if stored or kind == "token":
+        grants = rules.stored_grants(args.principal, stored)
+    elif args.users_file:
+        users = load_users(Path(args.users_file))
+        if name not in users:
+            raise KlError(f"{args.users_file}: no user {name!r}, and {args.principal} has no grants")
+        grants = rules.implicit_grants(Principal(name, admin=users[name].admin, kind="user"))
+    else:
+        grants = rules.Grants(args.principal, ())
+        note = "no grants: the users file decides (admin flag: admin on **; otherwise write on **); give --users-file"
+    found = grants.role_on(args.state)
+    allowed = {a: bool(grants.allows(a, args.state)) for a in ("read", "lock", "write", "delete", "force-unlock")}
+    if args.format == "json":
+        render.emit_json({"version": 1, "principal": args.principal, "state": args.state,
+                          "role": found[0] if found else None, "through": found[1].describe() if found else None,
+                          "allowed": allowed, "note": note})
+        return 0
+    if found:
+        role, grant = found
+        may = {"read": "GET, drift, API, UI, LOCK/UNLOCK of its own lock", "write": "read + POST",
+               "admin": "write + DELETE and force-unlock"}[role]
+        print(f"{args.principal} on {args.state}: {role} ({may}) through {grant.describe()}")
+    else:
+        print(f"{args.principal} on {args.state}: nothing (every request refused with 403)")
+    if note:
+        print(f"note: {note}")
+    return 0
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=cli_args.positive, default=50, metavar="N", help="newest N entries (default 50)")
+    cli_args.add_format(parser)
+
+
+def run_log(args: argparse.Namespace) -> int:
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        rows = access.audit_log(conn, args.limit)
+    if args.format == "json":
+        render.emit_json({"version": 1, "entries": rows})
+        return 0
+    if not rows:
+        print("no access audit entries")
+        return 0
+    render.table(["at", "who", "action", "target", "state", "detail"],
+                 [(r["at"], r["actor"], r["action"], r["target"], r["state"], r["detail"]) for r in rows])
+    return 0
+
+
+# --- kl token -------------------------------------------------------------------------------------
+
+def add_create_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=token_name, metavar="NAME", help="the token's name (grants know it as token:NAME)")
+    _add_role_states(parser)
+    parser.add_argument("--expires", metavar="DURATION", type=cli_args.duration,
+                        help="refused after this long: s, m, h or d (30m, 12h, 90d); default never")
+    cli_args.add_format(parser)
+    _add_actor(parser)
+
+
+def run_create(args: argparse.Namespace) -> int:
+    import secrets
+
+    from kilolock.server.access import token_secret_hash
+    from kilolock.server.auth import TOKEN_PREFIX
+    from kilolock.store import access, db
+
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
+    with db.open_store() as conn:
+        expires = access.create_token(conn, args.name, token_secret_hash(secret.encode()), args.role, args.states,
+                                      args.expires, args.actor or cli_args.default_actor())
+    if args.format == "json":
+        render.emit_json({"version": 1, "name": args.name, "token": secret, "role": args.role, "states": args.states,
+                          "expires_at": expires})
+        return 0
+    until = render.when(expires) if expires else "never"
+    print(f"token {args.name}: {args.role} on {args.states}, expires {until}")
+    print(secret)
+    print("shown once: kl keeps only its hash. Use it as TF_HTTP_PASSWORD (any user name) or Authorization: Bearer.")
+    return 0
+
+
+def add_tokens_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_tokens_list(args: argparse.Namespace) -> int:
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        rows = access.list_tokens(conn)
+    if args.format == "json":
+        render.emit_json({"version": 1, "tokens": [
+            {"name": r["name"], "grants": list(r["grants"]), "created_at": r["created_at"], "created_by": r["created_by"],
+             "expires_at": r["expires_at"], "expired": r["expired"], "revoked_at": r["revoked_at"],
+             "last_used_at": r["last_used_at"]} for r in rows]})
+        return 0
+    if not rows:
+        print("no tokens (kl token create NAME --role ROLE --states GLOB)")
+        return 0
+    render.table(["name", "grants", "status", "expires", "last used", "created"],
+                 [(r["name"], ", ".join(r["grants"]) or "-",
+                   "revoked" if r["revoked_at"] else "expired" if r["expired"] else "active",
+                   r["expires_at"] or "never", r["last_used_at"], r["created_at"]) for r in rows])
+    return 0
+
+
+def add_tokens_revoke_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", type=token_name, metavar="NAME", help="the token's name (kl token list)")
+    _add_actor(parser)
+
+
+def run_tokens_revoke(args: argparse.Namespace) -> int:
+    from kilolock.store import access, db
+
+    with db.open_store() as conn:
+        changed = access.revoke_token(conn, args.name, args.actor or cli_args.default_actor())
+    print(f"token {args.name}: revoked; kl serve refuses it from now on" if changed else f"token {args.name}: was revoked already")
+    return 0
