@@ -168,6 +168,8 @@ func (r *thing) Read(ctx context.Context, req resource.ReadRequest, resp *resour
 		return
 	}
 	if !found {
+		// The framework wants an identity even for a removed object when none was stored yet.
+		resp.Diagnostics.Append(resp.Identity.Set(ctx, identityModel{ID: types.StringValue(id), Region: types.StringValue(region)})...)
 		resp.State.RemoveResource(ctx)
 		return
 	}
