@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kilolock.redact import Redactor
 from kit.paths import CACHE, PLUGIN_CACHE
 from kit.tfworkspace import terraform_env
 
@@ -335,3 +336,34 @@ def test_the_read_delay_knob_slows_reads_down(kl: Kl) -> None:
     out = kl.refresh("--rpc-timeout", "1s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "5000"})
     assert out["status"] != "succeeded", out
     assert "did not answer within" in json.dumps(out), out
+
+
+def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A provider schema cached before kl asked for identity schemas would hide the identity for
+    # good: the factory fetches it again, the cache then holds the identity schemas too.
+    import dataclasses
+
+    import psycopg
+
+    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.store import provider_schemas, versions
+
+    kl.import_state()
+    monkeypatch.setenv("KL_TESTPROVIDER_DIR", str(kl.ws / "remote"))
+    source = "registry.terraform.io/kilolock/testfw"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        def opened() -> tuple[int, int | None]:
+            factory = ProductionFactory(conn, versions.state_id(conn, "tp"), (str(PLUGIN_CACHE),))
+            client = factory.open(source, "", Redactor())
+            try:
+                return factory.get_schema_calls, client.identity_schema_version("testfw_thing")
+            finally:
+                client.close()
+
+        calls, identity = opened()
+        assert (calls, identity) == (1, 1)
+        cached = provider_schemas.get(conn, source, "0.1.0")
+        assert cached is not None and cached.identity_schemas is not None
+        provider_schemas.put(conn, source, "0.1.0", dataclasses.replace(cached, identity_schemas=None))
+        assert opened()[0] == 1  # fetched again
+        assert opened()[0] == 0  # and cached with its identity schemas from then on
