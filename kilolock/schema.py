@@ -78,6 +78,9 @@ class ProviderSchema:
     resource_schemas: dict[str, Schema] = field(default_factory=dict)
     data_source_schemas: dict[str, Schema] = field(default_factory=dict)
     provider_meta: Schema | None = None
+    # Resource identity schemas by resource type (GetResourceIdentitySchemas; each Schema's version
+    # is the identity schema version). None: not asked, as in a schema cached before kl knew identity.
+    identity_schemas: dict[str, Schema] | None = None
 
 
 # --- attribute paths -------------------------------------------------------------------------
@@ -278,15 +281,19 @@ def provider_schema_to_json(ps: ProviderSchema) -> dict[str, Any]:
     }
     if ps.provider_meta is not None:
         out["provider_meta"] = schema_to_json(ps.provider_meta)
+    if ps.identity_schemas is not None:
+        out["identity_schemas"] = {k: schema_to_json(v) for k, v in sorted(ps.identity_schemas.items())}
     return out
 
 
 def provider_schema_from_json(obj: dict[str, Any]) -> ProviderSchema:
     meta = obj.get("provider_meta")
+    identity = obj.get("identity_schemas")
     return ProviderSchema(
         protocol_version=int(obj["protocol_version"]),
         provider=schema_from_json(obj["provider"]),
         resource_schemas={k: schema_from_json(v) for k, v in obj.get("resource_schemas", {}).items()},
         data_source_schemas={k: schema_from_json(v) for k, v in obj.get("data_source_schemas", {}).items()},
         provider_meta=schema_from_json(meta) if meta is not None else None,
+        identity_schemas={k: schema_from_json(v) for k, v in identity.items()} if identity is not None else None,
     )

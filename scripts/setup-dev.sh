@@ -2,7 +2,8 @@
 # Everything the tests and the demo need, installed idempotently on a fresh machine:
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
-#   - the real provider binaries, Terraform 1.0.3 and 1.8.5, OpenTofu 1.6.3 (test-providers.sh, test-terraform.sh)
+#   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3 and 1.8.5,
+#     OpenTofu 1.6.3 (test-providers.sh, test-terraform.sh)
 # What it installs can be narrowed (the defaults are what the tests and CI need):
 #   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
 #   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)

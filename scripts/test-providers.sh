@@ -3,7 +3,8 @@
 #   $KL_TEST_CACHE/plugin-cache/registry.terraform.io/hashicorp/TYPE/VERSION/linux_amd64/terraform-provider-TYPE_vVERSION_xN
 # Idempotent and cached: a binary already in place is not fetched or built again.
 #
-#   scripts/test-providers.sh [TYPE...]     TYPE: null, time, simple, random, local, or all (default)
+#   scripts/test-providers.sh [TYPE...]     TYPE: null, time, simple, random, local, testfw, testsdk,
+#                                           or all (default)
 #
 # With KL_SETUP_LOG=FILE, what pip and go print (`go: downloading ...`) is appended to FILE instead of
 # the terminal; the one-line progress messages below still go to stderr.
@@ -17,6 +18,11 @@
 #   random, local  optional: built from the pseudo-versions the proxy lists for the old
 #                  github.com/terraform-providers/ module paths (their vN tags are not valid module
 #                  versions). Kept when they build; a failure there only prints a warning.
+#   testfw, testsdk our own test provider (tests/testprovider/, Go): testfw is its
+#                  terraform-plugin-framework build (protocol 6), testsdk its terraform-plugin-sdk/v2
+#                  build (protocol 5), installed as registry.terraform.io/kilolock/TYPE 0.1.0. Built
+#                  from the repository's source with go build; rebuilt only when that source changes
+#                  (a hash of it is kept beside the downloads).
 # GOSUMDB=off is used only if the checksum database cannot be reached: these are test-only
 # binaries, and the module proxy still serves them with their go.sum-verified dependencies.
 set -euo pipefail
@@ -60,13 +66,35 @@ install_from_go() { # type version module@version binary-built binary-name
     rm -rf "$gobin"
 }
 
+testprovider_src="$(cd "$(dirname "$0")/.." && pwd)/tests/testprovider"
+testprovider_v=0.1.0
+install_testprovider() { # type (testfw | testsdk) protocol
+    local type=$1 proto=$2
+    local dir="$cache/plugin-cache/registry.terraform.io/kilolock/$type/$testprovider_v/$osarch"
+    local name="terraform-provider-${type}_v${testprovider_v}_x$proto"
+    local stamp="$cache/downloads/$type.source-hash" want
+    want=$(cd "$testprovider_src" && find . -name '*.go' -o -name 'go.mod' -o -name 'go.sum' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+    [ -x "$dir/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 0
+    command -v go >/dev/null || { echo "test-providers: 'go' is needed to build $type (install Go >= 1.25)" >&2; return 1; }
+    echo "test-providers: $type $testprovider_v via go build of tests/testprovider" >&2
+    local out; out=$(mktemp -d)
+    if ! (cd "$testprovider_src" && GOFLAGS=-mod=mod quiet go build -o "$out/$name" "./cmd/$type"); then
+        echo "test-providers: retrying $type with GOSUMDB=off (checksum database unreachable)" >&2
+        (cd "$testprovider_src" && GOSUMDB=off GOFLAGS=-mod=mod quiet go build -o "$out/$name" "./cmd/$type") || { rm -rf "$out"; return 1; }
+    fi
+    mkdir -p "$dir"
+    install -m 0755 "$out/$name" "$dir/$name"
+    rm -rf "$out"
+    echo "$want" > "$stamp"
+}
+
 optional() { "$@" || echo "test-providers: WARNING: optional provider '$2' did not build; its tests will fail until it does" >&2; }
 
 random_v=1.3.2-0.20260824155315-e1092b0cfc07
 local_v=1.4.1-0.20260513075820-3561e410f9fe
 
 types=("$@")
-[ ${#types[@]} -eq 0 ] || [ "${types[*]}" = all ] && types=(null time simple random local)
+[ ${#types[@]} -eq 0 ] || [ "${types[*]}" = all ] && types=(null time simple random local testfw testsdk)
 # random and local are optional in the full set (their tests say what is missing); named on the
 # command line, each is required.
 maybe=optional
@@ -78,7 +106,9 @@ for type in "${types[@]}"; do
         simple) install_from_go simple 1.5.7 github.com/hashicorp/terraform/internal/provider-simple-v6/main@v1.5.7 main terraform-provider-simple_v1.5.7_x6 ;;
         random) $maybe install_from_go random "$random_v" "github.com/terraform-providers/terraform-provider-random@v$random_v" terraform-provider-random "terraform-provider-random_v${random_v}_x5" ;;
         local) $maybe install_from_go local "$local_v" "github.com/terraform-providers/terraform-provider-local@v$local_v" terraform-provider-local "terraform-provider-local_v${local_v}_x5" ;;
-        *) echo "test-providers: unknown provider '$type' (null, time, simple, random, local, all)" >&2; exit 2 ;;
+        testfw) install_testprovider testfw 6 ;;
+        testsdk) install_testprovider testsdk 5 ;;
+        *) echo "test-providers: unknown provider '$type' (null, time, simple, random, local, testfw, testsdk, all)" >&2; exit 2 ;;
     esac
 done
 

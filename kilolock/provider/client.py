@@ -68,6 +68,11 @@ class ProviderClient(abc.ABC):
         """With ``flatmap``, the state is sent as RawState.flatmap (the pre-0.12 form) instead of JSON."""
 
     @abc.abstractmethod
+    def upgrade_resource_identity(self, type_name: str, version: int, raw_identity_json: bytes) -> bytes | None:
+        """UpgradeResourceIdentity (protocol 5.9/6.9): the identity stored under identity schema
+        ``version``, as JSON, to the provider's current identity version; cty msgpack back."""
+
+    @abc.abstractmethod
     def read_resource(
         self,
         type_name: str,
@@ -131,6 +136,7 @@ class GrpcProviderClient(ProviderClient):
         self._rpc_validate = self._unary(self._d.validate, getattr(pb, self._d.validate).Response.FromString)
         self._rpc_configure = self._unary(self._d.configure, getattr(pb, self._d.configure).Response.FromString)
         self._rpc_upgrade = self._unary("UpgradeResourceState", pb.UpgradeResourceState.Response.FromString)
+        self._rpc_upgrade_identity = self._unary("UpgradeResourceIdentity", pb.UpgradeResourceIdentity.Response.FromString)
         self._rpc_stop = self._unary(self._d.stop, getattr(pb, self._d.stop).Response.FromString)
         self._rpc_read = self._unary("ReadResource", pb.ReadResource.Response.FromString)
         self._caps = pb.ClientCapabilities(deferral_allowed=False, write_only_attributes_allowed=True)
@@ -217,6 +223,16 @@ class GrpcProviderClient(ProviderClient):
         resp = self._call("UpgradeResourceState", self._rpc_upgrade, req)
         self._check("UpgradeResourceState", f" {type_name}", convert.diagnostics(resp.diagnostics))
         return self._dynamic(resp, "upgraded_state", "UpgradeResourceState")
+
+    def upgrade_resource_identity(self, type_name: str, version: int, raw_identity_json: bytes) -> bytes | None:
+        pb = self._d.pb
+        req = pb.UpgradeResourceIdentity.Request(type_name=type_name, version=version,
+                                                 raw_identity=pb.RawState(json=raw_identity_json))
+        resp = self._call("UpgradeResourceIdentity", self._rpc_upgrade_identity, req)
+        self._check("UpgradeResourceIdentity", f" {type_name}", convert.diagnostics(resp.diagnostics))
+        if not (resp.HasField("upgraded_identity") and resp.upgraded_identity.HasField("identity_data")):
+            return None
+        return self._dynamic(resp.upgraded_identity, "identity_data", "UpgradeResourceIdentity")
 
     def read_resource(
         self,

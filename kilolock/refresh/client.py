@@ -56,8 +56,14 @@ class ResourceClient(Protocol):
     def upgrade_flatmap(self, type_name: str, version: int, flatmap: dict[str, str]) -> bytes:
         """UpgradeResourceState with legacy flatmap attributes (RawState.flatmap); returns canonical JSON."""
 
+    def identity_schema_version(self, type_name: str) -> int | None:
+        """The provider's identity schema version for the type; None when it has no identity schema."""
+
+    def upgrade_resource_identity(self, type_name: str, version: int, raw_identity: bytes) -> bytes:
+        """UpgradeResourceIdentity with the stored identity JSON; returns canonical JSON."""
+
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
-        """ReadResource with canonical prior JSON."""
+        """ReadResource with canonical prior JSON (and identity JSON, under the current identity version)."""
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         """Paths of schema-sensitive attributes present in value (canonical JSON)."""

@@ -26,6 +26,7 @@ class EncodingClient:
         self._schema = schema
         self.info = info
         self._types: dict[str, codec.CodecType] = {}
+        self._identity_types: dict[str, codec.CodecType] = {}
         self._has_sensitive: dict[str, bool] = {}
         self._lock = threading.Lock()
         # The orchestrator canonicalizes the prior and then, in the same thread, reads with that very
@@ -46,6 +47,40 @@ class EncodingClient:
             with self._lock:
                 t = self._types.setdefault(type_name, compiled)
         return t
+
+    def identity_schema_version(self, type_name: str) -> int | None:
+        ident = (self._schema.identity_schemas or {}).get(type_name)
+        return ident.version if ident is not None else None
+
+    def _identity_type(self, type_name: str) -> codec.CodecType | None:
+        t = self._identity_types.get(type_name)
+        if t is None:
+            ident = (self._schema.identity_schemas or {}).get(type_name)
+            if ident is None:
+                return None
+            compiled = codec.compile_block(ident.block)
+            with self._lock:
+                t = self._identity_types.setdefault(type_name, compiled)
+        return t
+
+    def _decode_identity(self, type_name: str, wire: bytes, rpc: str) -> bytes:
+        t = self._identity_type(type_name)
+        assert t is not None  # only called for types with an identity schema
+        try:
+            return t.decode(wire)
+        except codec.CodecError as exc:
+            raise ResourceError(f"provider {self._raw.name}: {rpc} returned an invalid identity: {exc}") from None
+
+    def upgrade_resource_identity(self, type_name: str, version: int, raw_identity: bytes) -> bytes:
+        if self._identity_type(type_name) is None:
+            raise ResourceError(f"provider {self.info.source} {self.info.version} has no identity schema for {type_name}")
+        try:
+            upgraded = self._raw.upgrade_resource_identity(type_name, version, raw_identity)
+        except KlError as exc:
+            raise _resource_error(exc, f"UpgradeResourceIdentity: {exc}") from None
+        if upgraded is None:
+            raise ResourceError(f"provider {self._raw.name}: UpgradeResourceIdentity returned no identity")
+        return self._decode_identity(type_name, upgraded, "UpgradeResourceIdentity")
 
     def canonicalize(self, type_name: str, attributes: bytes) -> bytes | None:
         t = self._type(type_name)
@@ -87,20 +122,31 @@ class EncodingClient:
             wire = self._encode_prior(type_name, prior)
         except codec.CodecError as exc:
             raise ResourceError(f"prior state does not fit the schema of {type_name}: {exc}") from None
-        # Identity needs the identity schema to encode; kl does not send it yet (Terraform < 1.12
-        # states carry none), so the provider reads without a current identity.
+        # The identity goes out only under the provider's identity schema: one stored for a type the
+        # provider (now) has none for cannot be encoded, and Terraform drops it the same way.
+        identity_type = self._identity_type(type_name)
+        identity_wire = None
+        if identity is not None and identity_type is not None:
+            try:
+                identity_wire = identity_type.encode(identity)
+            except codec.CodecError as exc:
+                raise ResourceError(f"stored identity does not fit the identity schema of {type_name}: {exc}") from None
         try:
-            res = self._raw.read_resource(type_name, wire, private)
+            res = self._raw.read_resource(type_name, wire, private, current_identity=identity_wire)
         except KlError as exc:
             raise _resource_error(exc, str(exc)) from None
         if res.deferred_reason is not None:
             raise ResourceError(f"provider {self._raw.name}: deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
         if res.new_state is None:
             return ReadOutcome(new_state=None)
+        new_identity = None
+        if res.new_identity is not None and identity_type is not None:
+            new_identity = self._decode_identity(type_name, res.new_identity, "ReadResource")
         return ReadOutcome(
             new_state=self._decode(type_name, res.new_state, "ReadResource"),
             private=res.private,
             sensitive_paths=res.sensitive_paths,
+            identity=new_identity,
         )
 
     def _decode(self, type_name: str, wire: bytes, rpc: str) -> bytes:

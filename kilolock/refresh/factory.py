@@ -7,6 +7,7 @@ are added to them, and the launched provider masks them in what it logs.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -82,10 +83,11 @@ class ProductionFactory:
             if version and key in self._schemas:
                 return self._schemas[key][0], True
             cached = provider_schemas.get(self._conn, source, version) if version else None
-            if cached is not None:
+            # A schema cached before kl asked for identity schemas is fetched again, once.
+            if cached is not None and cached.identity_schemas is not None:
                 self._schemas[key] = (cached, True)
                 return cached, True
-            schema = raw.get_schema()
+            schema = dataclasses.replace(raw.get_schema(), identity_schemas=raw.get_identity_schemas())
             self.get_schema_calls += 1
             if version:  # an unversioned binary could be anything tomorrow: never cache it
                 provider_schemas.put(self._conn, source, version, schema)

@@ -211,7 +211,7 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         prior = client.upgrade_resource_state(inst.type, recorded, raw_prior) if upgraded else canonical_prior
     assert prior is not None
     private = tfstate.private_bytes(inst.obj)
-    identity = tfstate.dumps_compact(inst.obj["identity"]).encode() if inst.obj.get("identity") is not None else None
+    identity, identity_version = _current_identity(client, inst)
     outcome = client.read_resource(inst.type, prior, private, identity)
     if outcome.new_state is None:
         return InstanceUpdate(removed=True, changed=True)
@@ -230,9 +230,35 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         attributes=outcome.new_state if changed or flatmap is not None else b"",
         private=outcome.private,
         identity=outcome.identity,
+        identity_schema_version=identity_version if outcome.identity is not None else None,
         schema_version=live if upgraded else recorded,
         sensitive_paths=sensitive,
     )
+
+
+def _current_identity(client: ResourceClient, inst: tfstate.Instance) -> tuple[bytes | None, int | None]:
+    """The stored identity as the provider's current identity schema expects it, and that version.
+
+    As Terraform 1.12: a stored identity_schema_version newer than the provider's is an error, an
+    older one is upgraded with UpgradeResourceIdentity before the read. Unlike Terraform, an
+    instance with no identity stored (a state from before 1.12) is not sent to the upgrade with an
+    empty identity, which providers built on terraform-plugin-framework refuse: the read fills it in."""
+    stored = inst.obj.get("identity")
+    identity = tfstate.dumps_compact(stored).encode() if stored is not None else None
+    live = client.identity_schema_version(inst.type)
+    if live is None:
+        return identity, None
+    recorded = inst.obj.get("identity_schema_version", 0)
+    if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 0:
+        raise ResourceError(f"identity_schema_version {recorded!r} is not a whole number")
+    if recorded > live:
+        raise ResourceError(
+            f"resource instance identity managed by a newer provider version (state has identity schema version "
+            f"{recorded}, {client.info.source} {client.info.version} has {live})"
+        )
+    if recorded < live and identity is not None:
+        identity = client.upgrade_resource_identity(inst.type, recorded, identity)
+    return identity, live
 
 
 def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath],

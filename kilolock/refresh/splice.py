@@ -18,6 +18,7 @@ class InstanceUpdate:
     attributes: bytes = b""  # canonical JSON
     private: bytes = b""
     identity: bytes | None = None
+    identity_schema_version: int | None = None  # written with identity: the version it is under
     schema_version: int = 0
     sensitive_paths: list[sch.AttributePath] = field(default_factory=list)
     reshaped: bool = False  # the stored object was a legacy flatmap: write attributes, drop attributes_flat
@@ -78,6 +79,8 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
             fields["private"] = base64.b64encode(upd.private).decode("ascii") if upd.private else None
             if upd.identity is not None:
                 fields["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)
+                if upd.identity_schema_version is not None:
+                    fields["identity_schema_version"] = upd.identity_schema_version
             # New attributes and identity always go in (equal in Python is not equal in JSON: 1 == 1.0 == True).
             differs = [k for k, v in fields.items() if k in ("attributes", "identity")
                        or (k in obj) != (v is not None) or (v is not None and obj[k] != v)]

@@ -360,7 +360,11 @@ SELECT d.address, d.deposed, d.mode, d.type, d.name, d.module, d.index_key, d.pr
        COALESCE(o.obj -> 'sensitive_attributes', '[]'::jsonb) AS sensitive_attributes,
        encode(sha256(convert_to((jsonb_build_array(o.obj -> 'status', o.obj -> 'attributes', o.obj -> 'identity')
            || CASE WHEN o.obj ? 'attributes' OR NOT o.obj ? 'attributes_flat' THEN '[]'::jsonb
-                   ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') AS content_hash
+                   ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') AS content_hash,
+       CASE WHEN o.obj ? 'identity' THEN
+       encode(sha256(convert_to((jsonb_build_array(o.obj -> 'status', o.obj -> 'attributes', NULL::jsonb)
+           || CASE WHEN o.obj ? 'attributes' OR NOT o.obj ? 'attributes_flat' THEN '[]'::jsonb
+                   ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') END AS hash_without_identity
 FROM kl_descriptors d
 JOIN (
     SELECT (r.ord - 1)::int AS ri, (inst.ord - 1)::int AS ii, inst.obj
@@ -380,6 +384,11 @@ _RESHAPED = """
 r.attributes IS NULL AND i.obj -> 'attributes' IS NOT NULL AND to_jsonb(r.status) IS NOT DISTINCT FROM i.obj -> 'status'
 """
 
+# An identity where the open row had none (the first refresh by Terraform >= 1.12 or kl of an object
+# written before identities) names the same remote object: it keeps its lifecycle, whose hash now
+# includes the identity (_IDENTITY_ADDED), and is not drift.
+_IDENTITY_FIRST = "i.hash_without_identity = r.content_hash"
+
 _CLOSE_GONE_OR_CHANGED = f"""
 UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
@@ -387,7 +396,8 @@ WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL
   AND (NOT %(scoped)s OR EXISTS (SELECT 1 FROM kl_scope s WHERE s.address = r.address AND s.deposed = r.deposed))
   AND NOT EXISTS (
       SELECT 1 FROM kl_incoming i
-      WHERE i.address = r.address AND i.deposed = r.deposed AND (i.content_hash = r.content_hash OR ({_RESHAPED}))
+      WHERE i.address = r.address AND i.deposed = r.deposed
+        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
   )
 """
 
@@ -398,6 +408,13 @@ SET attributes = i.obj -> 'attributes', content_hash = i.content_hash, provider 
 FROM kl_incoming i
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
   AND {_RESHAPED}
+"""
+
+_IDENTITY_ADDED = f"""
+UPDATE resources r SET content_hash = i.content_hash
+FROM kl_incoming i
+WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
+  AND {_IDENTITY_FIRST}
 """
 
 # Same object, new metadata: the open row follows it, one statement, no new lifecycle.
@@ -555,6 +572,7 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     params = {"sid": sid, "vid": version.id, "serial": version.serial, "scoped": touched is not None}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
     relabelled = cur.execute(_RESHAPE, params).rowcount
+    relabelled += cur.execute(_IDENTITY_ADDED, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
     cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")

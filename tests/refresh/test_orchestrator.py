@@ -61,6 +61,12 @@ class FakeClient:
         triggers = {k.removeprefix("triggers."): v for k, v in flatmap.items() if k.startswith("triggers.") and k != "triggers.%"}
         return canon({"id": flatmap.get("id"), "secret": flatmap.get("secret"), "triggers": triggers or None})
 
+    def identity_schema_version(self, type_name):
+        return None  # identity is tested against the real test provider (test_testprovider.py)
+
+    def upgrade_resource_identity(self, type_name, version, raw_identity):
+        raise AssertionError("no identity schema, no identity upgrade")
+
     def read_resource(self, type_name, prior, private, identity):
         value = json.loads(prior)
         ident = value.get("id")

@@ -64,3 +64,14 @@ def test_in_place_updates_the_objects_it_changes_and_agrees_with_a_copy():
     assert moved.instances[0].obj is objs[0] and objs[0]["private"] == "cA=="  # updated where it was
     assert [(i.address, i.resource_index, i.instance_index) for i in moved.instances] == \
         [(i.address, i.resource_index, i.instance_index) for i in copied.instances]
+
+
+def test_an_identity_goes_in_with_the_identity_version_it_is_under():
+    state = _state()
+    updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
+    updates[(0, 0)] = InstanceUpdate(removed=False, changed=False, identity=b'{"id":"0"}', identity_schema_version=2)
+    new, touched = build_refreshed_state(state, updates, serial=4)
+    obj = new.raw["resources"][0]["instances"][0]
+    assert (obj["identity"], obj["identity_schema_version"]) == ({"id": "0"}, 2)
+    assert touched == {(0, 0)}  # identity is part of the lifecycle's content
+    assert "identity_schema_version" not in new.raw["resources"][0]["instances"][1]  # none without an identity
