@@ -11,7 +11,9 @@ from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 
 if TYPE_CHECKING:
+    from kilolock.redact import Redactor
     from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.prelaunch import Prelaunched
     from kilolock.store.settings import StateSettings
 
 SHOWN_ADDRESSES = 25
@@ -316,13 +318,28 @@ def run(args: argparse.Namespace) -> int:
         from kilolock.errors import UsageError
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
+    options_from_args(args)  # flag errors (a bad duration) before the database is opened
+    from kilolock.redact import Redactor as RunSecrets
+    from kilolock.refresh import prelaunch
+
+    # The providers this state's last run used start now, while psycopg loads and the state is
+    # read (kilolock.refresh.prelaunch); the run takes them only if they are what it needs.
+    secrets = RunSecrets()
+    early = prelaunch.start(args.state, secrets)
+    used: list[tuple[str, str | None]] = []
+    try:
+        return _run_one(args, secrets, early, used)
+    finally:
+        early.finish(used)
+
+
+def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
     from kilolock.store import db, settings, versions
 
-    options_from_args(args)  # flag errors (a bad duration) before the database is opened
     cancel = Cancellation()
     interrupted = {"sigint": False}
 
@@ -343,9 +360,10 @@ def run(args: argparse.Namespace) -> int:
             options = options_from_args(args, settings.get(conn, sid))
             wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                        workdir=options.workdir)
+                                        workdir=options.workdir, early=early)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
-                                 on_lock_wait=progress.lock_wait if progress else None)
+                                 secrets=secrets, on_lock_wait=progress.lock_wait if progress else None)
+            used.extend(factory.used)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
             counts = drift_counts(result, conn) if result.status == "succeeded" else None
