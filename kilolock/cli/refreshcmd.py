@@ -298,6 +298,12 @@ def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
             print(f"- {_failure_line(f)}")
 
 
+def counts_used(args: argparse.Namespace) -> bool:
+    """Whether the open/ignored drift counts are shown or gated on: -q (table or markdown) without
+    --detailed-exitcode uses neither, and spares a small refresh their two queries."""
+    return bool(args.format == "json" or not args.quiet or args.detailed_exitcode)
+
+
 def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
     """(open, ignored), after ignore rules: what --detailed-exitcode gates on (open). After this
     run's commit (or, when it committed nothing, now), kl drift's own counts; for a dry run, what
@@ -366,7 +372,7 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
             used.extend(factory.used)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
-            counts = drift_counts(result, conn) if result.status == "succeeded" else None
+            counts = drift_counts(result, conn) if result.status == "succeeded" and counts_used(args) else None
         if progress:
             progress.end()
             progress = None
