@@ -84,6 +84,7 @@ def _patch_process(m: ModuleType) -> None:
 def _patch_connection(m: ModuleType) -> None:
     _wrap(m, "_open_channel", "grpc channel")
     _wrap(m, "_probe", "AutoMTLS / first call (health probe)")
+    _wrap(m.PluginConnection, "close", "provider close (Shutdown, exit, reap)")
 
 
 def _patch_certs(m: ModuleType) -> None:
@@ -105,6 +106,11 @@ def _patch_orchestrator(m: ModuleType) -> None:
 
 def _patch_refreshcmd(m: ModuleType) -> None:
     _wrap(m, "run", "refresh command")
+    _wrap(m, "drift_counts", "drift counts")
+
+
+def _patch_cli(m: ModuleType) -> None:
+    _wrap(m, "_send_notifications", "notifications after the command")
 
 
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
@@ -115,6 +121,7 @@ PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "kilolock.refresh.factory": _patch_factory,
     "kilolock.refresh.orchestrator": _patch_orchestrator,
     "kilolock.cli.refreshcmd": _patch_refreshcmd,
+    "kilolock.cli": _patch_cli,
 }
 
 

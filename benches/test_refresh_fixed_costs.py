@@ -83,8 +83,11 @@ def steps_of(doc: dict[str, Any], before_t0: float, wall: float) -> dict[str, fl
         "factory open (discover .. configure)": factory[1] - factory[0],
         "reads (first start to last end)": reads[1] - reads[0],
         "provider close, drift": commit[0] - reads[1],
+        "  of which provider close": _dur(ev, "provider close (Shutdown, exit, reap)"),
         "commit": commit[1] - commit[0],
         "finish audit row": finish[1] - finish[0],
+        "drift counts": _dur(ev, "drift counts"),
+        "notifications after the command": _dur(ev, "notifications after the command"),
         "exit (after the audit row)": wall - before_t0 - finish[1],
         "critical path (whole process)": wall,
     }

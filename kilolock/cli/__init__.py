@@ -133,6 +133,11 @@ def _send_notifications() -> None:
     store_db = sys.modules.get("kilolock.store.db")
     if store_db is None or store_db.opened_url() is None:
         return
+    # Most runs wrote nothing and found nothing due: the sender (http.client, urllib) is not
+    # even imported then, which a small refresh would feel (~10 ms).
+    outbox = sys.modules.get("kilolock.store.notify")
+    if outbox is not None and not any(outbox.work_hint()):
+        return
     from kilolock.notify.deliver import after_command
 
     after_command()

@@ -11,7 +11,9 @@ from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 
 if TYPE_CHECKING:
+    from kilolock.redact import Redactor
     from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.prelaunch import Prelaunched
     from kilolock.store.settings import StateSettings
 
 SHOWN_ADDRESSES = 25
@@ -296,6 +298,12 @@ def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
             print(f"- {_failure_line(f)}")
 
 
+def counts_used(args: argparse.Namespace) -> bool:
+    """Whether the open/ignored drift counts are shown or gated on: -q (table or markdown) without
+    --detailed-exitcode uses neither, and spares a small refresh their two queries."""
+    return bool(args.format == "json" or not args.quiet or args.detailed_exitcode)
+
+
 def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
     """(open, ignored), after ignore rules: what --detailed-exitcode gates on (open). After this
     run's commit (or, when it committed nothing, now), kl drift's own counts; for a dry run, what
@@ -316,13 +324,28 @@ def run(args: argparse.Namespace) -> int:
         from kilolock.errors import UsageError
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
+    options_from_args(args)  # flag errors (a bad duration) before the database is opened
+    from kilolock.redact import Redactor as RunSecrets
+    from kilolock.refresh import prelaunch
+
+    # The providers this state's last run used start now, while psycopg loads and the state is
+    # read (kilolock.refresh.prelaunch); the run takes them only if they are what it needs.
+    secrets = RunSecrets()
+    early = prelaunch.start(args.state, secrets)
+    used: list[tuple[str, str | None]] = []
+    try:
+        return _run_one(args, secrets, early, used)
+    finally:
+        early.finish(used)
+
+
+def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
     from kilolock.store import db, settings, versions
 
-    options_from_args(args)  # flag errors (a bad duration) before the database is opened
     cancel = Cancellation()
     interrupted = {"sigint": False}
 
@@ -343,12 +366,13 @@ def run(args: argparse.Namespace) -> int:
             options = options_from_args(args, settings.get(conn, sid))
             wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                        workdir=options.workdir)
+                                        workdir=options.workdir, early=early)
             result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
-                                 on_lock_wait=progress.lock_wait if progress else None)
+                                 secrets=secrets, on_lock_wait=progress.lock_wait if progress else None)
+            used.extend(factory.used)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
-            counts = drift_counts(result, conn) if result.status == "succeeded" else None
+            counts = drift_counts(result, conn) if result.status == "succeeded" and counts_used(args) else None
         if progress:
             progress.end()
             progress = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from kilolock.redact import Redactor
 
 if TYPE_CHECKING:
     from kilolock.provider.client import ProviderClient
+    from kilolock.provider.connection import PluginConnection
 
 _log = logging.getLogger("kilolock.provider.connection")  # where the TLS fallback has always logged
 
@@ -98,3 +100,48 @@ def launch_provider(
         raise
     conn = connect_spawned(process, choice, start_timeout=start_timeout, secrets=secrets, cwd=cwd)
     return GrpcProviderClient(conn, rpc_timeout=rpc_timeout)
+
+
+class EarlyLaunch:
+    """A provider started before anyone asked for it: spawned now, and connected (handshake,
+    AutoMTLS, health probe) on a thread of its own while the caller does other work (a refresh
+    imports psycopg and reads the state meanwhile). ``client`` hands it over once; ``discard``
+    closes one nobody took."""
+
+    def __init__(self, binary: str, *, secrets: Redactor, cwd: str | None,
+                 start_timeout: float = DEFAULT_START_TIMEOUT) -> None:
+        self.binary, self.cwd = binary, cwd
+        self._secrets, self._start_timeout = secrets, start_timeout
+        self._choice = choose_tls(binary, None)
+        self._process = spawn_plugin(binary, provider_name_from_binary(binary), self._choice, start_timeout, secrets, cwd)
+        self._conn: PluginConnection | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._connect, name=f"kl-early-{self._process.spec.name}", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> None:
+        try:
+            from kilolock.provider.connection import connect_spawned
+
+            self._conn = connect_spawned(self._process, self._choice, start_timeout=self._start_timeout,
+                                         secrets=self._secrets, cwd=self.cwd)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes it (ImportError included)
+            self._process.kill()
+            self._error = exc
+
+    def client(self, rpc_timeout: float | None = None) -> ProviderClient:
+        """The connected client (waiting for the connection); raises what connecting raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._conn is not None
+        from kilolock.provider.client import GrpcProviderClient
+
+        return GrpcProviderClient(self._conn, rpc_timeout=rpc_timeout)
+
+    def discard(self) -> None:
+        self._thread.join()
+        if self._conn is not None:
+            self._conn.close()
+        else:
+            self._process.kill()

@@ -28,6 +28,7 @@ from kilolock.store import provider_configs, provider_schemas
 
 if TYPE_CHECKING:
     from kilolock.provider import ProviderClient
+    from kilolock.refresh.prelaunch import Prelaunched
 
 log = logging.getLogger("kilolock.refresh.factory")
 
@@ -43,8 +44,10 @@ def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config") -> An
 
 class ProductionFactory:
     def __init__(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
-                 rpc_timeout: float | None = None, workdir: str | None = None) -> None:
+                 rpc_timeout: float | None = None, workdir: str | None = None, early: Prelaunched | None = None) -> None:
         self._conn = conn
+        self._early = early  # providers started before the state was read (kilolock.refresh.prelaunch)
+        self.used: list[tuple[str, str | None]] = []  # (binary, working directory) of each provider opened
         self._workdir = workdir  # providers run here, and ./.terraform/providers is looked for here
         self._state_id = state_id
         self._search_paths = search_paths
@@ -60,7 +63,8 @@ class ProductionFactory:
         version = found.version or "unversioned"
         log.info("provider %s: using %s", source, found.describe())
         try:
-            raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=secrets, cwd=self._workdir)
+            raw = self._early_client(found.binary) or launch_provider(found.binary, rpc_timeout=self._rpc_timeout,
+                                                                      secrets=secrets, cwd=self._workdir)
         except ImportError as exc:
             # grpc loads with the first plugin (kilolock.provider.launch): one that cannot load (a kl.pyz
             # built for another system) is kl's own failure, not this provider's; the caller reports it.
@@ -72,10 +76,26 @@ class ProductionFactory:
                                       f"provider {source}" + (f".{alias}" if alias else "") + " config")
             self._configure(raw, schema, config, source, secrets)
             info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached)
+            with self._lock:
+                self.used.append((found.binary, self._workdir))
             return EncodingClient(raw, schema, info)
         except BaseException:
             raw.close()
             raise
+
+    def _early_client(self, binary: str) -> ProviderClient | None:
+        """The early start of BINARY in this run's working directory, once connected; None when
+        there is none or it failed (the caller then launches it itself, and reports a failure)."""
+        early = self._early.take(binary, self._workdir) if self._early is not None else None
+        if early is None:
+            return None
+        try:
+            client = early.client(self._rpc_timeout)
+        except KlError as exc:
+            log.info("provider %s: the early start failed (%s); starting it again", binary, exc)
+            return None
+        log.info("provider %s: started early, while the state was read", binary)
+        return client
 
     def _schema(self, source: str, version: str | None, raw: ProviderClient) -> tuple[ProviderSchema, bool]:
         key = (source, version or "")

@@ -510,8 +510,12 @@ def run(
             with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="kl-group") as pool:
                 futures = [pool.submit(shared.run_group, k, entries, result.providers) for k, entries in groups.items()]
                 stopped = False
-                while not all(f.done() for f in futures):
-                    if cancel.wait(0.05) and not stopped:
+                pending = set(futures)
+                while pending:
+                    # Returns the moment the last group ends (a poll of the cancel flag alone
+                    # would add up to its interval to every run); a cancel is seen within it.
+                    _, pending = cf.wait(pending, timeout=0.05)
+                    if cancel.cancelled and not stopped:
                         shared.stop_all()  # StopProvider first; each group then closes its process
                         stopped = True
                 for f in futures:

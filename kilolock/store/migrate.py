@@ -48,12 +48,42 @@ class Migration:
 
 def bundled_migrations() -> list[Migration]:
     """The migrations shipped inside the package (a symlink to migrations/ in a checkout)."""
-    root = importlib.resources.files("kilolock").joinpath("_migrations")
-    found = [m for m in root.iterdir() if m.name.endswith(".sql")]
-    found.sort(key=lambda m: m.name)
+    found = _zipped_migrations()
+    if found is None:
+        root = importlib.resources.files("kilolock").joinpath("_migrations")
+        files = sorted((m for m in root.iterdir() if m.name.endswith(".sql")), key=lambda m: m.name)
+        found = [Migration(m.name, m.read_text(encoding="utf-8")) for m in files]
     if not found:
         raise MigrationError("no migrations found inside the kilolock package (broken install?)")
-    return [Migration(m.name, m.read_text(encoding="utf-8")) for m in found]
+    return found
+
+
+def _zipped_migrations() -> list[Migration] | None:
+    """From kl.pyz: read through the zipimporter that loaded kilolock, whose table of contents the
+    import system has already read. importlib.resources would open the 33 MiB zip again with
+    zipfile and list its thousands of names: a tenth of a small refresh's database start-up.
+    None when kilolock is not zipped, or the table (private: an attribute up to Python 3.12, a
+    method from 3.13) is not where expected."""
+    import os
+    import zipimport
+
+    import kilolock
+
+    loader = kilolock.__spec__.loader if kilolock.__spec__ is not None else None
+    if not isinstance(loader, zipimport.zipimporter) or not kilolock.__file__:
+        return None
+    try:
+        files = getattr(loader, "_files", None)
+        if files is None:
+            files = loader._get_files()
+        package_dir = os.path.dirname(kilolock.__file__)
+        if not package_dir.startswith(loader.archive + os.sep):
+            return None
+        inner = package_dir[len(loader.archive) + 1:] + os.sep + "_migrations" + os.sep
+        names = sorted(k for k in files if k.startswith(inner) and k.endswith(".sql") and os.sep not in k[len(inner):])
+        return [Migration(k[len(inner):], loader.get_data(os.path.join(loader.archive, k)).decode("utf-8")) for k in names]
+    except (AttributeError, TypeError, OSError):
+        return None
 
 
 def _applied(conn: psycopg.Connection) -> dict[str, str]:

@@ -116,3 +116,18 @@ def test_markdown_changes_escape_what_would_break_a_table():
     md = markdown_changes([{"path": 'tags["a|b"]', "before": "x`y", "after": "(sensitive)"}])
     assert md.splitlines() == ["| attribute | before | after |", "|---|---|---|",
                                '| `tags["a\\|b"]` | `` "x`y" `` | `(sensitive)` |']
+
+
+@pytest.mark.parametrize("argv,used", [
+    (["refresh", "s", "-q"], False),  # CI's plain `kl refresh STATE -q`: nothing shows the counts
+    (["refresh", "s", "-q", "--format", "markdown"], False),
+    (["refresh", "s", "-q", "--detailed-exitcode"], True),  # exit 2 on open drift needs them
+    (["refresh", "s", "-q", "--format", "json"], True),  # "open" and "ignored" in the JSON
+    (["refresh", "s"], True),  # the table's "open drift now" line
+])
+def test_refresh_counts_drift_only_when_something_uses_the_counts(argv, used):
+    from kilolock.cli import build_parser
+    from kilolock.cli.refreshcmd import counts_used
+
+    args = build_parser().parse_args(argv)
+    assert counts_used(args) is used

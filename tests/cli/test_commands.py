@@ -90,3 +90,12 @@ def test_every_command_module_has_its_pair_of_functions(path, command):
     run = f"run_{command.action}" if command.action else "run"
     assert callable(getattr(module, add)) and callable(getattr(module, run))
     command.add_arguments(argparse.ArgumentParser(prog="kl " + " ".join(path)))  # adds without conflicts
+
+
+def test_a_command_with_no_notification_to_send_never_loads_the_sender(db_url):
+    # The sender (http.client, urllib) costs a small refresh ~10 ms: only a process that wrote
+    # deliveries, or found some due, imports it (tests/notify cover that it then sends them).
+    code, out, modules = _kl("state", "list")
+    assert code == 0, out
+    assert "kilolock.store.notify" in modules  # it did open the store
+    assert "kilolock.notify.deliver" not in modules

@@ -385,6 +385,28 @@ def test_timeout_cancels_stops_providers_and_commits_nothing(conn, make_state):
     assert run_row(conn, res.run_id)[0] == "cancelled"
 
 
+class _WatchedCancellation(orchestrator.Cancellation):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
+def test_the_run_goes_on_the_moment_its_groups_end_not_at_a_poll_of_the_cancel_flag(conn, make_state):
+    # A sleep on the cancel flag between checks of the groups added up to its interval (50 ms)
+    # to every run: a fifth of a small refresh.
+    seed(conn, make_state, attrs(3))
+    f = FakeFactory()
+    f.delay = 0.1  # the groups are still running when the run starts waiting for them
+    cancel = _WatchedCancellation()
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO)), cancel=cancel)
+    assert res.status == "succeeded" and res.checked == 3
+    assert cancel.waits == []
+
+
 def test_provider_that_cannot_be_opened_fails_its_group(conn, make_state):
     seed(conn, make_state, attrs(2))
     f = FakeFactory()

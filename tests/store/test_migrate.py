@@ -1,10 +1,16 @@
 """`kl db migrate`: order, idempotence, checksums, one transaction per file."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import zipfile
+
 import psycopg
 import pytest
 
 from kilolock.store import migrate
+from kit.paths import REPO
 from kit.pg import one_row
 
 
@@ -75,3 +81,22 @@ def test_a_failing_migration_leaves_nothing_behind(empty_db_url, monkeypatch):
             migrate.apply_migrations(conn)
         assert one_row(conn, "SELECT to_regclass('half_done')")[0] is None
         assert [r[0] for r in conn.execute("SELECT name FROM schema_migrations")] == [original[0].name]
+
+
+def test_from_a_zip_the_migrations_are_read_through_its_importer_alike(tmp_path):
+    # kl.pyz reads them through the zipimporter's table of contents (importlib.resources would
+    # open the whole zip again with zipfile): the same names, in order, with the same checksums.
+    archive = tmp_path / "kl.zip"
+    package = REPO / "kilolock"
+    with zipfile.ZipFile(archive, "w") as z:
+        for path in sorted(package.rglob("*")):
+            if path.suffix in (".py", ".sql") and "__pycache__" not in path.parts:
+                z.write(path, path.relative_to(REPO).as_posix())
+        for path in sorted((REPO / "migrations").glob("*.sql")):  # kilolock/_migrations is a symlink to it
+            z.write(path, f"kilolock/_migrations/{path.name}")
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import kilolock.store.migrate as m; "
+             "import kilolock; assert kilolock.__file__.startswith(sys.argv[1]); "
+             "print(json.dumps([[x.name, x.checksum] for x in m._zipped_migrations()]))")
+    r = subprocess.run([sys.executable, "-I", "-c", probe, str(archive)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [[x.name, x.checksum] for x in migrate.bundled_migrations()]
