@@ -27,6 +27,12 @@ def _dicts(conn: psycopg.Connection) -> psycopg.Cursor[dict[str, Any]]:
     return conn.cursor(row_factory=dict_row)
 
 
+def read_only_snapshot(conn: psycopg.Connection) -> None:
+    """Make the caller's open transaction one read-only snapshot: a page's lists agree with each
+    other, and nothing a page runs can write."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
 def state_names(conn: psycopg.Connection) -> list[str]:
     return [str(r[0]) for r in conn.execute("SELECT name FROM states ORDER BY name").fetchall()]
 

@@ -180,3 +180,28 @@ def test_the_visibility_function_is_asked_for_every_state(ui: Client, monkeypatc
     assert ui.request("GET", "/ui/diff?state=team%2Fprod&from=1&to=2").status == 404
     assert "team/prod" not in page(ui, "/ui/search", type="cloud_server").split("results", 1)[1]
     assert "team/dev" in page(ui, "/ui/search", type="cloud_server")
+
+
+def test_the_drift_chart_counts_open_drift_at_each_version(ui: Client, conn) -> None:
+    from kilolock.server.ui import svg
+    from kilolock.store import ui_queries, versions
+
+    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/prod"), 200)
+    # v3's refresh found bravo changed and charlie deleted; v4's apply resolved both; v5 found alpha
+    assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 0), (3, 2), (4, 0), (5, 1)]
+    chart = svg.drift_chart(series)
+    assert chart.count("<circle") == 5 and 'role="img"' in chart and "<desc" in chart
+    assert "0 then 1, growing; at most 2 (serial 3)" in svg.summary(series)
+    assert svg.summary([]) == "No versions yet." and "<polyline" not in svg.drift_chart([])
+    html = page(ui, "/ui/state", name="team/prod")
+    assert "0 then 1, growing; at most 2 (serial 3)" in html
+
+
+def test_a_page_reads_in_one_read_only_snapshot(conn) -> None:
+    import psycopg
+
+    from kilolock.store import ui_queries
+
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), conn.transaction():
+        ui_queries.read_only_snapshot(conn)
+        conn.execute("INSERT INTO states (name) VALUES ('nope')")

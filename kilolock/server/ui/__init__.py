@@ -45,6 +45,7 @@ def handle(connection: Callable[[], AbstractContextManager[psycopg.Connection]],
            path: str, params: dict[str, list[str]]) -> Response:
     """Answer one request under /ui/ for an authenticated PRINCIPAL."""
     from kilolock.server.ui import pages, render
+    from kilolock.store import ui_queries
 
     if method != "GET":
         return _response(405, f"{method} is not allowed on {path}: the web UI is read-only\n".encode(),
@@ -64,6 +65,7 @@ def handle(connection: Callable[[], AbstractContextManager[psycopg.Connection]],
     request = pages.Request(principal, path, params)
     try:
         with connection() as conn, conn.transaction():
+            ui_queries.read_only_snapshot(conn)
             view = route(conn, request)
     except pages.PageError as exc:
         return _error(exc.status, str(exc), principal)
