@@ -109,7 +109,7 @@ class _Recorder:
             recorder.statements.append((query, params))
             return original(cur, query, params, **kw)
 
-        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
