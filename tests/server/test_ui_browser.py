@@ -63,6 +63,20 @@ def _open(driver: Any, url: str) -> None:
     assert driver.find_element("css selector", "main h1").text, f"{url}: no heading"
 
 
+def _heading(driver: Any, expected: str) -> None:
+    """Wait for the page a click leads to: its heading (a click does not wait for a form's navigation)."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def arrived(d: Any) -> bool:
+        try:
+            return bool(d.find_element("css selector", "main h1").text == expected)
+        except WebDriverException:  # the old page went away under us: look again
+            return False
+
+    WebDriverWait(driver, 30).until(arrived, f"no page headed {expected!r}")
+
+
 def test_every_page_loads_with_no_console_error_and_no_secret(browser, phone, base_url: str, shots: Path) -> None:
     for width, driver in (("desktop", browser), ("phone", phone)):
         for name, path in PAGES.items():
@@ -83,28 +97,27 @@ def test_every_page_loads_with_no_console_error_and_no_secret(browser, phone, ba
 def test_navigation_by_links_from_overview_to_state_diff_and_resource(browser, base_url: str, shots: Path) -> None:
     _open(browser, base_url + "/ui/")
     browser.find_element("link text", "team/prod").click()
-    assert browser.find_element("css selector", "main h1").text == "team/prod"
+    _heading(browser, "team/prod")
     # the diff link of the newest version compares it with the one before
     browser.find_element("css selector", "table.versions tbody tr:first-child a").click()
-    assert browser.find_element("css selector", "main h1").text == "team/prod: serial 4 → 5"
+    _heading(browser, "team/prod: serial 4 → 5")
     assert "~1 changed" in browser.find_element("css selector", "p.summary").text
     browser.find_element("link text", "cloud_server.alpha").click()
-    assert browser.find_element("css selector", "main h1").text == "cloud_server.alpha"
+    _heading(browser, "cloud_server.alpha")
     events = [e.text for e in browser.find_elements("css selector", "ol.timeline .what strong")]
     assert events == ["drifted (seen by refresh)", "changed by apply", "imported"]
     screenshot(browser, shots, "navigated-resource-desktop")
     # and back up through the breadcrumb
     browser.find_element("css selector", "nav.crumbs").find_element("link text", "States").click()
-    assert browser.find_element("css selector", "main h1").text == "States"
+    _heading(browser, "States")
     assert console_problems(browser) == []
 
 
 def test_the_diff_form_and_the_sort_links_work_without_script(browser, base_url: str) -> None:
     _open(browser, base_url + "/ui/state?" + urlencode({"name": "team/prod"}))
-    field = browser.find_element("id", "from")
-    field.send_keys("1")
-    field.submit()
-    assert browser.find_element("css selector", "main h1").text == "team/prod: serial 1 → 5"
+    browser.find_element("id", "from").send_keys("1")
+    browser.find_element("css selector", "form.diff-form button").click()
+    _heading(browser, "team/prod: serial 1 → 5")
     _open(browser, base_url + "/ui/")
     browser.find_element("link text", "Open drift").click()
     first = browser.find_element("css selector", "table.states tbody tr:first-child th").text
@@ -119,7 +132,7 @@ def test_search_finds_a_resource_by_attribute_value(browser, base_url: str, shot
     assert browser.find_element("id", "results").text == "1 result"
     screenshot(browser, shots, "search-dev-desktop")
     browser.find_element("link text", "cloud_server.echo").click()
-    assert browser.find_element("css selector", "main h1").text == "cloud_server.echo"
+    _heading(browser, "cloud_server.echo")
     assert console_problems(browser) == []
 
 
