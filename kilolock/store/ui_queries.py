@@ -119,19 +119,21 @@ def state_header(conn: psycopg.Connection, name: str) -> dict[str, Any]:
 
 # What each version changed, from the lifecycle rows it opened and closed (both indexed by
 # version): opened and closed at one address by one version is a change; opened alone, added;
-# closed alone, removed. The cost is what the page's versions changed.
+# closed alone, removed. The page of versions is cut first, so the cost is what the page's
+# versions changed, not the history's.
 _VERSIONS = """
 SELECT v.serial, v.source, v.actor, v.created_at, v.encrypted, v.terraform_version,
-       o.n - b.n AS added, b.n AS changed, c.n - b.n AS removed, count(*) OVER () AS total
-FROM state_versions v
+       o.n - b.n AS added, b.n AS changed, c.n - b.n AS removed, v.total
+FROM (SELECT id, serial, source, actor, created_at, encrypted, terraform_version, count(*) OVER () AS total
+      FROM state_versions WHERE state_id = %(sid)s
+      ORDER BY serial DESC
+      LIMIT %(limit)s OFFSET %(offset)s) v
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.opened_by_version_id = v.id) o ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.closed_by_version_id = v.id) c ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r JOIN resources p
                    ON p.closed_by_version_id = v.id AND p.address = r.address AND p.deposed = r.deposed
                    WHERE r.opened_by_version_id = v.id) b ON true
-WHERE v.state_id = %(sid)s
 ORDER BY v.serial DESC
-LIMIT %(limit)s OFFSET %(offset)s
 """
 
 
@@ -198,20 +200,27 @@ def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[dict
 
 
 # Open drift records at each of the state's last versions (ignore rules are not historical: a
-# record counts from its first detection until it was resolved).
+# record counts from its first detection until it was resolved). One pass over the records makes
+# a +1/-1 per serial; each version sums those up to its serial (a record is resolved only after it
+# was found, so found-by-then minus resolved-by-then is what is open then).
 _DRIFT_SERIES = """
-SELECT v.serial, v.created_at, v.source,
-       (SELECT count(*) FROM drift_records d
-        WHERE d.state_id = v.state_id AND d.first_detected_serial <= v.serial
-          AND (d.resolved_serial IS NULL OR d.resolved_serial > v.serial)) AS open
-FROM (SELECT id, state_id, serial, created_at, source FROM state_versions WHERE state_id = %s
-      ORDER BY serial DESC LIMIT %s) v
+WITH v AS (SELECT serial, created_at, source FROM state_versions WHERE state_id = %(sid)s
+           ORDER BY serial DESC LIMIT %(points)s),
+deltas AS MATERIALIZED (
+    SELECT serial, sum(d) AS d FROM (
+        SELECT first_detected_serial AS serial, 1 AS d FROM drift_records WHERE state_id = %(sid)s
+        UNION ALL
+        SELECT resolved_serial, -1 FROM drift_records WHERE state_id = %(sid)s AND resolved_serial IS NOT NULL
+    ) e GROUP BY serial
+)
+SELECT v.serial, v.created_at, v.source, COALESCE((SELECT sum(x.d) FROM deltas x WHERE x.serial <= v.serial), 0)::bigint AS open
+FROM v
 ORDER BY v.serial
 """
 
 
 def drift_series(conn: psycopg.Connection, sid: str, points: int) -> list[dict[str, Any]]:
-    return _dicts(conn).execute(_DRIFT_SERIES, (sid, points)).fetchall()
+    return _dicts(conn).execute(_DRIFT_SERIES, {"sid": sid, "points": points}).fetchall()
 
 
 # --- a resource instance's lifecycle --------------------------------------------------------------
