@@ -15,8 +15,7 @@ from kilolock import drift, globs, versiondiff
 from kilolock import schema as sch
 from kilolock.errors import KlError
 from kilolock.server.auth import Principal
-from kilolock.server.ui import svg
-from kilolock.server.ui.access import visible, visible_names
+from kilolock.server.ui import access, svg
 from kilolock.store import history, ui_queries
 from kilolock.store.versions import StateNotFound
 
@@ -124,7 +123,7 @@ def _require_state(request: Request, key: str) -> str:
     name = request.get(key)
     if name is None:
         raise PageError(400, f"query parameter {key} (a state name) is missing")
-    if not visible(request.principal, name):
+    if not access.visible(request.principal, name):
         # the same answer as a state that does not exist: a refusal would tell that it does
         raise PageError(404, str(StateNotFound(name)))
     return name
@@ -146,7 +145,7 @@ def overview(conn: psycopg.Connection, request: Request) -> View:
         # a plain word finds the names that contain it; `*`, `**` and `?` make it a glob
         regex = globs.sql_regex(glob if globs.is_glob(glob) else f"**{glob}**")
     pager = Pager.of(request, "page")
-    names = visible_names(request.principal, ui_queries.state_names(conn))
+    names = access.visible_names(request.principal, ui_queries.state_names(conn))
     found = ui_queries.states_overview(conn, names, regex, sort, order == "desc", pager.per, pager.offset)
     sorts = {key: link("/ui/", {**request.current(), "sort": key, "page": None,
                                 "order": ("desc" if order == "asc" else "asc") if key == sort else ("asc" if key == "name" else "desc")})
@@ -356,7 +355,7 @@ def search(conn: psycopg.Connection, request: Request) -> View:
     if form["attr"]:
         path, literal = parse_attribute_query(form["attr"])
         path_steps, value = _path_steps(path), json.dumps(literal)
-    names = visible_names(request.principal, ui_queries.state_names(conn))
+    names = access.visible_names(request.principal, ui_queries.state_names(conn))
     query = ui_queries.Search(ui_queries.state_ids(conn, names), type=form["type"] or None, address_regex=address_regex,
                               provider=form["provider"] or None, path=path_steps, value=value)
     if path_steps is not None:
