@@ -24,6 +24,8 @@ import pytest
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 INSTANCES, VERSIONS, CHANGED = (1_000, 40, 20) if QUICK else (10_000, 200, 50)
 ROUNDS = 3 if QUICK else 5
+# Measured at 10,000 x 200 on this machine size (2 cores, shared): ratios 0.9-3.7, pages 36 ms
+# (resource) to 1.2 s (diff of the first and last version: 20,000 differing lifecycle rows).
 GATE = 12.0 if QUICK else 10.0
 STATE = "bench/big"
 PROVIDER = 'provider["registry.terraform.io/example/cloud"]'
