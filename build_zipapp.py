@@ -41,6 +41,8 @@ NATIVE_PREFIX = "native/"
 REQUIRED_GATES = {"grpcio": ["grpc"], "psycopg-binary": ["psycopg", "psycopg_binary"]}
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 SKIP_SUFFIXES = (".pyi", ".pyc", ".c", ".cc", ".h", ".pxd", ".pyx")
+# Files of kilolock itself that kl.pyz carries: code, migrations, the web UI's templates and assets.
+SOURCE_SUFFIXES = (".py", ".sql", ".html", ".css", ".svg")
 
 MAIN = """\
 import sys
@@ -250,12 +252,13 @@ class Contents:
                     self.add(name, data, wheel.path.name)
 
     def add_source(self) -> None:
-        """kilolock's pure-Python code and migrations from this checkout (the codec comes as a wheel)."""
+        """kilolock's pure-Python code, migrations and the web UI's templates and static files from
+        this checkout (the codec comes as a wheel)."""
         root = REPO / "kilolock"
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for fn in sorted(filenames):
-                if fn.endswith((".py", ".sql")) and not fn.startswith("_codec_rs"):
+                if fn.endswith(SOURCE_SUFFIXES) and not fn.startswith("_codec_rs"):
                     path = Path(dirpath) / fn
                     self.add(path.relative_to(REPO).as_posix(), path.read_bytes(), "source")
 

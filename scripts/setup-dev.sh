@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the tests and the demo need, installed idempotently on a fresh machine:
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
+#   - Debian's chromium and chromium-driver for the web UI's browser tests (when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
 #   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3 and 1.8.5,
 #     OpenTofu 1.6.3 (test-providers.sh, test-terraform.sh)
@@ -41,6 +42,18 @@ if ! have_pg; then
     else
         echo "setup: PostgreSQL server binaries are missing: install them (Debian: apt-get install postgresql)" >&2
         exit 1
+    fi
+fi
+
+# The web UI's browser tests drive Debian's chromium through Debian's chromedriver (a browser build
+# cannot be downloaded here); without root, the tests that need them say what to install.
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing chromium and chromium-driver for the browser tests (apt-get install chromium chromium-driver)"
+        quiet apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+    else
+        log "chromium or chromium-driver is missing: the web UI's browser tests will fail until they are installed (Debian: apt-get install chromium chromium-driver)"
     fi
 fi
 

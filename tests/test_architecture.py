@@ -12,7 +12,7 @@ PACKAGE = REPO / "kilolock"
 
 # Pure data and rules on our own types: no I/O, no database, no protocol. Any layer may use them.
 MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names", "kilolock.globs",
-         "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"}
+         "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift", "kilolock.versiondiff"}
 
 # What each part may import besides itself and MODEL. The data flow: cli -> refresh -> provider,
 # with codec beside refresh and the store beside everything that keeps state.
@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Within MODEL the order matters too (no cycles): each may import only those before it.
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
-               "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift"]
+               "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift",
+               "kilolock.versiondiff"]
 
 
 def unit_of(module: str) -> str:
@@ -119,3 +120,44 @@ def test_sql_lives_in_store() -> None:
              for line in sql_calls(path.read_text(encoding="utf-8"))]
     assert not found, "database calls outside kilolock/store/ (add a store function instead):\n" + "\n".join(found)
     assert sql_calls("with conn.cursor() as cur:\n    cur.execute('SELECT 1')\n") == [1, 2]
+
+
+# The web UI (kilolock/server/ui) is a reader: of the store it sees the read modules only, so no
+# page can write, lock or refresh; and only the HTTP router reaches it.
+UI = "kilolock.server.ui"
+UI_STORE_READS = {"kilolock.store.ui_queries", "kilolock.store.history", "kilolock.store.versions", "kilolock.store.db"}
+
+
+def _imported_names(source: str, module: str) -> set[str]:
+    """imported_modules, plus each name a `from X import name` takes (a submodule or not)."""
+    package = module if module.endswith("__init__") else module.rpartition(".")[0]
+    found = set(imported_modules(source, module))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.update(f"{base}.{a.name}" for a in node.names if base.startswith("kilolock"))
+    return found
+
+
+def ui_violations(module: str, source: str) -> list[str]:
+    found = _imported_names(source, module)
+    if module == UI or module.startswith(UI + "."):
+        return [f"{module} imports {t}" for t in sorted(found)
+                if unit_of(t) == "kilolock.store" and t != "kilolock.store"
+                and not any(t == r or t.startswith(r + ".") for r in UI_STORE_READS)]
+    if module != "kilolock.server.http":
+        return [f"{module} imports {t}" for t in sorted(found) if t == UI or t.startswith(UI + ".")]
+    return []
+
+
+def test_the_web_ui_only_reads() -> None:
+    found = [v for name, path in _modules() for v in ui_violations(name, path.read_text(encoding="utf-8"))]
+    assert not found, "the web UI reads through store/ui_queries.py (and history, versions); only server/http.py routes to it:\n" + "\n".join(found)
+    assert ui_violations("kilolock.server.ui.pages", "from kilolock.store import locks") == [
+        "kilolock.server.ui.pages imports kilolock.store.locks"]
+    assert ui_violations("kilolock.server.ui.pages", "from kilolock.store import ui_queries") == []
+    assert ui_violations("kilolock.server.backend", "from kilolock.server.ui import pages") == [
+        "kilolock.server.backend imports kilolock.server.ui", "kilolock.server.backend imports kilolock.server.ui.pages"]

@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    print(f"kl serve: Terraform http backend at {server.url}/states/<name>, Prometheus metrics at {server.url}/metrics",
-          file=sys.stderr, flush=True)
+    print(f"kl serve: Terraform http backend at {server.url}/states/<name>, web UI at {server.url}/ui/, "
+          f"Prometheus metrics at {server.url}/metrics", file=sys.stderr, flush=True)
     from kilolock.notify.deliver import Background
     from kilolock.store import db, notify
 

@@ -3,8 +3,8 @@ complete, then answered by a worker pool (kilolock.server.conns) with the standa
 BaseHTTPRequestHandler; one pooled database connection per request. Bounded bodies, socket
 timeouts, optional TLS. Every route asks kilolock.server.access whether its principal may.
 
-Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /metrics (Prometheus),
-/healthz.
+Routing: /states/<name> (the Terraform backend), /api/v1/... (read-only JSON), /ui/ (the web UI,
+kilolock/server/ui), /metrics (Prometheus), /healthz.
 """
 from __future__ import annotations
 
@@ -329,9 +329,14 @@ class _Handler(BaseHTTPRequestHandler):
             if method != "GET":
                 return text(405, f"{method} is not allowed on {path}: the API is read-only", Allow="GET")
             return self._api(path[len("/api/v1/"):], parse_qs(url.query, keep_blank_values=True))
+        if path == "/ui" or path.startswith("/ui/"):
+            from kilolock.server import ui
+
+            return ui.handle(self.server.pool.connection, principal, self.grants, method, path,
+                             parse_qs(url.query, keep_blank_values=True))
         if path == "/metrics":
             return text(405, f"{method} is not allowed on /metrics", Allow="GET")
-        return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/, metrics at /metrics")
+        return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/, the web UI at /ui/, metrics at /metrics")
 
     def _who(self) -> tuple[Principal | None, Grants | None]:
         """The principal and, for a kl token, its grants (read with it, at every request: a revoked

@@ -123,4 +123,8 @@ def route_of(path: str) -> str:
         return "other"
     if path in ("/api/v1/states", "/metrics", "/healthz"):
         return path
+    if path.startswith("/ui/static/"):
+        return "/ui/static/{file}"
+    if path in ("/ui/", "/ui/state", "/ui/diff", "/ui/resource", "/ui/search"):
+        return path
     return "other"

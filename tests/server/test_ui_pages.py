@@ -1,0 +1,215 @@
+"""The web UI over plain HTTP: authentication, headers, masking, search, pagination and errors.
+What a browser does with the pages is tests/server/test_ui_browser.py."""
+from __future__ import annotations
+
+import re
+from urllib.parse import quote, urlencode
+
+import pytest
+
+from kit.httpclient import Client
+from kit.uistates import SECRETS, populate
+
+TOKEN = "ui-test-token"
+
+
+@pytest.fixture
+def ui(start_server, conn) -> Client:
+    from kilolock.server.auth import Authenticator
+
+    populate(conn)
+    return start_server(auth=Authenticator(token=TOKEN)).basic("viewer", TOKEN)
+
+
+def page(ui: Client, path: str, **params: str | int) -> str:
+    reply = ui.request("GET", path + ("?" + urlencode(params) if params else ""))
+    assert reply.status == 200, f"{path} {params}: {reply.status} {reply.text[:500]}"
+    assert reply.headers["content-type"] == "text/html; charset=utf-8"
+    return reply.text
+
+
+def test_an_unauthenticated_request_is_refused_with_a_basic_challenge(ui: Client) -> None:
+    for path in ("/ui/", "/ui/state?name=team/prod", "/ui/static/style.css", "/ui"):
+        reply = ui.with_auth(None).request("GET", path)
+        assert reply.status == 401, path
+        assert reply.headers["www-authenticate"] == 'Basic realm="kilolock"'
+        assert "team/prod" not in reply.text
+    assert ui.basic("viewer", "wrong").request("GET", "/ui/").status == 401
+
+
+def test_every_page_sends_the_security_headers(ui: Client) -> None:
+    for path in ("/ui/", "/ui/state?name=team%2Fprod", "/ui/diff?state=team%2Fprod&from=1&to=5", "/ui/nope",
+                 "/ui/static/style.css"):
+        reply = ui.request("GET", path)
+        csp = reply.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src" not in csp and "frame-ancestors 'none'" in csp, path
+        assert reply.headers["x-content-type-options"] == "nosniff"
+        assert reply.headers["referrer-policy"] == "no-referrer"
+        assert reply.headers["x-frame-options"] == "DENY"
+    assert ui.request("GET", "/ui/").headers["cache-control"] == "no-store"
+
+
+def test_pages_load_nothing_from_elsewhere_and_run_no_script(ui: Client) -> None:
+    for path in ("/ui/", "/ui/state?name=team%2Fprod", "/ui/search?attr=port+%3D+80"):
+        html = ui.request("GET", path).text
+        assert "<script" not in html.lower()
+        assert not re.search(r"""(src|href)=["'](https?:)?//""", html), path
+        assert " style=" not in html and "<style" not in html, "inline styles would need 'unsafe-inline'"
+
+
+def test_the_overview_lists_sorts_and_filters_states(ui: Client) -> None:
+    html = page(ui, "/ui/")
+    assert html.index("sandbox") < html.index("team/dev") < html.index("team/prod")
+    assert "1 drifted" in html  # team/prod: alpha's tags (bravo's drift was cleared by the apply)
+    by_drift = page(ui, "/ui/", sort="drift", order="desc")
+    assert by_drift.index("team/prod") < by_drift.index("sandbox")
+    only_team = page(ui, "/ui/", q="team/*")
+    assert "team/prod" in only_team and "team/dev" in only_team and ">sandbox<" not in only_team
+    word = page(ui, "/ui/", q="prod")
+    assert "team/prod" in word and "team/dev" not in word
+    assert ui.request("GET", "/ui/?sort=bogus").status == 400
+
+
+def test_the_overview_paginates_with_query_parameters(ui: Client, conn) -> None:
+    from kit.uistates import null, write
+
+    for i in range(12):
+        write(conn, f"many/s{i:02}", 1, [null("n", {"i": str(i)})], "import", "x")
+    first = page(ui, "/ui/", q="many/*", per=5)
+    assert "many/s00" in first and "many/s04" in first and "many/s05" not in first
+    assert "1–5 of 12" in first and 'rel="next"' in first
+    third = page(ui, "/ui/", q="many/*", per=5, page=3)
+    assert "many/s10" in third and "many/s11" in third and "many/s09" not in third and 'rel="next"' not in third
+
+
+def version_row(html: str, serial: int) -> tuple[str, ...]:
+    """(source, actor, +added, ~changed, -removed) of a version's row on a state page."""
+    row = re.search(rf'<th scope="row">{serial}</th><td>(\w+)</td><td>([\w-]+)</td>.*?</tr>', html, re.DOTALL)
+    assert row, f"no row of version {serial}"
+    counts = re.findall(r'title="(?:added|changed|removed)">([-+~]\d+)<', row.group(0))
+    return (row.group(1), row.group(2), *counts)
+
+
+def test_the_state_page_shows_versions_runs_drift_and_rules(ui: Client, conn) -> None:
+    conn.execute("INSERT INTO drift_ignore_rules (states_glob, states_regex, address_glob, address_regex, reason) "
+                 "VALUES ('team/**', '^team/.*$', 'cloud_server.zulu', '^cloud_server\\.zulu$', 'noisy')")
+    html = page(ui, "/ui/state", name="team/prod")
+    # v4 (apply): delta added, bravo back to its applied tags (changed); v3 (refresh): charlie removed
+    assert version_row(html, 4) == ("apply", "bob", "+1", "~1", "-0")
+    assert version_row(html, 3) == ("refresh", "kl-refresh", "+0", "~1", "-1")
+    assert version_row(html, 1) == ("import", "alice", "+4", "~0", "-0")
+    assert "Open drift (1)" in html and "cloud_server.alpha" in html
+    assert "&#34;prod&#34;" in html and "&#34;qa&#34;" in html  # alpha's tags["env"], before and after
+    assert "noisy" in html and "cloud_server.zulu" in html
+    assert "<svg" in html and "Open drift over time" in html
+
+
+def test_sensitive_values_never_reach_a_page(ui: Client) -> None:
+    pages = [page(ui, "/ui/state", name=n) for n in ("team/prod", "team/dev", "sandbox")]
+    pages += [page(ui, "/ui/diff", state="team/prod", **{"from": a, "to": b}) for a in range(1, 6) for b in range(1, 6)]
+    pages += [page(ui, "/ui/diff", state="sandbox", **{"from": 7, "to": 8})]
+    pages += [page(ui, "/ui/resource", state="team/prod", address=a)
+              for a in ("cloud_server.alpha", "cloud_server.bravo", "cloud_server.charlie", "null_resource.legacy")]
+    pages += [page(ui, "/ui/resource", state="sandbox", address="null_resource.legacy")]
+    for html in pages:
+        for secret in SECRETS:
+            assert secret not in html
+    diff = page(ui, "/ui/diff", state="team/prod", **{"from": 1, "to": 2})
+    assert "password" in diff and "(sensitive)" in diff  # the change is shown, its value is not
+    assert "8080" in diff  # alpha's port: not a secret
+    sandbox = page(ui, "/ui/diff", state="sandbox", **{"from": 7, "to": 8})
+    assert "no schema" in sandbox  # without a schema every value is masked, and the page says why
+
+
+def test_search_by_attribute_value_type_address_and_provider(ui: Client) -> None:
+    found = page(ui, "/ui/search", attr='tags["env"] = "dev"')
+    assert "cloud_server.echo" in found and "team/dev" in found and "cloud_server.alpha" not in found
+    port = page(ui, "/ui/search", attr="port = 443")
+    assert "cloud_server.delta" in port and "1 result<" in port
+    assert "cloud_server.alpha" in page(ui, "/ui/search", attr="port = 8080")
+    assert "0 results" in page(ui, "/ui/search", attr="port = \"8080\"")  # a JSON string is not the number
+    typed = page(ui, "/ui/search", type="null_resource")
+    assert "sandbox" in typed and "team/prod" in typed and "cloud_server" not in typed.split("results", 1)[1]
+    globbed = page(ui, "/ui/search", address="cloud_server.*", provider="example/cloud")
+    assert "4 results" in globbed  # alpha, bravo, delta in team/prod, echo in team/dev
+    assert "cloud_server.charlie" not in globbed  # deleted: search looks at current instances only
+
+
+def test_search_never_answers_about_a_secret(ui: Client) -> None:
+    for attr in ('password = "hunter2-alpha-secret"', 'password = "nope"'):
+        html = page(ui, "/ui/search", attr=attr)
+        assert "0 results" in html and "cloud_server.alpha" not in html.split("results", 1)[1]
+
+
+def test_bad_input_is_one_line_on_an_error_page(ui: Client) -> None:
+    for path, status, says in [
+        ("/ui/search?attr=" + quote("tags[env] = 1"), 400, "expected [NUMBER]"),
+        ("/ui/search?attr=" + quote("port = eighty"), 400, "not a JSON literal"),
+        ("/ui/search?attr=port", 400, "PATH = VALUE"),
+        ("/ui/state?name=nope", 404, "no state named"),
+        ("/ui/diff?state=team%2Fprod&from=1&to=99", 404, "no version with serial 99"),
+        ("/ui/resource?state=team%2Fprod&address=nope.x", 404, "never held"),
+        ("/ui/state?name=team%2Fprod&vpage=zero", 400, "not a whole number"),
+        ("/ui/elsewhere", 404, "no such page"),
+    ]:
+        reply = ui.request("GET", path)
+        assert reply.status == status, (path, reply.status, reply.text[:300])
+        assert says in reply.text, (path, reply.text[:2000])
+    assert ui.request("POST", "/ui/", body=b"").status == 405
+
+
+def test_the_lifecycle_timeline_says_what_happened_and_who(ui: Client) -> None:
+    html = page(ui, "/ui/resource", state="team/prod", address="cloud_server.bravo")
+    events = re.findall(r"<strong>(.*?)</strong> at serial (\d+)", html)
+    assert events == [("changed by apply", "4"), ("drifted (seen by refresh)", "3"), ("changed by apply", "2"), ("imported", "1")]
+    charlie = page(ui, "/ui/resource", state="team/prod", address="cloud_server.charlie")
+    assert re.findall(r"<strong>(.*?)</strong> at serial (\d+)", charlie)[0] == ("deleted outside Terraform (seen by refresh)", "3")
+    paged = page(ui, "/ui/resource", state="team/prod", address="cloud_server.bravo", per=2, page=2)
+    assert re.findall(r"<strong>(.*?)</strong> at serial (\d+)", paged) == [("changed by apply", "2"), ("imported", "1")]
+
+
+def test_a_token_sees_only_the_states_its_grants_let_it_read(start_server, conn, run_kl) -> None:
+    import json
+
+    from kilolock.server.auth import Authenticator
+
+    populate(conn)
+    r = run_kl("token", "create", "dev-viewer", "--role", "read", "--states", "team/dev", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    server = start_server(auth=Authenticator.from_config(None, env={}, kl_tokens=True))
+    viewer = server.basic("dev-viewer", json.loads(r.stdout)["token"])
+    overview = page(viewer, "/ui/")
+    assert "team/dev" in overview and "team/prod" not in overview and ">sandbox<" not in overview
+    # A state it may not read answers as one that does not exist, on every page that names it.
+    for path in ("/ui/state?name=team%2Fprod", "/ui/diff?state=team%2Fprod&from=1&to=2",
+                 "/ui/resource?state=team%2Fprod&address=cloud_server.alpha"):
+        reply = viewer.request("GET", path)
+        assert reply.status == 404 and "alpha" not in reply.text, (path, reply.status)
+    found = page(viewer, "/ui/search", type="cloud_server").split("results", 1)[1]
+    assert "team/dev" in found and "team/prod" not in found
+    assert page(viewer, "/ui/state", name="team/dev")
+
+
+def test_the_drift_chart_counts_open_drift_at_each_version(ui: Client, conn) -> None:
+    from kilolock.server.ui import svg
+    from kilolock.store import ui_queries, versions
+
+    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/prod"), 200)
+    # v3's refresh found bravo changed and charlie deleted; v4's apply resolved both; v5 found alpha
+    assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 0), (3, 2), (4, 0), (5, 1)]
+    chart = svg.drift_chart(series)
+    assert chart.count("<circle") == 5 and 'role="img"' in chart and "<desc" in chart
+    assert "0 then 1, growing; at most 2 (serial 3)" in svg.summary(series)
+    assert svg.summary([]) == "No versions yet." and "<polyline" not in svg.drift_chart([])
+    html = page(ui, "/ui/state", name="team/prod")
+    assert "0 then 1, growing; at most 2 (serial 3)" in html
+
+
+def test_a_page_reads_in_one_read_only_snapshot(conn) -> None:
+    import psycopg
+
+    from kilolock.store import ui_queries
+
+    with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), conn.transaction():
+        ui_queries.read_only_snapshot(conn)
+        conn.execute("INSERT INTO states (name) VALUES ('nope')")
