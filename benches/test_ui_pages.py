@@ -120,6 +120,7 @@ class _Recorder:
 
 def _render(conn: psycopg.Connection, path: str) -> Any:
     from kilolock.server import ui
+    from kilolock.server.access import implicit_grants
     from kilolock.server.auth import Principal
 
     @contextlib.contextmanager
@@ -127,7 +128,9 @@ def _render(conn: psycopg.Connection, path: str) -> Any:
         yield conn
 
     url = urlsplit(path)
-    return ui.handle(connection, Principal("bench"), "GET", url.path, parse_qs(url.query, keep_blank_values=True))
+    viewer = Principal("bench")
+    return ui.handle(connection, viewer, implicit_grants(viewer), "GET", url.path,
+                     parse_qs(url.query, keep_blank_values=True))
 
 
 def _replay(conn: psycopg.Connection, statements: list[tuple[Any, Any]]) -> None:
