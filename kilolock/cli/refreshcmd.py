@@ -316,10 +316,13 @@ def run(args: argparse.Namespace) -> int:
         from kilolock.errors import UsageError
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
+    from dataclasses import replace
+
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
+    from kilolock.refresh.slots import fleet_slots
     from kilolock.store import db, settings, versions
 
     options_from_args(args)  # flag errors (a bad duration) before the database is opened
@@ -344,8 +347,10 @@ def run(args: argparse.Namespace) -> int:
             wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
                                         workdir=options.workdir)
-            result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
-                                 on_lock_wait=progress.lock_wait if progress else None)
+            with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
+                result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
+                                     progress=progress, cancel=cancel,
+                                     on_lock_wait=progress.lock_wait if progress else None)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
             counts = drift_counts(result, conn) if result.status == "succeeded" else None

@@ -9,6 +9,7 @@ on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ import psycopg
 
 from kilolock import cron
 from kilolock.errors import KlError
+from kilolock.refresh import slots
 from kilolock.refresh.factory import ProductionFactory
 from kilolock.refresh.lockwait import wait_for_lock
 from kilolock.refresh.options import RefreshOptions
@@ -94,7 +96,13 @@ def refresh_many(conn: psycopg.Connection, names: list[str], options_for: Option
             on_done(result)
         return result
 
-    with cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
+    with slots.fleet_slots(conn) as fleet_slots, \
+            cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
+        if fleet_slots is not None:  # the states refreshed at once share this process's slots
+            given = options_for
+
+            def options_for(stored: StateSettings | None) -> RefreshOptions:
+                return dataclasses.replace(given(stored), provider_slots=fleet_slots)
         return list(pool.map(one, names))
 
 
@@ -169,10 +177,15 @@ class Worker:
                  f"lease {cfg.lease_s:g}s)")
         beats = threading.Thread(target=self._heartbeats, name="kl-heartbeat", daemon=True)
         beats.start()
+        given = self.options_for
         try:
-            self._loop()
-            self._drain()
+            # One FleetSlots for all of this worker's runs: the slots it leases serve whichever run needs them.
+            with slots.fleet_slots(self.conn, always=True) as fleet_slots:
+                self.options_for = lambda stored: dataclasses.replace(given(stored), provider_slots=fleet_slots)
+                self._loop()
+                self._drain()
         finally:
+            self.options_for = given
             self._stopping.set()
             beats.join(timeout=5)
             try:

@@ -182,7 +182,7 @@ def populate(conn: psycopg.Connection) -> None:
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
     rules (one active, one expired), the requests in flight a run used, notification channels with
     the events and deliveries the writes below make (one delivered, one failed once, the rest
-    pending)."""
+    pending), fleet-wide provider limits with a lease of slots."""
     import kilolock
     from kilolock import globs, tfstate
     from kilolock import schema as sch
@@ -350,6 +350,14 @@ def populate(conn: psycopg.Connection) -> None:
     conn.execute("INSERT INTO notify_stale_notices (state_id, channel_id, last_ok_at, noticed_at) "
                  "VALUES (%s, %s, '-infinity', '2026-01-02T00:00:00Z')", (versions.state_id(conn, "prod"), stale.id))
     conn.execute("UPDATE notify_channels SET stale_checked_at = 'infinity' WHERE id = %s", (stale.id,))
+
+    # Fleet-wide provider limits (0016): one for the unaliased null provider, one for an alias, and
+    # the slots a worker held of the first when the fixture was frozen.
+    from kilolock.store import provider_limits
+
+    provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/null", "", 8, "fixture@cli")
+    provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/aws", "prod", 40, "fixture@cli")
+    provider_limits.sync(conn, "registry.terraform.io/hashicorp/null", "", "fixture-host:1:abcd", 3, 1, 60.0)
 
 
 def main() -> int:
