@@ -27,6 +27,7 @@ from kilolock.refresh.lockwait import wait_for_lock
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.orchestrator import Cancellation, Result
 from kilolock.refresh.orchestrator import run as run_refresh
+from kilolock.refresh.warm import WarmProviders
 from kilolock.store import db, fleet, refresh_runs, settings, versions
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
@@ -57,13 +58,14 @@ def _failed(name: str, message: str) -> Result:
 
 
 def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, cancel: Cancellation,
-                  sid: str | None = None) -> Result:
-    """One state, as kl refresh runs it; an error before its run began is a failed Result."""
+                  sid: str | None = None, warm: WarmProviders | None = None) -> Result:
+    """One state, as kl refresh runs it; an error before its run began is a failed Result.
+    WARM: a worker's pool of provider processes, reused across its runs (kilolock.refresh.warm)."""
     try:
         sid = sid or versions.state_id(conn, name)
         options = options_for(settings.get(conn, sid))
-        factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                    workdir=options.workdir)
+        factory = (warm.factory if warm is not None else ProductionFactory)(
+            conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout, workdir=options.workdir)
         return run_refresh(conn, name, factory, options, cancel=cancel)
     except StateBusy:
         raise  # not a failed run: none began; the caller waits, retries or reports it
@@ -131,6 +133,8 @@ class WorkerConfig:
     poll_s: float = 2.0  # how often to look for due schedules and jobs
     grace_s: float = 60.0  # after SIGTERM, how long runs may take before they are cancelled
     max_attempts: int = 3  # claims of one job that ended with its worker dead before it fails
+    warm_providers: int = 4  # provider processes kept idle for the next run (0: launch one per run, as kl refresh)
+    warm_idle_s: float = 300.0  # an idle warm provider is shut down after this long
 
     @property
     def heartbeat_s(self) -> float:
@@ -162,6 +166,7 @@ class Worker:
         self._lock = threading.Lock()
         self.completed = 0
         self.failed = 0
+        self.warm = WarmProviders(config.warm_providers, config.warm_idle_s)
 
     def stop(self, why: str = "SIGTERM") -> None:
         if not self._stopping.is_set():
@@ -187,6 +192,7 @@ class Worker:
         finally:
             self.options_for = given
             self._stopping.set()
+            self.warm.close()
             beats.join(timeout=5)
             try:
                 fleet.stop_worker(self.conn, self.worker_id)
@@ -209,6 +215,7 @@ class Worker:
                         self._start(job)
                         claimed += 1
                 fleet.prune(self.conn)
+                self.warm.reap()
             except psycopg.OperationalError as exc:
                 # The database went away: runs in flight report their own; keep trying.
                 log.warning("kl worker: database error: %s", first_line(exc))
@@ -245,7 +252,7 @@ class Worker:
             with db.reconnect(self.conn) as conn:
                 refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
                 try:
-                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id)
+                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id, self.warm)
                 except StateBusy as busy:  # never two runs of one state: try again shortly
                     fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
                     self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
