@@ -205,11 +205,16 @@ class Worker:
         cfg = self.config
         while not self._stopping.is_set():
             claimed = 0
+            # --once ends only after a claim made with every slot free found nothing: a run that
+            # ended after the claim was skipped (no slot then) must not end the loop with work queued.
+            looked_with_all_free = False
             try:
                 fleet.enqueue_due_schedules(self.conn, next_run)
                 for job_id, what in fleet.recover_expired(self.conn, cfg.max_attempts):
                     self.say(f"kl worker {self.name}: took over job {job_id} of a worker that stopped heartbeating ({what})")
-                free = cfg.parallel_states - self._running()
+                running = self._running()
+                looked_with_all_free = running == 0
+                free = cfg.parallel_states - running
                 if free > 0:
                     for job in fleet.claim(self.conn, self.worker_id, free, cfg.lease_s):
                         self._start(job)
@@ -220,7 +225,7 @@ class Worker:
                 # The database went away: runs in flight report their own; keep trying.
                 log.warning("kl worker: database error: %s", first_line(exc))
                 self._reconnect()
-            if cfg.once and not claimed and self._running() == 0:
+            if cfg.once and not claimed and looked_with_all_free and self._running() == 0:
                 return
             self._wake.wait(cfg.poll_s)
             self._wake.clear()
