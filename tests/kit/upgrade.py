@@ -182,7 +182,8 @@ def populate(conn: psycopg.Connection) -> None:
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
     rules (one active, one expired), the requests in flight a run used, notification channels with
     the events and deliveries the writes below make (one delivered, one failed once, the rest
-    pending), fleet-wide provider limits with a lease of slots."""
+    pending), fleet-wide provider limits with a lease of slots, a run's
+    heartbeat."""
     import kilolock
     from kilolock import globs, tfstate
     from kilolock import schema as sch
@@ -358,6 +359,10 @@ def populate(conn: psycopg.Connection) -> None:
     provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/null", "", 8, "fixture@cli")
     provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/aws", "prod", 40, "fixture@cli")
     provider_limits.sync(conn, "registry.terraform.io/hashicorp/null", "", "fixture-host:1:abcd", 3, 1, 60.0)
+
+    # Run heartbeats (0018): a run made behind a transaction pooler beat until it finished.
+    conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
+                 " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 
 
 def main() -> int:
