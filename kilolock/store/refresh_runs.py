@@ -259,13 +259,17 @@ def finish(
     (refresh.failed, and refresh.guarded when the mass-removal guard refused its commit)."""
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
-    with conn.transaction():
-        updated = conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
-                                         Jsonb(concurrency) if concurrency is not None else None, run_id)).rowcount
-        if updated:  # not when another process already finished it (a worker's take-over)
-            notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
-    if db.transaction_pooled():
+    try:
+        with conn.transaction():
+            updated = conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
+                                             Jsonb(concurrency) if concurrency is not None else None, run_id)).rowcount
+            if updated:  # not when another process already finished it (a worker's take-over)
+                notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
+    finally:
+        # Beats stop with the attempt to finish, written or not: a row left `running` by a lost
+        # connection must be found dead, as its session lock would be gone with the connection.
         _heartbeats.remove(run_id)
+    if db.transaction_pooled():
         return
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()

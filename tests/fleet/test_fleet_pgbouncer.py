@@ -141,3 +141,23 @@ def test_an_undeclared_transaction_pooler_is_named_with_what_to_change(monkeypat
     assert cli.main(["state", "list"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "transaction pooler" in err and "kl_pooler=transaction" in err, err
+
+
+def test_a_pooled_run_beats_instead_of_locking_and_stops_beating_when_its_finish_fails(db_url, monkeypatch):
+    from kilolock.store import db, refresh_runs, versions
+
+    add_states(db_url, ["beat/a"], instances=1)
+    monkeypatch.setenv(db.POOLER_ENV, "transaction")
+    conn = db.connect(db_url)
+    sid = versions.state_id(conn, "beat/a")
+    version = q(db_url, "SELECT id FROM state_versions WHERE state_id = %s", (sid,))[0][0]
+    run_id = refresh_runs.begin(conn, sid, str(version), "test")
+    assert q(db_url, "SELECT heartbeat_at IS NOT NULL FROM refresh_runs WHERE id = %s", (run_id,))[0][0]
+    assert q(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0] == 0  # no session lock
+    assert run_id in refresh_runs._heartbeats._runs
+    assert refresh_runs.dead_runs(conn, sid) == []  # alive: its beat is fresh
+    conn.close()  # the connection is lost before the run can finish
+    with pytest.raises(psycopg.OperationalError):
+        refresh_runs.finish(conn, run_id, status="failed", checked=0, changed=0, failed=0, error_summary="x",
+                            to_version_id=None)
+    assert run_id not in refresh_runs._heartbeats._runs  # found dead once its last beat is old
