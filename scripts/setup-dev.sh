@@ -56,6 +56,14 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
         log "chromium or chromium-driver is missing: the web UI's browser tests will fail until they are installed (Debian: apt-get install chromium chromium-driver)"
     fi
 fi
+# PgBouncer (Debian's, 1.18) for the fleet suite through a transaction pooler (tests/fleet/test_fleet_pgbouncer.py).
+have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
+if ! have_pgbouncer && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing PgBouncer (apt-get install pgbouncer)"
+    quiet apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pgbouncer >/dev/null
+fi
+have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
 
 for tool in cargo go python3; do
     command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.23, Python >= 3.10)" >&2; exit 1; }

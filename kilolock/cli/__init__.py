@@ -212,6 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"kl: lost the database connection: {first_line(exc)}", file=sys.stderr)
             return 1
+        if psycopg is not None and isinstance(exc, (psycopg.errors.DuplicatePreparedStatement,
+                                                    psycopg.errors.InvalidSqlStatementName)):
+            from kilolock.store.db import POOLER_ENV, POOLER_PARAM, first_line
+
+            # A prepared statement that vanished or collided: transactions land on other server
+            # connections than the one that prepared it, which is what a transaction pooler does.
+            print(f"kl: {first_line(exc)}: the database connection goes through a transaction pooler (PgBouncer "
+                  f"pool_mode = transaction?); add {POOLER_PARAM}=transaction to KL_DATABASE_URL "
+                  f"(or set {POOLER_ENV}=transaction)", file=sys.stderr)
+            return 1
         if os.environ.get("KL_DEBUG"):
             raise
         print(f"kl: internal error: {type(exc).__name__}: {exc} (run with KL_DEBUG=1 for a traceback)", file=sys.stderr)

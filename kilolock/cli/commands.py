@@ -132,10 +132,13 @@ COMMANDS: tuple[Command, ...] = (
         Command("revoke", "refuse a token from now on", "kilolock.cli.accesscmd", "tokens_revoke",
                 example="kl token revoke ci-net"),
     )),
-    _group("provider", "provider configuration and version pins", "kilolock.cli.providercmd", (
+    _group("provider", "provider configuration, version pins and fleet-wide limits", "kilolock.cli.providercmd", (
         ("configure", 'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)',
          """echo '{"token": {"env": "GITHUB_TOKEN"}}' | kl provider configure integrations/github --config -"""),
         ("pin", "use this provider version instead of the highest found", "kl provider pin hashicorp/null 3.2.1"),
         ("list", "stored provider configs, pins and cached schemas", "kl provider list"),
+        ("limit", "cap a provider's calls in flight across every worker and refresh on all hosts (or --remove it)",
+         "kl provider limit hashicorp/aws --alias prod --max-in-flight 40"),
+        ("limits", "fleet-wide provider limits, with the slots the fleet holds of each now", "kl provider limits"),
     )),
 )

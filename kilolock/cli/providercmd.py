@@ -1,4 +1,5 @@
-"""``kl provider configure|pin|list``: provider configuration kept in provider_configs."""
+"""``kl provider configure|pin|list|limit|limits``: provider configuration kept in provider_configs,
+and fleet-wide limits of calls in flight (provider_limits)."""
 from __future__ import annotations
 
 import argparse
@@ -106,4 +107,53 @@ def run_list(args: argparse.Namespace) -> int:
         print()
         render.table(["cached schema", "version", "protocol", "fetched"],
                      [(c.source, c.version, c.protocol_version, c.fetched_at) for c in schemas])
+    return 0
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", type=cli_args.utf8_text, help="NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    parser.add_argument("--alias", type=cli_args.utf8_text, default="",
+                        help="the provider configuration's alias the limit is for (default: the one without an alias)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--max-in-flight", type=cli_args.positive, metavar="N",
+                      help="the most calls to this provider in flight at once, across every kl process sharing the database")
+    what.add_argument("--remove", action="store_true", help="remove the limit")
+
+
+def run_limit(args: argparse.Namespace) -> int:
+    from kilolock.store import db, provider_limits
+
+    source = normalize_source(args.source)
+    label = source + (f".{args.alias}" if args.alias else "")
+    with db.open_store() as conn:
+        if args.remove:
+            if not provider_limits.remove_limit(conn, source, args.alias):
+                raise KlError(f"provider {label} has no limit (kl provider limits lists them)")
+            print(f"{label}: no fleet-wide limit any more")
+            return 0
+        provider_limits.set_limit(conn, source, args.alias, args.max_in_flight, cli_args.default_actor())
+    # Processes read limits when a run starts; a running worker within a few seconds.
+    print(f"{label}: at most {args.max_in_flight} call(s) in flight across the fleet")
+    return 0
+
+
+def add_limits_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_limits(args: argparse.Namespace) -> int:
+    from kilolock.store import db, provider_limits
+
+    with db.open_store() as conn:
+        rows = provider_limits.usage(conn)
+    if args.format == "json":
+        render.emit_json({"version": 1, "limits": [
+            {"source": r.source, "alias": r.alias or None, "max_in_flight": r.max_in_flight, "held": r.held,
+             "wanted": r.wanted, "holders": r.holders, "set_at": r.created_at, "set_by": r.created_by} for r in rows]})
+        return 0
+    if not rows:
+        print("no fleet-wide provider limit: each run's own --provider-parallelism applies (kl provider limit)")
+        return 0
+    render.table(["source", "alias", "max in flight", "held now", "wanted now", "processes", "set by"],
+                 [(r.source, r.alias or "-", r.max_in_flight, r.held, r.wanted, r.holders, r.created_by or "-") for r in rows])
     return 0

@@ -340,10 +340,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
+    from dataclasses import replace
+
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
+    from kilolock.refresh.slots import fleet_slots
     from kilolock.store import db, settings, versions
 
     cancel = Cancellation()
@@ -367,8 +370,10 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
             wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
             factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
                                         workdir=options.workdir, early=early)
-            result = run_refresh(conn, args.state, factory, options, progress=progress, cancel=cancel,
-                                 secrets=secrets, on_lock_wait=progress.lock_wait if progress else None)
+            with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
+                result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
+                                     progress=progress, cancel=cancel, secrets=secrets,
+                                     on_lock_wait=progress.lock_wait if progress else None)
             used.extend(factory.used)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure

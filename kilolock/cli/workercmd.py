@@ -27,8 +27,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, how long runs may go on before they are cancelled and queued again (default 60s)")
     parser.add_argument("--poll", type=cli_args.duration, metavar="DURATION",
                         help="how often to look for due work (default 2s, $KL_WORKER_POLL)")
+    parser.add_argument("--warm-providers", type=_at_least_zero, default=4, metavar="N",
+                        help="provider processes kept running between states for reuse by the next run with the same "
+                             "binary, config and workdir (default 4; 0: launch one per run, as kl refresh does)")
+    parser.add_argument("--warm-idle", type=cli_args.duration, metavar="DURATION", default=300.0,
+                        help="shut a warm provider down after it has been idle this long (default 5m)")
     parser.add_argument("--lock-timeout", metavar="DURATION", default="0s",
                         help="how long a run waits for a Terraform lock someone holds (default 0s: the run fails, the next time retries)")
+
+
+def _at_least_zero(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return n
 
 
 def _env_duration(name: str, default: float) -> float:
@@ -45,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     lease = args.lease or _env_duration("KL_WORKER_LEASE", 60.0)
     config = WorkerConfig(name=args.name, parallel_states=args.parallel_states, once=args.once, lease_s=lease,
-                          poll_s=args.poll or _env_duration("KL_WORKER_POLL", 2.0), grace_s=args.grace)
+                          poll_s=args.poll or _env_duration("KL_WORKER_POLL", 2.0), grace_s=args.grace,
+                          warm_providers=args.warm_providers, warm_idle_s=args.warm_idle)
     # A worker's run is `kl refresh STATE` with the state's stored settings and kl's defaults.
     refresh_args = argparse.Namespace(
         dry_run=False, fail_fast=False, concurrency=None, provider_parallelism=None, actor=None,

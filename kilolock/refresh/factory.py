@@ -121,7 +121,12 @@ class ProductionFactory:
         except codec.CodecError as exc:
             raise ProviderConfigError(f"provider {source} config does not fit its schema: {exc}") from None
         # Before the provider sees them, so its log lines and diagnostics about them come out masked.
-        for value in values_at(config, sensitive_paths(schema.provider.block, config)):
-            secrets.add_value(value)
+        learn_config_secrets(schema, config, secrets)
         raw.validate_config(wire)
         raw.configure(wire)
+
+
+def learn_config_secrets(schema: ProviderSchema, config: dict[str, Any], secrets: Redactor) -> None:
+    """The values the provider's schema marks sensitive in CONFIG are secrets of the run."""
+    for value in values_at(config, sensitive_paths(schema.provider.block, config)):
+        secrets.add_value(value)

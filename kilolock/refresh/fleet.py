@@ -9,6 +9,7 @@ on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 import threading
 import time
@@ -20,11 +21,13 @@ import psycopg
 
 from kilolock import cron
 from kilolock.errors import KlError
+from kilolock.refresh import slots
 from kilolock.refresh.factory import ProductionFactory
 from kilolock.refresh.lockwait import wait_for_lock
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.orchestrator import Cancellation, Result
 from kilolock.refresh.orchestrator import run as run_refresh
+from kilolock.refresh.warm import WarmProviders
 from kilolock.store import db, fleet, refresh_runs, settings, versions
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
@@ -59,13 +62,14 @@ def _failed(name: str, message: str) -> Result:
 
 
 def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, cancel: Cancellation,
-                  sid: str | None = None) -> Result:
-    """One state, as kl refresh runs it; an error before its run began is a failed Result."""
+                  sid: str | None = None, warm: WarmProviders | None = None) -> Result:
+    """One state, as kl refresh runs it; an error before its run began is a failed Result.
+    WARM: a worker's pool of provider processes, reused across its runs (kilolock.refresh.warm)."""
     try:
         sid = sid or versions.state_id(conn, name)
         options = options_for(settings.get(conn, sid))
-        factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                    workdir=options.workdir)
+        factory = (warm.factory if warm is not None else ProductionFactory)(
+            conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout, workdir=options.workdir)
         return run_refresh(conn, name, factory, options, cancel=cancel)
     except StateBusy:
         raise  # not a failed run: none began; the caller waits, retries or reports it
@@ -98,7 +102,13 @@ def refresh_many(conn: psycopg.Connection, names: list[str], options_for: Option
             on_done(result)
         return result
 
-    with cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
+    with slots.fleet_slots(conn) as fleet_slots, \
+            cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
+        if fleet_slots is not None:  # the states refreshed at once share this process's slots
+            given = options_for
+
+            def options_for(stored: StateSettings | None) -> RefreshOptions:
+                return dataclasses.replace(given(stored), provider_slots=fleet_slots)
         return list(pool.map(one, names))
 
 
@@ -127,6 +137,8 @@ class WorkerConfig:
     poll_s: float = 2.0  # how often to look for due schedules and jobs
     grace_s: float = 60.0  # after SIGTERM, how long runs may take before they are cancelled
     max_attempts: int = 3  # claims of one job that ended with its worker dead before it fails
+    warm_providers: int = 4  # provider processes kept idle for the next run (0: launch one per run, as kl refresh)
+    warm_idle_s: float = 300.0  # an idle warm provider is shut down after this long
 
     @property
     def heartbeat_s(self) -> float:
@@ -158,6 +170,7 @@ class Worker:
         self._lock = threading.Lock()
         self.completed = 0
         self.failed = 0
+        self.warm = WarmProviders(config.warm_providers, config.warm_idle_s)
 
     def stop(self, why: str = "SIGTERM") -> None:
         if not self._stopping.is_set():
@@ -173,11 +186,17 @@ class Worker:
                  f"lease {cfg.lease_s:g}s)")
         beats = threading.Thread(target=self._heartbeats, name="kl-heartbeat", daemon=True)
         beats.start()
+        given = self.options_for
         try:
-            self._loop()
-            self._drain()
+            # One FleetSlots for all of this worker's runs: the slots it leases serve whichever run needs them.
+            with slots.fleet_slots(self.conn, always=True) as fleet_slots:
+                self.options_for = lambda stored: dataclasses.replace(given(stored), provider_slots=fleet_slots)
+                self._loop()
+                self._drain()
         finally:
+            self.options_for = given
             self._stopping.set()
+            self.warm.close()
             beats.join(timeout=5)
             try:
                 fleet.stop_worker(self.conn, self.worker_id)
@@ -190,21 +209,27 @@ class Worker:
         cfg = self.config
         while not self._stopping.is_set():
             claimed = 0
+            # --once ends only after a claim made with every slot free found nothing: a run that
+            # ended after the claim was skipped (no slot then) must not end the loop with work queued.
+            looked_with_all_free = False
             try:
                 fleet.enqueue_due_schedules(self.conn, next_run)
                 for job_id, what in fleet.recover_expired(self.conn, cfg.max_attempts):
                     self.say(f"kl worker {self.name}: took over job {job_id} of a worker that stopped heartbeating ({what})")
-                free = cfg.parallel_states - self._running()
+                running = self._running()
+                looked_with_all_free = running == 0
+                free = cfg.parallel_states - running
                 if free > 0:
                     for job in fleet.claim(self.conn, self.worker_id, free, cfg.lease_s):
                         self._start(job)
                         claimed += 1
                 fleet.prune(self.conn)
+                self.warm.reap()
             except psycopg.OperationalError as exc:
                 # The database went away: runs in flight report their own; keep trying.
                 log.warning("kl worker: database error: %s", first_line(exc))
                 self._reconnect()
-            if cfg.once and not claimed and self._running() == 0:
+            if cfg.once and not claimed and looked_with_all_free and self._running() == 0:
                 return
             self._wake.wait(cfg.poll_s)
             self._wake.clear()
@@ -236,7 +261,7 @@ class Worker:
             with db.reconnect(self.conn) as conn:
                 refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
                 try:
-                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id)
+                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id, self.warm)
                 except StateBusy as busy:  # never two runs of one state: try again shortly
                     fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
                     self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")

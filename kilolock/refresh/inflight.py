@@ -216,17 +216,31 @@ class Backoff:
         return top / 2 + rng.uniform(0, top / 2)
 
 
+class FleetSlots(Protocol):
+    """A provider's share of a fleet-wide limit in this process (kilolock.refresh.slots): a call
+    holds one of its slots as well as the gate's own."""
+
+    limit: int
+
+    def acquire(self, should_stop: Callable[[], bool] | None = None) -> bool: ...
+
+    def release(self) -> None: ...
+
+
 class Gate:
     """Reader threads take a slot before each provider call and give it back with what they saw.
 
     Thread-safe; ``acquire`` returns the epoch to hand back to ``release``, or None once
-    ``should_stop`` says so (cancellation)."""
+    ``should_stop`` says so (cancellation). With ``fleet`` slots, a call also waits for one of
+    them (after the gate's own, so the process never asks the fleet for more than it could send)."""
 
     POLL = 0.05
 
-    def __init__(self, controller: FixedLimit | AdaptiveLimit, label: str = "provider") -> None:
+    def __init__(self, controller: FixedLimit | AdaptiveLimit, label: str = "provider",
+                 fleet: FleetSlots | None = None) -> None:
         self.controller = controller
         self.label = label
+        self.fleet = fleet
         self.in_flight = 0
         self._cond = threading.Condition()
 
@@ -241,10 +255,20 @@ class Gate:
                     return None
                 self._cond.wait(self.POLL)
             self.in_flight += 1
-            return self.controller.epoch
+            if self.fleet is None:
+                return self.controller.epoch
+        if not self.fleet.acquire(should_stop):
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+            return None
+        with self._cond:
+            return self.controller.epoch  # the limit may have moved while it waited: measure under the new one
 
     def release(self, epoch: int, latency: float | None = None, throttled: bool = False) -> None:
         """latency: seconds of a good answer; None for a failure, which says nothing about load."""
+        if self.fleet is not None:
+            self.fleet.release()
         with self._cond:
             self.in_flight -= 1
             before = self.controller.limit

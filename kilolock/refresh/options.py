@@ -4,9 +4,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kilolock.errors import UsageError
-from kilolock.refresh.inflight import AUTO, Parallelism
+from kilolock.refresh.inflight import AUTO, FleetSlots, Parallelism
+
+
+class FleetSlotSource(Protocol):
+    def for_provider(self, source: str, alias: str) -> FleetSlots | None: ...
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,9 @@ class RefreshOptions:
     # Provider source -> the most requests in flight this run may send it, whatever the setting
     # above says. The hook for a fleet-wide per-provider limit: whoever enforces one fills this in.
     provider_caps: Mapping[str, int] = field(default_factory=dict)
+    # Fleet-wide limits (kl provider limit), enforced in this process by kilolock.refresh.slots:
+    # (source, alias) -> that provider's slots, or None when the fleet does not limit it.
+    provider_slots: FleetSlotSource | None = field(default=None, compare=False)
     actor: str = "unknown@cli"
     search_paths: tuple[str, ...] = ()
     timeout: float | None = None  # seconds, for the whole run

@@ -398,8 +398,11 @@ class _Run:
         counter = {"done": 0}
         lock = threading.Lock()
         # The provider never sees more calls than the gate's limit, fixed or adaptive (inflight).
-        gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism,
-                                                     self.options.provider_caps.get(source)), label)
+        fleet = self.options.provider_slots.for_provider(source, alias) if self.options.provider_slots else None
+        cap = self.options.provider_caps.get(source)
+        if fleet is not None:  # no one run needs more threads than the whole fleet may send
+            cap = min(cap, fleet.limit) if cap else fleet.limit
+        gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
         threads: list[threading.Thread] = []
         prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"

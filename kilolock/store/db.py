@@ -58,8 +58,49 @@ def resolve_target(start_embedded: bool = True) -> Target:
     return Target(url=cluster.ensure_running() if start_embedded else cluster.url(), embedded=True)
 
 
+# PgBouncer in transaction pooling mode hands each transaction to any server connection, so
+# nothing a session holds survives: prepared statements (psycopg prepares a query run 5 times),
+# session advisory locks, session settings, LISTEN. kl cannot tell PgBouncer from PostgreSQL on the
+# wire, so it is told: `kl_pooler=transaction` in the connection string (stripped before libpq
+# sees it) or KL_DATABASE_POOLER=transaction. Then no statement is prepared and a refresh run's
+# liveness is a heartbeat on its row instead of a session lock (kilolock.store.refresh_runs).
+POOLER_PARAM = "kl_pooler"
+POOLER_ENV = "KL_DATABASE_POOLER"
+_POOLER_MODES = ("transaction", "none")
+_POOLER_IN_URI = re.compile(r"([?&])kl_pooler=([^&#]*)&?")
+_POOLER_IN_KEYWORDS = re.compile(r"(?:^|\s)kl_pooler\s*=\s*('[^']*'|\S*)")
+_pooler = {"transaction": False}
+
+
+def split_pooler(url: str) -> tuple[str, str | None]:
+    """(URL without kl_pooler, its value or None)."""
+    m = _POOLER_IN_URI.search(url)
+    if m is not None:
+        rest = url[:m.start()] + (m.group(1) if m.group(0).endswith("&") else "") + url[m.end():]
+        return rest.rstrip("?&"), m.group(2)
+    if "://" not in url:
+        k = _POOLER_IN_KEYWORDS.search(url)
+        if k is not None:
+            return (url[:k.start()] + url[k.end():]).strip(), k.group(1).strip("'")
+    return url, None
+
+
+def transaction_pooled() -> bool:
+    """Whether this process talks to the database through a transaction-pooling PgBouncer."""
+    return _pooler["transaction"] or os.environ.get(POOLER_ENV, "") == "transaction"
+
+
 def connect(url: str) -> psycopg.Connection:
+    url, pooler = split_pooler(url)
+    env = os.environ.get(POOLER_ENV, "")
+    for where, value in ((f"{POOLER_PARAM}= in the connection string", pooler), (f"${POOLER_ENV}", env or None)):
+        if value is not None and value not in _POOLER_MODES:
+            raise DatabaseError(f"{where}: {value!r} is not one of {', '.join(_POOLER_MODES)}")
+    if pooler == "transaction":
+        _pooler["transaction"] = True  # every connection of this process goes through it (reconnects too)
     try:
+        if transaction_pooled():
+            return psycopg.connect(url, application_name="kilolock", autocommit=True, prepare_threshold=None)
         return psycopg.connect(url, application_name="kilolock", autocommit=True)
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None

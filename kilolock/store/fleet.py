@@ -248,7 +248,8 @@ UPDATE refresh_runs rr SET status = 'failed',
     error_summary = 'worker ' || %(worker)s || ' stopped heartbeating (lease expired); its run was taken over'
 WHERE rr.status = 'running' AND rr.state_id = %(state)s
   AND (rr.id = %(run)s::uuid
-       OR (rr.started_at >= %(claimed)s AND pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))))
+       OR (rr.started_at >= %(claimed)s AND pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))
+           AND NOT coalesce(rr.heartbeat_at > now() - make_interval(secs => %(stale)s), false)))
 RETURNING rr.id::text
 """
 
@@ -263,7 +264,7 @@ def recover_expired(conn: psycopg.Connection, max_attempts: int) -> list[tuple[i
         for j in expired:
             runs = [str(r[0]) for r in conn.execute(_FAIL_DEAD_RUN, {
                 "heartbeat": j["heartbeat_at"], "worker": j["worker"], "state": j["state_id"], "run": j["run_id"],
-                "claimed": j["claimed_at"]}).fetchall()]
+                "claimed": j["claimed_at"], "stale": refresh_runs.HEARTBEAT_STALE_S}).fetchall()]
             for run_id in runs:
                 locks.force_release(conn, j["state_id"], f"kl worker (lease of {j['worker']} expired)",
                                     only_info=refresh_runs.lock_note(run_id))

@@ -1,16 +1,23 @@
 """The refresh audit trail (ADR 0006 refresh_runs): begun before any work, always finished."""
 from __future__ import annotations
 
+import logging
+import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
+import psycopg.conninfo
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from kilolock.errors import KlError
-from kilolock.store import locks, notify
+from kilolock.store import db, locks, notify
+
+log = logging.getLogger("kilolock.store.refresh_runs")
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 
@@ -36,10 +43,24 @@ class RunRow:
 
 # A running refresh holds a session-level advisory lock keyed on its run id for as long as its
 # connection lives. A `running` row whose lock can be taken therefore belongs to a process (or a
-# connection) that is gone: that is what `kl runs --stale` finishes as failed.
+# connection) that is gone: that is what `kl runs --stale` finishes as failed. Behind a transaction
+# pooler the run beats instead (heartbeat_at, below): dead = lock free and no recent beat.
 _RUN_LOCK = "SELECT {fn}(hashtextextended(%s::text, 7109))"
 
-_BEGIN = "INSERT INTO refresh_runs (state_id, from_version_id, actor) VALUES (%s, %s, %s) RETURNING id::text"
+_BEGIN = ("INSERT INTO refresh_runs (state_id, from_version_id, actor, heartbeat_at)"
+          " VALUES (%s, %s, %s, CASE WHEN %s THEN now() END) RETURNING id::text")
+
+# Behind a transaction pooler (kilolock.store.db.transaction_pooled) a run beats instead of holding
+# the lock (migration 0018): every HEARTBEAT_S, and it counts as alive for HEARTBEAT_STALE_S after.
+HEARTBEAT_S = 3.0
+HEARTBEAT_STALE_S = 15.0
+_FRESH = f"coalesce({{rr}}heartbeat_at > now() - interval '{HEARTBEAT_STALE_S:g} seconds', false)"
+# A run is dead when its lock is free and it has no recent heartbeat (a probe's xact lock ends
+# with its transaction).
+_DEAD = "SELECT pg_try_advisory_xact_lock(hashtextextended(id::text, 7109)) AND NOT " + _FRESH.format(rr="") + \
+        " FROM refresh_runs WHERE id = %s"
+_ALIVE_SQL = "(NOT pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109)) OR " + _FRESH.format(rr="rr.") + ")"
+_BEAT = "UPDATE refresh_runs SET heartbeat_at = now() WHERE id = ANY(%s::uuid[]) AND status = 'running'"
 _RUNNING = "SELECT id::text FROM refresh_runs WHERE state_id = %s AND status = 'running'"
 # A fleet worker's run ends at its job's last heartbeat: nothing is known to have happened after it.
 _FAIL_STALE = """
@@ -75,20 +96,17 @@ class StateBusy(locks.StateLocked):
         self.holder = holder
 
 
-# A fleet worker marks the connection it runs a job's refresh on with the job's id (a session
-# setting: begin() below reads it to link the run to its job and to check for overlap atomically).
-_FLEET_JOB = "kl.fleet_job"
+# A fleet worker marks the connection it runs a job's refresh on with the job's id: begin() below
+# reads it to link the run to its job and to check for overlap atomically.
 _SERIALIZE_BEGIN = "SELECT pg_advisory_xact_lock(hashtextextended(%s::text, 7110))"
-_OUR_JOB = f"SELECT nullif(current_setting('{_FLEET_JOB}', true), '')::bigint"
 _RUNNING_JOB = """
 SELECT j.id, j.claimed_at, coalesce(w.name, '?') AS worker, s.name AS state
 FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
 WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()
 """
-_LIVE_RUN = """
+_LIVE_RUN = f"""
 SELECT rr.id::text, rr.actor, rr.started_at, s.name FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
-WHERE rr.state_id = %s AND rr.status = 'running'
-  AND NOT pg_try_advisory_xact_lock(hashtextextended(rr.id::text, 7109))
+WHERE rr.state_id = %s AND rr.status = 'running' AND {_ALIVE_SQL}
 ORDER BY rr.started_at LIMIT 1
 """
 # Beginning the run is a sign of life too: a run that dies before the next heartbeat still ends
@@ -96,9 +114,66 @@ ORDER BY rr.started_at LIMIT 1
 _LINK_JOB = "UPDATE fleet_jobs SET refresh_run_id = %s, heartbeat_at = now() WHERE id = %s AND status = 'running'"
 
 
+# Kept in this process, not as a session setting: behind a transaction pooler the next transaction
+# may run on another server connection.
+_fleet_job_of: weakref.WeakKeyDictionary[psycopg.Connection, int] = weakref.WeakKeyDictionary()
+
+
 def mark_fleet_job(conn: psycopg.Connection, job_id: int | None) -> None:
     """Runs begun on CONN from now on are fleet job JOB_ID's (None: a plain kl refresh again)."""
-    conn.execute("SELECT set_config(%s, %s, false)", (_FLEET_JOB, "" if job_id is None else str(job_id)))
+    if job_id is None:
+        _fleet_job_of.pop(conn, None)
+    else:
+        _fleet_job_of[conn] = job_id
+
+
+class _Heartbeats:
+    """The runs of this process that beat (transaction pooling), renewed by one daemon thread on a
+    connection of its own: when the process dies, the beats stop and the runs are found dead."""
+
+    def __init__(self) -> None:
+        self._runs: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._dsn = ""
+
+    def add(self, conn: psycopg.Connection, run_id: str) -> None:
+        with self._lock:
+            self._runs.add(run_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._dsn = conn.info.dsn
+                if conn.info.password:
+                    self._dsn = psycopg.conninfo.make_conninfo(self._dsn, password=conn.info.password)
+                self._thread = threading.Thread(target=self._run, name="kl-run-heartbeat", daemon=True)
+                self._thread.start()
+
+    def remove(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.discard(run_id)
+
+    def _run(self) -> None:
+        beat_conn: psycopg.Connection | None = None
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._lock:
+                runs = sorted(self._runs)
+                if not runs:
+                    self._thread = None
+                    break
+            try:
+                if beat_conn is None or beat_conn.closed:
+                    beat_conn = db.connect(self._dsn)
+                beat_conn.execute(_BEAT, (runs,))
+            except (KlError, psycopg.Error) as exc:
+                log.warning("refresh run heartbeat: %s", db.first_line(exc))
+                if beat_conn is not None:
+                    beat_conn.close()
+                beat_conn = None
+        if beat_conn is not None:
+            beat_conn.close()
+
+
+_heartbeats = _Heartbeats()
 
 
 def live_run(conn: psycopg.Connection, state_id: str) -> StateBusy | None:
@@ -128,17 +203,20 @@ def _refuse_overlap(conn: psycopg.Connection, state_id: str, job: int | None) ->
 def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: str | None) -> str:
     """The run's audit row, with its liveness lock held on CONN; StateBusy when the run would
     overlap another (see _refuse_overlap)."""
+    pooled = db.transaction_pooled()
+    job = _fleet_job_of.get(conn)
     with conn.transaction():
         conn.execute(_SERIALIZE_BEGIN, (state_id,))
-        job_row = conn.execute(_OUR_JOB).fetchone()
-        job = int(job_row[0]) if job_row and job_row[0] is not None else None
         _refuse_overlap(conn, state_id, job)
-        row = conn.execute(_BEGIN, (state_id, from_version_id, actor)).fetchone()
+        row = conn.execute(_BEGIN, (state_id, from_version_id, actor, pooled)).fetchone()
         assert row is not None  # INSERT … RETURNING
         run_id = str(row[0])
-        conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
+        if not pooled:
+            conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
         if job is not None:
             conn.execute(_LINK_JOB, (run_id, job))
+    if pooled:
+        _heartbeats.add(conn, run_id)
     return run_id
 
 
@@ -148,7 +226,7 @@ def dead_runs(conn: psycopg.Connection, state_id: str) -> list[str]:
     dead: list[str] = []
     for run_id in [str(r[0]) for r in conn.execute(_RUNNING, (state_id,)).fetchall()]:
         with conn.transaction():
-            free = conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()
+            free = conn.execute(_DEAD, (run_id,)).fetchone()
         if free and free[0]:
             dead.append(run_id)
     return dead
@@ -160,7 +238,7 @@ def finish_stale(conn: psycopg.Connection, state_id: str, actor: str | None) -> 
     running = [str(r[0]) for r in conn.execute(_RUNNING, (state_id,)).fetchall()]
     for run_id in running:
         with conn.transaction():
-            free = conn.execute(_RUN_LOCK.format(fn="pg_try_advisory_xact_lock"), (run_id,)).fetchone()
+            free = conn.execute(_DEAD, (run_id,)).fetchone()
             if not (free and free[0]):
                 continue  # its process still holds the lock: it is running
             updated = conn.execute(_FAIL_STALE, (actor or "kl", run_id)).rowcount
@@ -190,11 +268,18 @@ def finish(
     (refresh.failed, and refresh.guarded when the mass-removal guard refused its commit)."""
     if status not in STATUSES[1:]:
         raise ValueError(f"a finished run's status is one of {STATUSES[1:]}")
-    with conn.transaction():
-        updated = conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
-                                         Jsonb(concurrency) if concurrency is not None else None, run_id)).rowcount
-        if updated:  # not when another process already finished it (a worker's take-over)
-            notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
+    try:
+        with conn.transaction():
+            updated = conn.execute(_FINISH, (status, checked, changed, failed, error_summary, to_version_id,
+                                             Jsonb(concurrency) if concurrency is not None else None, run_id)).rowcount
+            if updated:  # not when another process already finished it (a worker's take-over)
+                notify.record_run_events(conn, run_id, failed=status == "failed", guarded=guarded)
+    finally:
+        # Beats stop with the attempt to finish, written or not: a row left `running` by a lost
+        # connection must be found dead, as its session lock would be gone with the connection.
+        _heartbeats.remove(run_id)
+    if db.transaction_pooled():
+        return
     # Released explicitly; harmless when this is a fresh connection that never held it.
     conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
 

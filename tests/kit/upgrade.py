@@ -182,7 +182,8 @@ def populate(conn: psycopg.Connection) -> None:
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
     rules (one active, one expired), the requests in flight a run used, notification channels with
     the events and deliveries the writes below make (one delivered, one failed once, the rest
-    pending), access tokens (one revoked), grants and audit rows, a lock with its principal."""
+    pending), access tokens (one revoked), grants and audit rows, a lock with its principal,
+    fleet-wide provider limits with a lease of slots, a run's heartbeat."""
     import kilolock
     from kilolock import globs, tfstate
     from kilolock import schema as sch
@@ -362,6 +363,18 @@ def populate(conn: psycopg.Connection) -> None:
     conn.execute("INSERT INTO notify_stale_notices (state_id, channel_id, last_ok_at, noticed_at) "
                  "VALUES (%s, %s, '-infinity', '2026-01-02T00:00:00Z')", (versions.state_id(conn, "prod"), stale.id))
     conn.execute("UPDATE notify_channels SET stale_checked_at = 'infinity' WHERE id = %s", (stale.id,))
+
+    # Fleet-wide provider limits (0016): one for the unaliased null provider, one for an alias, and
+    # the slots a worker held of the first when the fixture was frozen.
+    from kilolock.store import provider_limits
+
+    provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/null", "", 8, "fixture@cli")
+    provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/aws", "prod", 40, "fixture@cli")
+    provider_limits.sync(conn, "registry.terraform.io/hashicorp/null", "", "fixture-host:1:abcd", 3, 1, 60.0)
+
+    # Run heartbeats (0018): a run made behind a transaction pooler beat until it finished.
+    conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
+                 " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 
 
 def main() -> int:

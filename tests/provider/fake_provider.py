@@ -22,6 +22,8 @@ Capacity model (issue 18), for fake_api reads: FAKE_CAPACITY=C (default 50) and 
 n <= C and L0 * n / C above (the API queues: throughput stays C / L0), and above 3C it is answered
 at once with an AWS-style throttling diagnostic (`api error Throttling: Rate exceeded`, with
 "throttled" appended to FAKE_EVENT_LOG). The server has enough threads for 3C + 64 calls at once.
+FAKE_CONCURRENCY_FILE=PATH counts ReadResource calls in flight across all the fake's processes
+("now max" in PATH, under an flock): what a fleet-wide limit test asserts on.
 """
 from __future__ import annotations
 
@@ -268,6 +270,32 @@ def serve() -> None:
         yield grpc_stdio_pb2.StdioData(channel=grpc_stdio_pb2.StdioData.STDERR, data=b"hello from StreamStdio\n")
         done.wait()
 
+    def counted(fn):
+        """FAKE_CONCURRENCY_FILE: count ReadResource calls in flight across every process of the fake
+        (a fleet-wide limit's test): the file holds "now max", updated under an flock."""
+        path = os.environ.get("FAKE_CONCURRENCY_FILE")
+        if not path:
+            return fn
+        import fcntl
+
+        def bump(delta: int) -> None:
+            with open(path, "a+") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                fh.seek(0)
+                now, top = (int(x) for x in (fh.read().split() or ["0", "0"]))
+                now += delta
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"{now} {max(top, now)}\n")
+
+        def wrapped(req, ctx):
+            bump(1)
+            try:
+                return fn(req, ctx)
+            finally:
+                bump(-1)
+        return wrapped
+
     def h(fn, req_cls, raw=False):
         ser = (lambda b: b) if raw else (lambda m: m.SerializeToString())
         return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_cls.FromString, response_serializer=ser)
@@ -285,7 +313,7 @@ def serve() -> None:
                 ("ValidateResourceTypeConfig" if proto == 5 else "ValidateResourceConfig"): grpc.unary_unary_rpc_method_handler(
                     validate_resource, request_deserializer=lambda b: b, response_serializer=lambda b: b
                 ),
-                "ReadResource": h(read, pb.ReadResource.Request, raw=True),
+                "ReadResource": h(counted(read), pb.ReadResource.Request, raw=True),
                 names["stop"]: h(stop, getattr(pb, names["stop"]).Request),
             },
         ),

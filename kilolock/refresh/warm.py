@@ -1,0 +1,287 @@
+"""Warm providers inside a worker (issue 13): a provider process reused across the states it refreshes.
+
+``kl refresh`` launches, handshakes, fetches the schema and configures every provider once per run
+(ADR 0006: one factory per run, no shared provider state). A worker refreshing hundreds of small
+states would pay that for each of them, so it keeps a ``WarmProviders`` pool instead: a process is
+reused by a later run when it is the same binary (path and mtime), the same resolved config and
+the same workdir and rpc timeout. One run holds a process at a time; when the run's provider group
+ends (the orchestrator's ``close``) it goes back to the pool instead of being shut down.
+
+Never reused: a process that crashed (no longer alive), hung or failed at the transport level
+(ProviderCallError, which a deadline also raises), broke the protocol (an answer that does not
+decode), was sent StopProvider (a cancelled run: providers do not come back from Stop), or whose
+run raised anything kl did not expect. An error diagnostic or a throttled answer is the provider
+working as it should: the process stays warm.
+
+Secrets stay per run: a process logs through a ``RunRedactor`` that masks what its own config holds
+(learnt at launch) plus the current run's secrets, swapped at every checkout; a run's redactor
+learns the config's secrets again on reuse, and never what another run learnt.
+
+The pool keeps at most ``max_idle`` idle processes (the oldest idle goes first) and closes any idle
+for longer than ``idle_s`` (``reap``, called from the worker's loop).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from kilolock.errors import KlError
+from kilolock.provider import launch_provider
+from kilolock.provider.discovery import find_provider
+from kilolock.provider.errors import ProviderDiagnosticsError, ProviderError
+from kilolock.redact import Redactor
+from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.refresh.encoding import EncodingClient
+from kilolock.refresh.factory import ProductionFactory, learn_config_secrets, resolve_env_refs
+from kilolock.schema import ProviderSchema
+from kilolock.store import provider_configs
+
+if TYPE_CHECKING:
+    from kilolock.provider import ProviderClient
+
+log = logging.getLogger("kilolock.refresh.warm")
+
+MAX_IDLE = 4  # warm processes a worker keeps idle (a cloud provider's process is 100-300 MB)
+IDLE_S = 300.0
+
+
+class RunRedactor(Redactor):
+    """What a warm process's log lines and errors pass through: its own config secrets, then the
+    secrets of the run holding it now (none while idle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run: Redactor | None = None
+
+    def __bool__(self) -> bool:
+        run = self.run
+        return super().__bool__() or bool(run)
+
+    def redact(self, text: str) -> str:
+        text = super().redact(text)
+        run = self.run
+        return run.redact(text) if run is not None else text
+
+
+@dataclass
+class _Process:
+    key: tuple[str, ...]
+    raw: ProviderClient
+    schema: ProviderSchema
+    version: str
+    binary: str
+    redactor: RunRedactor
+    broken: bool = False
+    idle_since: float = 0.0
+    uses: int = 0
+
+    def alive(self) -> bool:
+        conn = getattr(self.raw, "connection", None)
+        process = getattr(conn, "process", None)
+        return bool(process.alive()) if process is not None else True
+
+
+class WarmProviders:
+    """A worker's pool of configured provider processes. Thread-safe."""
+
+    def __init__(self, max_idle: int = MAX_IDLE, idle_s: float = IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_idle = max_idle
+        self.idle_s = idle_s
+        self._clock = clock
+        self._idle: list[_Process] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.launched = 0
+        self.reused = 0
+        self.dropped = 0  # processes never reused because they broke
+
+    def factory(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
+                rpc_timeout: float | None = None, workdir: str | None = None) -> WarmFactory:
+        return WarmFactory(self, conn, state_id, search_paths, rpc_timeout, workdir)
+
+    def checkout(self, key: tuple[str, ...]) -> _Process | None:
+        dead: list[_Process] = []
+        found = None
+        with self._lock:
+            for p in reversed(self._idle):  # the most recently used: the least likely to have timed out anywhere
+                if p.key == key:
+                    self._idle.remove(p)
+                    if p.alive():
+                        found = p
+                        break
+                    dead.append(p)
+        for p in dead:
+            log.info("warm provider %s exited while idle; launching another", p.binary)
+            self._close(p)
+        if found is not None:
+            self.reused += 1
+            found.uses += 1
+        return found
+
+    def checkin(self, p: _Process) -> None:
+        p.redactor.run = None
+        if p.broken or not p.alive():
+            self.dropped += 1
+            self._close(p)
+            return
+        evicted: list[_Process] = []
+        with self._lock:
+            if self._closed or self.max_idle <= 0:
+                evicted.append(p)
+            else:
+                p.idle_since = self._clock()
+                self._idle.append(p)
+                while len(self._idle) > self.max_idle:
+                    evicted.append(self._idle.pop(0))
+        for e in evicted:
+            self._close(e)
+
+    def reap(self) -> int:
+        """Close the processes idle for longer than idle_s; returns how many."""
+        now = self._clock()
+        with self._lock:
+            old = [p for p in self._idle if now - p.idle_since >= self.idle_s]
+            self._idle = [p for p in self._idle if p not in old]
+        for p in old:
+            self._close(p)
+        return len(old)
+
+    def idle(self) -> int:
+        with self._lock:
+            return len(self._idle)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for p in idle:
+            self._close(p)
+
+    @staticmethod
+    def _close(p: _Process) -> None:
+        try:
+            p.raw.close()
+        except Exception as exc:  # noqa: BLE001 - best effort: close() kills what does not shut down
+            log.debug("closing a warm provider: %s", exc)
+
+
+def _config_key(binary: str, workdir: str | None, rpc_timeout: float | None, config: dict[str, Any]) -> tuple[str, ...]:
+    try:
+        mtime = str(os.stat(binary).st_mtime_ns)  # a binary replaced in place is another provider
+    except OSError:
+        mtime = "?"
+    # The resolved config may hold secrets: only its digest is kept in the key.
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return (binary, mtime, workdir or "", repr(rpc_timeout), digest)
+
+
+class WarmFactory(ProductionFactory):
+    """ProductionFactory for one run of a worker: opens from the pool, launches only what it lacks."""
+
+    def __init__(self, pool: WarmProviders, conn: psycopg.Connection, state_id: str | None,
+                 search_paths: tuple[str, ...], rpc_timeout: float | None, workdir: str | None) -> None:
+        super().__init__(conn, state_id, search_paths, rpc_timeout=rpc_timeout, workdir=workdir)
+        self.pool = pool
+
+    def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
+        stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
+        found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
+        version = found.version or "unversioned"
+        where = f"provider {source}" + (f".{alias}" if alias else "") + " config"
+        stored_config = stored.config if stored else {}
+        config = resolve_env_refs(stored_config, secrets, where)  # the run learns the resolved values
+        key = _config_key(found.binary, self._workdir, self._rpc_timeout, config)
+        warm = self.pool.checkout(key)
+        if warm is not None:
+            log.info("provider %s: reusing a warm %s (use %d)", source, found.describe(), warm.uses + 1)
+            learn_config_secrets(warm.schema, config, secrets)
+            warm.redactor.run = secrets
+            info = OpenedProvider(source, alias, version, found.binary, warm.raw.protocol_version, True)
+            return _WarmClient(warm, self.pool, info)
+        log.info("provider %s: using %s (launching a warm process)", source, found.describe())
+        own = RunRedactor()
+        own.run = secrets
+        resolve_env_refs(stored_config, own, where)  # the process's own: masked while idle too
+        try:
+            raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=own, cwd=self._workdir)
+        except ImportError as exc:
+            self.unavailable = exc
+            raise
+        try:
+            schema, cached = self._schema(source, found.version, raw)
+            learn_config_secrets(schema, config, own)
+            self._configure(raw, schema, config, source, secrets)
+        except BaseException:
+            raw.close()
+            raise
+        self.pool.launched += 1
+        warm = _Process(key, raw, schema, version, found.binary, own, uses=1)
+        return _WarmClient(warm, self.pool, OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached))
+
+
+class _WarmClient(EncodingClient):
+    """EncodingClient over a pooled process: ``close`` hands it back; anything that says the
+    process is no longer sound marks it broken first."""
+
+    def __init__(self, warm: _Process, pool: WarmProviders, info: OpenedProvider) -> None:
+        super().__init__(warm.raw, warm.schema, info)
+        self._warm = warm
+        self._pool = pool
+        self._returned = False
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except ResourceError as exc:
+            # EncodingClient raises ResourceError from the provider's error: a diagnostic is the
+            # provider working; any other provider error is a transport failure, a deadline or a
+            # malformed answer.
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, ProviderError) and not isinstance(cause, ProviderDiagnosticsError):
+                self._warm.broken = True
+            raise
+        except KlError:
+            self._warm.broken = True
+            raise
+        except BaseException:
+            self._warm.broken = True
+            raise
+
+    def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
+        result: bytes = self._guard(lambda: super(_WarmClient, self).upgrade_resource_state(type_name, version, raw_attributes))
+        return result
+
+    def upgrade_flatmap(self, type_name: str, version: int, flatmap: dict[str, str]) -> bytes:
+        result: bytes = self._guard(lambda: super(_WarmClient, self).upgrade_flatmap(type_name, version, flatmap))
+        return result
+
+    def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        result: ReadOutcome = self._guard(lambda: super(_WarmClient, self).read_resource(type_name, prior, private, identity))
+        return result
+
+    def _decode(self, type_name: str, wire: bytes, rpc: str) -> bytes:
+        try:
+            return super()._decode(type_name, wire, rpc)
+        except ResourceError:
+            self._warm.broken = True  # an answer that does not decode: the protocol is broken
+            raise
+
+    def stop(self) -> None:
+        self._warm.broken = True  # providers do not come back from StopProvider
+        super().stop()
+
+    def close(self) -> None:
+        if self._returned:
+            return
+        self._returned = True
+        self._pool.checkin(self._warm)

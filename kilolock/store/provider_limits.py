@@ -1,0 +1,121 @@
+"""Fleet-wide provider limits and the slot leases that enforce them (migration 0016).
+
+A process holding slots of a provider keeps one row in provider_slot_leases; ``sync`` is the only
+way that row changes, and it runs with the limit row locked, so two processes never hand out the
+same free slot. The caller (kilolock.refresh.slots) decides what it wants; this module decides
+what it gets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import class_row
+
+
+@dataclass(frozen=True)
+class ProviderLimit:
+    source: str
+    alias: str
+    max_in_flight: int
+    created_at: datetime
+    created_by: str | None
+
+
+@dataclass(frozen=True)
+class LimitUse:
+    """A limit with what the fleet holds of it now (kl provider limits)."""
+
+    source: str
+    alias: str
+    max_in_flight: int
+    held: int
+    wanted: int
+    holders: int
+    created_at: datetime
+    created_by: str | None
+
+
+_SET = """
+INSERT INTO provider_limits (source, alias, max_in_flight, created_by) VALUES (%s, %s, %s, %s)
+ON CONFLICT (source, alias) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight,
+    created_by = EXCLUDED.created_by, created_at = now()
+"""
+
+_USE = """
+SELECT l.source, l.alias, l.max_in_flight,
+       coalesce(sum(s.slots) FILTER (WHERE s.expires_at > now()), 0)::int AS held,
+       coalesce(sum(s.wanted) FILTER (WHERE s.expires_at > now()), 0)::int AS wanted,
+       count(s.holder) FILTER (WHERE s.expires_at > now() AND (s.slots > 0 OR s.wanted > 0))::int AS holders,
+       l.created_at, l.created_by
+FROM provider_limits l LEFT JOIN provider_slot_leases s ON s.source = l.source AND s.alias = l.alias
+GROUP BY l.source, l.alias ORDER BY l.source, l.alias
+"""
+
+_OTHERS = """
+SELECT coalesce(sum(slots), 0)::int, count(*) FILTER (WHERE wanted > slots)::int,
+       count(*) FILTER (WHERE wanted > 0)::int
+FROM provider_slot_leases WHERE source = %s AND alias = %s AND holder <> %s AND expires_at > now()
+"""
+
+_UPSERT_LEASE = """
+INSERT INTO provider_slot_leases (source, alias, holder, slots, wanted, expires_at)
+VALUES (%s, %s, %s, %s, %s, now() + make_interval(secs => %s))
+ON CONFLICT (source, alias, holder) DO UPDATE SET slots = EXCLUDED.slots, wanted = EXCLUDED.wanted,
+    expires_at = EXCLUDED.expires_at
+"""
+
+
+def set_limit(conn: psycopg.Connection, source: str, alias: str, max_in_flight: int, actor: str | None) -> None:
+    with conn.transaction():
+        conn.execute(_SET, (source, alias, max_in_flight, actor))
+
+
+def remove_limit(conn: psycopg.Connection, source: str, alias: str) -> bool:
+    with conn.transaction():
+        return conn.execute("DELETE FROM provider_limits WHERE source = %s AND alias = %s",
+                            (source, alias)).rowcount > 0
+
+
+def all_limits(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
+    """(source, alias) -> max_in_flight: one small query, made once per run (and now and then by a worker)."""
+    return {(s, a): n for s, a, n in conn.execute("SELECT source, alias, max_in_flight FROM provider_limits")}
+
+
+def usage(conn: psycopg.Connection) -> list[LimitUse]:
+    return conn.cursor(row_factory=class_row(LimitUse)).execute(_USE).fetchall()
+
+
+def sync(conn: psycopg.Connection, source: str, alias: str, holder: str, want: int, in_use: int,
+         lease_s: float) -> int | None:
+    """Set HOLDER's lease of (SOURCE, ALIAS) to what it may have of WANT, for LEASE_S seconds; returns
+    the slots granted, or None when the provider has no limit (any more).
+
+    Never more than the limit in all (what other unexpired leases hold is not free); when another
+    holder is starved, at most a fair share (limit / holders that want some). The row never holds
+    less than IN_USE: calls already sent cannot be taken back, so it covers them until they end,
+    while the grant returned (what the holder may have in flight) can be lower."""
+    with conn.transaction():
+        row = conn.execute("SELECT max_in_flight FROM provider_limits WHERE source = %s AND alias = %s FOR UPDATE",
+                           (source, alias)).fetchone()
+        if row is None:
+            return None
+        limit = int(row[0])
+        others = conn.execute(_OTHERS, (source, alias, holder)).fetchone()
+        assert others is not None
+        held_by_others, starved, wanting = (int(v) for v in others)
+        grant = min(want, max(0, limit - held_by_others))
+        if starved:
+            grant = min(grant, max(1, limit // (wanting + 1)))
+        conn.execute(_UPSERT_LEASE, (source, alias, holder, max(grant, in_use), want, lease_s))
+        # Rows of holders long gone (expired a lease time ago and more) are only clutter.
+        conn.execute("DELETE FROM provider_slot_leases WHERE source = %s AND alias = %s"
+                     " AND expires_at < now() - make_interval(secs => %s)", (source, alias, lease_s))
+        return grant
+
+
+def release(conn: psycopg.Connection, holder: str) -> None:
+    """Give back every slot HOLDER leased (at exit: the others need not wait for the lease to expire)."""
+    with conn.transaction():
+        conn.execute("DELETE FROM provider_slot_leases WHERE holder = %s", (holder,))

@@ -1,0 +1,163 @@
+"""The fleet through a real PgBouncer in transaction pooling mode (issue 13), told so with
+`kl_pooler=transaction`: no prepared statement, no session advisory lock, no session setting is
+relied on; a run's liveness is its heartbeat. Three pooled server connections for every client,
+so consecutive transactions of one kl process land on different server connections."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from kit import pgbouncer
+from kit.faults import install_fake
+from kit.fleet import LEASE, add_fake_state, add_states, assert_no_overlap, q, runs_of, start_worker, stop, wait_for
+from kit.kl import kl_cmd, kl_env
+from kit.procs import assert_no_new_providers, provider_pids
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_providers() -> Iterator[None]:
+    before = provider_pids()
+    yield
+    assert_no_new_providers(before)
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg_server: str) -> Iterator[str]:
+    if not pgbouncer.available():
+        pytest.fail("these tests need PgBouncer: install it (Debian: apt-get install pgbouncer; scripts/setup-dev.sh does as root)")
+    with pgbouncer.pgbouncer(pg_server) as template:
+        yield template
+
+
+@pytest.fixture
+def pooled_url(bouncer: str, db_url: str) -> str:
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    return bouncer.format(dbname=dbname) + " kl_pooler=transaction"
+
+
+def kl_pooled(url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(kl_cmd(*args), env=kl_env(KL_DATABASE_URL=url), capture_output=True, timeout=timeout)
+
+
+def test_workers_and_refreshes_through_a_transaction_pooler(db_url, pooled_url, tmp_path):
+    names = [f"pool/s{n:02d}" for n in range(12)]
+    add_states(db_url, names, instances=5)
+    cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="4")
+    add_fake_state(db_url, "slow/victim", cache)
+
+    # Plain commands (each runs its queries more than psycopg's prepare threshold): no prepared
+    # statement survives a transaction here, so one would fail with "prepared statement does not exist".
+    for _ in range(3):
+        r = kl_pooled(pooled_url, "refresh", "pool/s00")
+        assert r.returncode == 0, r.stderr.decode()
+    r = kl_pooled(pooled_url, "refresh", "--all", "--states", "pool/s0*", "--parallel-states", "3")
+    assert r.returncode == 0, r.stderr.decode()
+
+    workers = {n: start_worker(pooled_url, n, "--parallel-states", "2") for n in ("w1", "w2", "w3")}
+    outputs: dict[str, str] = {}
+    try:
+        assert kl_pooled(pooled_url, "schedule", "run-now", "--states", "pool/*").returncode == 0
+        wait_for("every job to succeed", lambda: q(
+            db_url, "SELECT count(*) FROM fleet_jobs WHERE status = 'succeeded'")[0][0] == 12, timeout=90)
+
+        # A worker's run of the slow state: a manual refresh is refused (the run is linked to its
+        # job without a session setting), --stale leaves it alone (its heartbeat says it is alive).
+        assert kl_pooled(pooled_url, "schedule", "run-now", "--states", "slow/victim").returncode == 0
+        row = wait_for("the slow run to start", lambda: q(
+            db_url, "SELECT w.name, j.id FROM fleet_jobs j JOIN fleet_workers w ON w.id = j.claimed_by "
+                    "JOIN states s ON s.id = j.state_id WHERE s.name = 'slow/victim' AND j.status = 'running' "
+                    "AND j.refresh_run_id IS NOT NULL"))
+        victim, job_id = row[0]
+        r = kl_pooled(pooled_url, "refresh", "slow/victim")
+        assert r.returncode == 1 and f"worker {victim}" in r.stderr.decode(), r.stderr.decode()
+        r = kl_pooled(pooled_url, "runs", "slow/victim", "--stale")
+        assert r.returncode == 0 and "0 stale run(s)" in r.stderr.decode(), r.stderr.decode()
+
+        # SIGKILL it: another worker takes the job over once the lease runs out.
+        workers[victim].kill()
+        outputs[victim] = workers.pop(victim).communicate()[0].decode()
+        done = wait_for("the slow job to complete on another worker", lambda: q(
+            db_url, "SELECT w.name FROM fleet_jobs j JOIN fleet_workers w ON w.id = j.claimed_by "
+                    "WHERE j.id = %s AND j.status = 'succeeded'", (job_id,)), timeout=30 + LEASE)
+        assert done[0][0] != victim
+        assert [r[0] for r in runs_of(db_url, "slow/victim")] == ["failed", "succeeded"]
+    finally:
+        for name, w in workers.items():
+            code, outputs[name] = stop(w)
+            assert code == 0, outputs[name]
+    assert_no_overlap(db_url)
+    # Every run beat instead of holding a session lock, and none is left running.
+    assert q(db_url, "SELECT count(*) FROM refresh_runs WHERE heartbeat_at IS NULL")[0][0] == 0
+    assert q(db_url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'")[0][0] == 0
+
+
+def test_a_killed_pooled_refresh_is_stale_only_once_its_heartbeats_stop(db_url, pooled_url, tmp_path):
+    from kilolock.store.refresh_runs import HEARTBEAT_STALE_S
+
+    cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="60")
+    add_fake_state(db_url, "slow/manual", cache)
+    proc = subprocess.Popen(kl_cmd("refresh", "slow/manual"), env=kl_env(KL_DATABASE_URL=pooled_url),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for("the run to begin", lambda: runs_of(db_url, "slow/manual"))
+        time.sleep(4)  # a heartbeat or more
+        for _ in range(5):  # whichever server connection the probe lands on, the run is alive
+            r = kl_pooled(pooled_url, "runs", "slow/manual", "--stale")
+            assert "0 stale run(s)" in r.stderr.decode(), r.stderr.decode()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    killed = time.monotonic()
+    r = kl_pooled(pooled_url, "runs", "slow/manual", "--stale")
+    assert "0 stale run(s)" in r.stderr.decode()  # its last beat is recent
+    wait_for("the run to be found stale", lambda: "1 stale run(s)" in kl_pooled(
+        pooled_url, "runs", "slow/manual", "--stale").stderr.decode(), timeout=HEARTBEAT_STALE_S + 15, every=1.0)
+    assert time.monotonic() - killed >= HEARTBEAT_STALE_S - 4
+    assert runs_of(db_url, "slow/manual")[0][0] == "failed"
+
+
+def test_a_bad_pooler_value_is_one_line(db_url, pooled_url):
+    r = kl_pooled(pooled_url.replace("kl_pooler=transaction", "kl_pooler=statement"), "state", "list")
+    assert r.returncode == 1 and r.stderr.decode().count("\n") == 1
+    assert "kl_pooler= in the connection string: 'statement' is not one of transaction, none" in r.stderr.decode()
+
+
+@pytest.mark.parametrize("error", ["DuplicatePreparedStatement", "InvalidSqlStatementName"])
+def test_an_undeclared_transaction_pooler_is_named_with_what_to_change(monkeypatch, capsys, error):
+    """What psycopg's prepared statements run into behind an undeclared transaction pooler (two
+    clients' statements meet on one server connection, or one's is gone from the next)."""
+    from kilolock import cli
+    from kilolock.cli import statecmd
+
+    def broken(_args: object) -> int:
+        raise getattr(psycopg.errors, error)('prepared statement "_pg3_0" already exists')
+
+    monkeypatch.setattr(statecmd, "run_list", broken)
+    assert cli.main(["state", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "transaction pooler" in err and "kl_pooler=transaction" in err, err
+
+
+def test_a_pooled_run_beats_instead_of_locking_and_stops_beating_when_its_finish_fails(db_url, monkeypatch):
+    from kilolock.store import db, refresh_runs, versions
+
+    add_states(db_url, ["beat/a"], instances=1)
+    monkeypatch.setenv(db.POOLER_ENV, "transaction")
+    conn = db.connect(db_url)
+    sid = versions.state_id(conn, "beat/a")
+    version = q(db_url, "SELECT id FROM state_versions WHERE state_id = %s", (sid,))[0][0]
+    run_id = refresh_runs.begin(conn, sid, str(version), "test")
+    assert q(db_url, "SELECT heartbeat_at IS NOT NULL FROM refresh_runs WHERE id = %s", (run_id,))[0][0]
+    assert q(db_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")[0][0] == 0  # no session lock
+    assert run_id in refresh_runs._heartbeats._runs
+    assert refresh_runs.dead_runs(conn, sid) == []  # alive: its beat is fresh
+    conn.close()  # the connection is lost before the run can finish
+    with pytest.raises(psycopg.OperationalError):
+        refresh_runs.finish(conn, run_id, status="failed", checked=0, changed=0, failed=0, error_summary="x",
+                            to_version_id=None)
+    assert run_id not in refresh_runs._heartbeats._runs  # found dead once its last beat is old
