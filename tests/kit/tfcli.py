@@ -11,7 +11,7 @@ import pytest
 from kit.paths import CACHE, PLUGIN_CACHE, REPO
 
 NULL_PROVIDER = PLUGIN_CACHE / "registry.terraform.io/hashicorp/null/2.1.2"
-TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "tofu-1.6.3")
+TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "terraform-1.12.2", "tofu-1.6.3", "tofu-1.8.5")
 
 
 def tool_binary(tool: str) -> Path:
