@@ -1,7 +1,8 @@
 """Whole-process `python3 -I kl.pyz refresh` against every peer the test setup builds (Terraform
-1.0.3 and 1.8.5, OpenTofu 1.6.3), each running `apply -refresh-only -auto-approve` on the same
-state with the same provider binary (null 2.1.2), rounds interleaved in the same run: median wall
-time and the peak RSS of each tool with its provider processes.
+1.0.3, 1.8.5 and 1.12.2, OpenTofu 1.6.3 and 1.8.5: kit.paths.CLIS), each running `apply
+-refresh-only -auto-approve` on the same state with the same provider binary (null 2.1.2), rounds
+interleaved in the same run: median wall time and the peak RSS of each tool with its provider
+processes.
 
 Both state shapes, since Terraform's time depends on it: `count` (null_resource.r[0..N-1], config
 tf/big-count) and `for_each` (null_resource.r["k0000"..], config tf/big). The states are slices of
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.paths import CACHE, REPO
+from kit.paths import CACHE, CLIS, REPO
 from kit.paths import PLUGIN_CACHE as PLUGINS
 from kit.pyz import clean_env
 
@@ -37,7 +38,7 @@ QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 # keeps the target.
 RSS_GATE = 1.05 if QUICK else 1.0
 PYTHON = "/usr/bin/python3"
-PEERS = ("terraform-1.0.3", "terraform-1.8.5", "tofu-1.6.3")
+PEERS = CLIS
 SHAPES = {"count": "big-count", "for_each": "big"}
 
 # size: (rounds, the issue's target, the wall-time gate, the CPU-time gate). Quick-mode gates sit

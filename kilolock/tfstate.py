@@ -213,6 +213,55 @@ def is_encrypted_envelope(doc: dict[str, Any]) -> bool:
     return "encryption_version" in doc and "encrypted_data" in doc
 
 
+@dataclass(frozen=True)
+class EnvelopeIds:
+    """The serial and lineage an OpenTofu-encrypted state carries in the clear."""
+
+    serial: int
+    lineage: str
+
+
+def envelope_ids(doc: dict[str, Any], origin: str = "state") -> EnvelopeIds | None:
+    """What OpenTofu (1.7+) writes beside the ciphertext: the state's own ``serial`` and
+    ``lineage``, in the clear, so that backends can order writes (internal/encryption/state.go,
+    ``statedata``). None for an envelope without them (then kl numbers it); an envelope that has
+    them with the wrong types is refused."""
+    if "serial" not in doc and "lineage" not in doc:
+        return None
+    serial, lineage = doc.get("serial"), doc.get("lineage")
+    if isinstance(serial, bool) or not isinstance(serial, int) or serial < 0:
+        raise StateError(f"{origin}: OpenTofu-encrypted state: \"serial\" must be a whole number >= 0, not {_kind(serial)}")
+    if not isinstance(lineage, str) or not lineage:
+        raise StateError(f"{origin}: OpenTofu-encrypted state: \"lineage\" must be a non-empty string")
+    return EnvelopeIds(serial, lineage)
+
+
+# OpenTofu marshals the envelope with Go's json.Marshal: compact, these fields in this order (its
+# statedata then basedata structs), map keys sorted, Go's escaping, no final newline.
+ENVELOPE_ORDER = ("serial", "lineage", "meta", "encrypted_data", "encryption_version")
+
+
+def envelope_as_written(text: str, sha256_hex: str) -> str | None:
+    """An encrypted envelope stored as JSON (``text``: its keys and spacing are PostgreSQL's) laid
+    out again as OpenTofu writes it, when that gives back the very bytes whose SHA-256 was
+    ``sha256_hex`` (what was stored); None when the envelope was written some other way."""
+    import hashlib
+
+    doc = loads_exact(text)
+    if not isinstance(doc, dict):
+        return None
+    laid = _ordered(doc, ENVELOPE_ORDER)
+    if isinstance(laid.get("meta"), dict):
+        laid["meta"] = dict(sorted(laid["meta"].items()))
+    out: list[str] = []
+    _write_go_compact(laid, out)
+    compact = "".join(out)
+    for candidate in (compact, compact + "\n"):
+        if hashlib.sha256(candidate.encode()).hexdigest() == sha256_hex:
+            return candidate
+    return None
+
+
 def is_backend_settings(doc: dict[str, Any]) -> bool:
     """``.terraform/terraform.tfstate``: where Terraform records which backend a working directory
     uses (a version-3 document with a ``backend`` object), not a state."""
@@ -616,6 +665,30 @@ def _write_compact(v: Any, out: list[str]) -> None:
         out.append(str.__str__(v))
     else:
         out.append(json.dumps(v, ensure_ascii=False))
+
+
+def _write_go_compact(v: Any, out: list[str]) -> None:
+    # As _write_compact, with Go's escaping of strings and keys (json.Marshal).
+    if isinstance(v, dict):
+        out.append("{")
+        for n, (k, item) in enumerate(v.items()):
+            if n:
+                out.append(",")
+            out.append(_go_string(k))
+            out.append(":")
+            _write_go_compact(item, out)
+        out.append("}")
+    elif isinstance(v, list):
+        out.append("[")
+        for n, item in enumerate(v):
+            if n:
+                out.append(",")
+            _write_go_compact(item, out)
+        out.append("]")
+    elif isinstance(v, str) and not isinstance(v, _Number):
+        out.append(_go_string(v))
+    else:
+        _write_compact(v, out)
 
 
 def dumps_compact(v: Any) -> str:

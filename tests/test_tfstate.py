@@ -229,3 +229,24 @@ def test_exact_json_round_trips_every_number_exactly(text):
     for token in ("0.10000000000000000001", "1.50", "1e2", "123456789012345678901234567890", "2e-7"):
         if token in text:
             assert token in out or (token == "2e-7" and "2e-07" in out), out
+
+
+def test_an_opentofu_envelope_gives_its_serial_and_lineage_and_its_bytes_back():
+    import hashlib
+
+    written = ('{"serial":7,"lineage":"l-1","meta":{"key_provider.pbkdf2.a":"PD4=","key_provider.pbkdf2.b":"e30="},'
+               '"encrypted_data":"QUJD\\u003c","encryption_version":"v0"}')
+    doc = json.loads(written)
+    assert tfstate.envelope_ids(doc) == tfstate.EnvelopeIds(7, "l-1")
+    # As PostgreSQL gives jsonb back: other key order, other spacing, "<" unescaped.
+    stored = json.dumps(dict(sorted(doc.items(), key=lambda kv: (len(kv[0]), kv[0]))))
+    assert tfstate.envelope_as_written(stored, hashlib.sha256(written.encode()).hexdigest()) == written
+    assert tfstate.envelope_as_written(stored, hashlib.sha256((written + "\n").encode()).hexdigest()) == written + "\n"
+    assert tfstate.envelope_as_written(stored, hashlib.sha256(stored.encode()).hexdigest()) is None  # not OpenTofu's layout
+    assert tfstate.envelope_ids({"meta": {}, "encrypted_data": "", "encryption_version": "v0"}) is None
+    for bad, message in (({"serial": True, "lineage": "l"}, '"serial" must be a whole number'),
+                         ({"serial": -1, "lineage": "l"}, '"serial" must be a whole number'),
+                         ({"serial": 1}, '"lineage" must be a non-empty string'),
+                         ({"serial": 1, "lineage": ""}, '"lineage" must be a non-empty string')):
+        with pytest.raises(tfstate.StateError, match=message):
+            tfstate.envelope_ids({**bad, "encrypted_data": "", "encryption_version": "v0"}, "f.tfstate")

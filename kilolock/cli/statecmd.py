@@ -29,9 +29,10 @@ def run_import(args: argparse.Namespace) -> int:
     # 3x and is freed once indexed): its text, then its bytes again, which UTF-8 gives back exactly.
     text = tfstate.decode_text(cli_args.read_input(args.file), origin)
     doc = tfstate.load_json(text, origin)
-    # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, numbered after the
-    # current version, never indexed or refreshed.
+    # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, never indexed or
+    # refreshed, at the serial it carries in the clear (or numbered after the current version).
     encrypted = tfstate.is_encrypted_envelope(doc)
+    envelope = tfstate.envelope_ids(doc, origin) if encrypted else None
     # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
     doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
     if upgraded:
@@ -46,7 +47,7 @@ def run_import(args: argparse.Namespace) -> int:
         try:
             result = versions.write_version(
                 conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(),
-                force=args.force, origin=origin,
+                force=args.force, origin=origin, envelope=envelope,
             )
         except versions.SerialBehind as behind:
             raise KlError(behind_message(behind, origin, args.file)) from None

@@ -78,8 +78,12 @@ def get_state(conn: psycopg.Connection, name: str) -> Response:
     if cur is None:
         return Response(204)
     # jsonb does not keep Terraform's key order or layout; the plain state is laid out again as
-    # Terraform writes it, so `terraform state pull` matches `kl state pull` byte for byte.
-    body = (cur.text + "\n" if cur.encrypted else tfstate.pretty_state(cur.text)).encode()
+    # Terraform writes it, so `terraform state pull` matches `kl state pull` byte for byte. An
+    # encrypted envelope is laid out as OpenTofu writes it when that gives back what was POSTed.
+    if cur.encrypted:
+        body = (tfstate.envelope_as_written(cur.text, cur.content_hash) or cur.text + "\n").encode()
+    else:
+        body = tfstate.pretty_state(cur.text).encode()
     return Response(200, body, "application/json", {"Content-MD5": _content_md5(body)})
 
 

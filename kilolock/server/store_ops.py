@@ -27,6 +27,7 @@ class Current:
     text: str
     serial: int
     encrypted: bool
+    content_hash: str  # of the bytes that were written
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def read_current(conn: psycopg.Connection, name: str) -> Current | None:
     if found is None:
         return None
     version, text = found
-    return Current(text, version.serial, version.encrypted)
+    return Current(text, version.serial, version.encrypted, version.content_hash)
 
 
 def _check_lock(conn: psycopg.Connection, name: str, sid: str, lock_id: str | None) -> None:
@@ -53,21 +54,28 @@ def _check_lock(conn: psycopg.Connection, name: str, sid: str, lock_id: str | No
 
 
 def _is_empty(conn: psycopg.Connection, sid: str) -> bool:
-    """No version, or a current version without resources (or one kl cannot see into)."""
+    """No version, or a current version without resources. An encrypted one hides its resources:
+    it counts as empty only when kl does not know its lineage either (an envelope without one)."""
     cur = versions.current_version(conn, sid)
-    return cur is None or cur.encrypted or not versions.has_open_resources(conn, sid)
+    if cur is None:
+        return True
+    if cur.encrypted:
+        return not cur.lineage
+    return not versions.has_open_resources(conn, sid)
 
 
 def write_state(conn: psycopg.Connection, name: str, raw: bytes, lock_id: str | None, actor: str) -> Written:
     doc = tfstate.load_json(raw, origin="request body")
     encrypted = tfstate.is_encrypted_envelope(doc)
+    envelope = tfstate.envelope_ids(doc, origin="request body") if encrypted else None
     state = None if encrypted else tfstate.parse_state(doc, origin="request body")
     with conn.transaction():
         sid = versions.lock_state_row(conn, name, create=True)
         assert sid is not None
         _check_lock(conn, name, sid, lock_id)
         if encrypted:
-            result = versions.write_version(conn, name, None, raw, source="apply", actor=actor, origin="request body")
+            result = versions.write_version(conn, name, None, raw, source="apply", actor=actor, origin="request body",
+                                            envelope=envelope, force=_is_empty(conn, sid))
         else:
             result = versions.write_version(conn, name, state, raw, source="apply", actor=actor, force=_is_empty(conn, sid))
     return Written(result.version.serial, result.created, encrypted=encrypted)

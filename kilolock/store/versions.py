@@ -175,6 +175,7 @@ _CURRENT_TEXT = sql.SQL("SELECT {cols}, raw_state::text AS text FROM ({current})
 _FIND_VERSION = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s"
 _LIST_VERSIONS = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial"
 _VERSION_TEXT = "SELECT raw_state::text FROM state_versions WHERE state_id = %s AND serial = %s"
+_CONTENT_HASH = "SELECT content_hash FROM state_versions WHERE id = %s"
 _HAS_OPEN_RESOURCES = "SELECT EXISTS (SELECT 1 FROM resources WHERE state_id = %s AND delete_serial IS NULL)"
 _OPEN_ATTRIBUTES = """
 SELECT address, deposed, attributes::text AS attributes FROM resources
@@ -272,7 +273,15 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
         if row is None:
             raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
         vid, head, has_resources, count, streamable, encrypted = row
-        if encrypted or head is None or (has_resources and not streamable):
+        if encrypted:
+            text = raw_state_text(conn, name, serial)
+            written = conn.execute(_CONTENT_HASH, (vid,)).fetchone()
+            # As OpenTofu wrote it when its layout gives those bytes back (jsonb keeps neither the
+            # key order nor the spacing), else as stored.
+            exact = tfstate.envelope_as_written(text, written[0]) if written else None
+            write(exact if exact is not None else tfstate.pretty_state(text))
+            return
+        if head is None or (has_resources and not streamable):
             write(tfstate.pretty_state(raw_state_text(conn, name, serial)))
             return
         # A server-side cursor, fetched a few thousand rows at a time: row by row (single-row mode),
@@ -454,12 +463,13 @@ SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial >= %s 
 """
 
 
-def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRow, new: tfstate.State, new_hash: str,
-                   force: bool) -> bool:
+def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRow, new: tfstate.State | tfstate.EnvelopeIds,
+                   new_hash: str, force: bool) -> bool:
     """The serial and lineage rules. True: the write is a retry of the current version."""
     if new_hash == cur.content_hash:
         return True
-    if new.lineage != cur.lineage and not force:
+    # A version kl numbered itself (an encrypted one from before kl read their lineage) has none.
+    if new.lineage != cur.lineage and (cur.lineage or not cur.encrypted) and not force:
         raise VersionConflict(
             f"state {name!r} has lineage {cur.lineage}, the new state has {new.lineage}: "
             "it is a different state; use --force to replace it anyway"
@@ -484,12 +494,15 @@ def write_version(
     expect_lineage: str | None = None,
     touched: set[tuple[str, str]] | None = None,
     origin: str = "state",
+    envelope: tfstate.EnvelopeIds | None = None,
 ) -> WriteResult:
     """Store ``raw`` (already parsed into ``state``) as the next version of state ``name``.
 
-    ``state`` None means ``raw`` is an OpenTofu-encrypted envelope, kept opaque: it hides serial,
-    lineage and resources, so it is numbered after the current version, keeps the lineage kl knew
-    (the serial order of versions stays the order of writes) and indexes no lifecycles.
+    ``state`` None means ``raw`` is an OpenTofu-encrypted envelope, kept opaque: it hides the
+    resources, so it indexes no lifecycles. ``envelope`` is the serial and lineage it carries in
+    the clear (tfstate.envelope_ids), checked by the same rules as a plain state's; an envelope
+    without them is numbered after the current version and keeps the lineage kl knew (the serial
+    order of versions stays the order of writes).
     ``expect_serial``/``expect_lineage`` make it a compare-and-swap: the write happens only if the
     current version is still the one the caller started from (the refresh commit uses it).
     ``touched`` (only with ``expect_serial``) lists the (address, deposed) objects that may differ
@@ -515,7 +528,11 @@ def write_version(
             raise VersionConflict(
                 f"state {name!r} changed while this run was in progress (started from serial {expect_serial}, now {now}); nothing was written"
             )
-        if state is None:
+        if state is None and envelope is not None:
+            if cur is not None and _check_advance(conn, sid, name, cur, envelope, new_hash, force):
+                return WriteResult(state_id=sid, version=cur, created=False)
+            serial, lineage, terraform_version = envelope.serial, envelope.lineage, None
+        elif state is None:
             if cur is not None and cur.content_hash == new_hash:
                 return WriteResult(state_id=sid, version=cur, created=False)
             serial, lineage, terraform_version = (cur.serial + 1 if cur else 1), (cur.lineage if cur else ""), None

@@ -11,7 +11,7 @@ import pytest
 from kit.paths import CACHE, PLUGIN_CACHE, REPO
 
 NULL_PROVIDER = PLUGIN_CACHE / "registry.terraform.io/hashicorp/null/2.1.2"
-TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "tofu-1.6.3")
+TOOLS = ("terraform-1.0.3", "terraform-1.8.5", "terraform-1.12.2", "tofu-1.6.3", "tofu-1.8.5")
 
 
 def tool_binary(tool: str) -> Path:
@@ -22,7 +22,7 @@ def tool_binary(tool: str) -> Path:
     if not path.exists() and tool == "terraform-1.0.3":
         subprocess.run(["bash", str(REPO / "scripts" / "test-terraform.sh"), tool], capture_output=True, timeout=600)
     if not path.exists():
-        pytest.fail(f"{path} is missing: run scripts/test-terraform.sh {tool} (a go install; takes minutes)", pytrace=False)
+        pytest.fail(f"{path} is missing: run scripts/test-terraform.sh {tool} (a Go build; takes minutes)", pytrace=False)
     if not (CACHE / "terraformrc").exists():
         pytest.fail(f"{CACHE / 'terraformrc'} is missing: run scripts/test-terraform.sh", pytrace=False)
     return path

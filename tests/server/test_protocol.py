@@ -197,6 +197,37 @@ def test_encrypted_envelope_is_stored_opaque(client, db_url, run_kl):
     assert r.returncode == 1 and "OpenTofu-encrypted" in r.stderr.decode()
 
 
+def _envelope(serial: int, data: str, lineage: str = "lin-1") -> bytes:
+    # As OpenTofu 1.8 marshals it (Go's json.Marshal of its statedata+basedata structs): compact,
+    # serial and lineage in the clear first; "<" is escaped as Go escapes it.
+    meta = {"key_provider.pbkdf2.k": "eyJzYWx0IjoiPCJ9", "key_provider.pbkdf2.a": "e30="}
+    return (f'{{"serial":{serial},"lineage":"{lineage}","meta":{json.dumps(dict(sorted(meta.items())), separators=(",", ":"))},'
+            f'"encrypted_data":"{data}","encryption_version":"v0"}}').encode()
+
+
+def test_an_envelope_with_serial_and_lineage_in_the_clear_is_stored_at_its_serial(client, db_url, make_state, run_kl):
+    assert client.request("POST", "/states/enc", _envelope(3, "QUJD"), md5=True).status == 200
+    got = client.request("GET", "/states/enc")
+    assert got.body == _envelope(3, "QUJD")  # byte for byte, though jsonb keeps neither order nor spacing
+    assert run_kl("state", "pull", "enc").stdout == _envelope(3, "QUJD")
+    assert client.request("POST", "/states/enc", _envelope(3, "QUJD")).status == 200  # identical retry
+    stale = client.request("POST", "/states/enc", _envelope(3, "REVG"))
+    assert stale.status == 409 and "serial 3" in stale.text, stale.text
+    other = client.request("POST", "/states/enc", _envelope(5, "REVG", lineage="lin-2"))
+    assert other.status == 409 and "lineage lin-1" in other.text, other.text
+    assert client.request("POST", "/states/enc", _envelope(5, "REVG")).status == 200
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT serial, lineage, encrypted FROM state_versions ORDER BY serial").fetchall() == [
+            (3, "lin-1", True), (5, "lin-1", True)]
+    # Back to plain state (OpenTofu's decryption fallback): the same serial and lineage rules.
+    assert client.request("POST", "/states/enc", make_state(5, {"a": {"id": "1"}}, lineage="lin-1")).status == 409
+    assert client.request("POST", "/states/enc", make_state(6, {"a": {"id": "1"}}, lineage="lin-1")).status == 200
+    bad = client.request("POST", "/states/enc", _envelope(7, "REVG").replace(b'"serial":7', b'"serial":"7"'))
+    assert bad.status == 400 and '"serial" must be a whole number' in bad.text, bad.text
+    assert _versions(db_url, "enc") == [(3, "apply", "anonymous", True), (5, "apply", "anonymous", True),
+                                        (6, "apply", "anonymous", False)]
+
+
 def test_json_api(client, db_url, make_state):
     from kilolock import tfstate as tfs
     from kilolock.store import versions

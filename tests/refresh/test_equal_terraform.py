@@ -1,0 +1,234 @@
+"""Equal to Terraform (issue 16): `kl refresh` writes what `terraform apply -refresh-only` writes.
+
+A state made by Terraform 1.12.2 (or OpenTofu 1.8.5) with real providers, the same out-of-band
+changes, then from the same state and the same provider binaries: Terraform refreshes one copy
+(`apply -refresh-only -auto-approve`), kl another (`state import`, `refresh`, `state pull`). The
+resources they write must be equal field by field (attributes, sensitive_attributes, identity,
+private, schema_version, every other key of the instance objects, which instances and resources
+remain), and `plan -refresh=false -detailed-exitcode` must give the same exit code and the same
+planned actions on both states (0 when nothing drifted).
+
+PROVIDERS is the table: a provider (and what it is tested with) is one row, its resources and the
+out-of-band changes made to them. TOOLS are the CLIs it is checked against.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.paths import CACHE, LOCAL_V, PLUGIN_CACHE, RANDOM_V
+from kit.tfcli import tool_binary
+from kit.tfequal import compare_resources
+
+# Whether each CLI writes sensitive_attributes in a stable order: Terraform 1.12 sorts them (by
+# their display form, as kl does); Terraform 1.8 and OpenTofu 1.8 write them in Go's map order,
+# so only the set can be compared.
+MARKS_ORDERED = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False}
+TOOLS = tuple(MARKS_ORDERED)
+
+
+@dataclass(frozen=True)
+class ProviderRow:
+    name: str  # its local name in required_providers
+    version: str
+    # Its resources; True: for the run with out-of-band changes (some resources need a setting for that).
+    resources: Callable[[bool], str]
+    # The out-of-band changes, made in the workspace after the apply, before either refresh.
+    drift: Callable[[Path], None]
+    # What `plan -refresh=false` then plans for this row's resources ({address: actions}): proof
+    # that the changes were made and seen. No-ops are left out.
+    planned_after_drift: dict[str, list[str]]
+    # The full source address: OpenTofu's default registry differs, the filesystem mirror does not.
+    namespace: str = "registry.terraform.io/hashicorp"
+
+    @property
+    def requirement(self) -> str:
+        return f'{self.name} = {{ source = "{self.namespace}/{self.name}", version = "{self.version}" }}'
+
+
+def _null_resources(drifting: bool) -> str:
+    return """
+resource "null_resource" "n" {
+  count    = 2
+  triggers = { index = count.index, note = "a<b & c" }
+}
+"""
+
+
+def _local_resources(drifting: bool) -> str:
+    return """
+resource "local_file" "f" {
+  for_each = toset(["kept", "deleted", "edited"])
+  filename = "${path.module}/out/${each.key}.txt"
+  content  = "hello ${each.key}"
+}
+resource "local_sensitive_file" "s" {
+  filename = "${path.module}/out/secret.txt"
+  content  = "s3cr3t"
+}
+# kl does not read data sources; one whose source did not change must come out as Terraform's.
+data "local_file" "kept" { filename = local_file.f["kept"].filename }
+"""
+
+
+def _local_drift(ws: Path) -> None:
+    (ws / "out" / "deleted.txt").unlink()
+    (ws / "out" / "edited.txt").write_text("edited behind Terraform's back")
+
+
+def _random_resources(drifting: bool) -> str:
+    return """
+resource "random_id" "k" {
+  byte_length = 4
+  keepers     = { generation = "1" }
+}
+resource "random_password" "p" { length = 16 }
+resource "random_string" "s" { length = 8 }
+resource "random_integer" "i" {
+  min = 1
+  max = 1000
+}
+resource "random_pet" "pet" {}
+resource "random_shuffle" "sh" { input = ["a", "b", "c"] }
+resource "random_uuid" "u" {}
+"""
+
+
+# time_rotating leaves the state once its rotation time has passed (Read removes it): a real
+# out-of-band change made by the clock. Far in the future for the run without changes.
+_ROTATE_AFTER_S = 3
+
+
+def _time_resources(drifting: bool) -> str:
+    at = datetime.now(timezone.utc) + timedelta(seconds=_ROTATE_AFTER_S) if drifting else datetime(2099, 1, 1, tzinfo=timezone.utc)
+    return f"""
+resource "time_static" "t" {{}}
+resource "time_offset" "o" {{ offset_days = 7 }}
+resource "time_rotating" "r" {{ rotation_rfc3339 = "{at.strftime("%Y-%m-%dT%H:%M:%SZ")}" }}
+"""
+
+
+def _time_drift(ws: Path) -> None:
+    time.sleep(_ROTATE_AFTER_S + 1.1)  # at most: the apply took part of it
+
+
+def _nothing(ws: Path) -> None:
+    pass
+
+
+PROVIDERS = (
+    ProviderRow("null", "2.1.2", _null_resources, _nothing, {}),
+    ProviderRow("local", LOCAL_V, _local_resources, _local_drift,
+                # The data source depends on local_file.f, which has changes planned: read at apply.
+                {'local_file.f["deleted"]': ["create"], 'local_file.f["edited"]': ["create"], "data.local_file.kept": ["read"]}),
+    ProviderRow("random", RANDOM_V, _random_resources, _nothing, {}),
+    ProviderRow("time", "0.14.2", _time_resources, _time_drift, {"time_rotating.r": ["create"]}),
+)
+
+
+def _main_tf(drifting: bool) -> str:
+    requirements = "\n    ".join(row.requirement for row in PROVIDERS)
+    resources = "".join(row.resources(drifting) for row in PROVIDERS)
+    return f"terraform {{\n  required_providers {{\n    {requirements}\n  }}\n}}\n{resources}"
+
+
+@dataclass
+class Cli:
+    tool: str
+    binary: Path
+
+    def run(self, ws: Path, *args: str, codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, TF_CLI_CONFIG_FILE=str(CACHE / "terraformrc"), TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
+        env.pop("TF_LOG", None)
+        r = subprocess.run([str(self.binary), *args, "-no-color"], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode in codes, f"{self.tool} {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+        return r
+
+    def planned(self, ws: Path) -> tuple[int, list[tuple[str, list[str]]]]:
+        """`plan -refresh=false -detailed-exitcode`: its exit code and (address, actions) per resource change."""
+        code = self.run(ws, "plan", "-refresh=false", "-detailed-exitcode", "-input=false", "-out=equal.tfplan",
+                        codes=(0, 2)).returncode
+        shown = json.loads(self.run(ws, "show", "-json", "equal.tfplan").stdout)
+        return code, sorted((c["address"], c["change"]["actions"]) for c in shown.get("resource_changes", []))
+
+
+def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
+    """kl's refresh of the workspace's terraform.tfstate: the document `kl state pull` gives after it."""
+    r = run_kl("state", "import", name, str(ws / "terraform.tfstate"), "--source", "apply")
+    assert r.returncode == 0, r.stderr
+    # local_file paths are relative to the workspace, as for Terraform.
+    r = run_kl("state", "set", name, "--workdir", str(ws))
+    assert r.returncode == 0, r.stderr
+    r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", timeout=600)
+    out = json.loads(r.stdout or b"{}")
+    assert r.returncode == 0 and out.get("status") == "succeeded" and out.get("to_serial"), (out, r.stderr)
+    pulled = run_kl("state", "pull", name)
+    assert pulled.returncode == 0, pulled.stderr
+    (ws / "terraform.tfstate").write_bytes(pulled.stdout)
+    return json.loads(pulled.stdout)
+
+
+@pytest.mark.parametrize("drifting", [False, True], ids=["unchanged", "out-of-band"])
+@pytest.mark.parametrize("tool", TOOLS)
+def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, run_kl, db_url, tmp_path: Path):
+    cli = Cli(tool, tool_binary(tool))
+    ws = tmp_path / "applied"
+    ws.mkdir()
+    (ws / "main.tf").write_text(_main_tf(drifting))
+    cli.run(ws, "init", "-input=false")
+    cli.run(ws, "apply", "-auto-approve", "-input=false")
+    if drifting:
+        for row in PROVIDERS:
+            row.drift(ws)
+    ws_tf, ws_kl = tmp_path / "terraform", tmp_path / "kl"
+    shutil.copytree(ws, ws_tf, symlinks=True)
+    shutil.copytree(ws, ws_kl, symlinks=True)
+
+    cli.run(ws_tf, "apply", "-refresh-only", "-auto-approve", "-input=false")
+    by_terraform = json.loads((ws_tf / "terraform.tfstate").read_text())
+    by_kl = _kl_refresh(run_kl, ws_kl, "equal")
+
+    differences = compare_resources(by_terraform, by_kl, marks_ordered=MARKS_ORDERED[tool])
+    assert not differences, f"kl's refresh differs from {tool}'s:\n" + "\n".join(map(str, differences))
+
+    tf_code, tf_actions = cli.planned(ws_tf)
+    kl_code, kl_actions = cli.planned(ws_kl)
+    assert (kl_code, kl_actions) == (tf_code, tf_actions)
+    # The test saw what it meant to: the changes it made, and none without them.
+    expected = {a: actions for row in PROVIDERS for a, actions in row.planned_after_drift.items()} if drifting else {}
+    assert (tf_code, {a: actions for a, actions in tf_actions if actions != ["no-op"]}) == (2 if expected else 0, expected)
+
+
+def test_the_comparer_names_the_instance_and_field_that_differ():
+    def state(*instances: dict) -> dict:
+        return {"resources": [{"mode": "managed", "type": "null_resource", "name": "n",
+                               "provider": 'provider["registry.terraform.io/hashicorp/null"]',
+                               "instances": list(instances)}]}
+
+    a: dict[str, Any] = {"index_key": 0, "schema_version": 0, "attributes": {"id": "1", "triggers": {"k": "v"}},
+         "sensitive_attributes": [[{"type": "get_attr", "value": "b"}], [{"type": "get_attr", "value": "a"}]]}
+    b = {**a, "index_key": 1, "private": "eyJ9"}
+    assert compare_resources(state(a, b), state(a, b)) == []
+    changed = {**a, "attributes": {"id": "1", "triggers": {"k": "w"}}, "schema_version": 1}
+    found = [str(d) for d in compare_resources(state(a, b), state(changed))]
+    assert found == ['null_resource.n: instance_count: terraform 2 != kl 1',
+                     'null_resource.n[0]: attributes.triggers.k: terraform "v" != kl "w"',
+                     'null_resource.n[0]: schema_version: terraform 0 != kl 1',
+                     'null_resource.n[1]: terraform "present" != kl (absent)']
+    reordered = {**a, "sensitive_attributes": a["sensitive_attributes"][::-1]}
+    assert [d.field for d in compare_resources(state(a), state(reordered))] == ["sensitive_attributes"]
+    assert compare_resources(state(a), state(reordered), marks_ordered=False) == []
+    without_private = {**b}
+    del without_private["private"]
+    assert [str(d) for d in compare_resources(state(b), state(without_private))] == [
+        'null_resource.n[1]: private: terraform "eyJ9" != kl (absent)']
