@@ -1,8 +1,9 @@
 //! cty types: parsed from Terraform's JSON type syntax, printed back canonically, inferred from
 //! plain JSON at dynamic positions (twin of kilolock/codec/pure/types.py, same error texts).
 
-use crate::errors::{PathError, Result, MAX_DEPTH};
+use crate::errors::{PathError, Result, Step, MAX_DEPTH};
 use crate::jsontext::{parse_document, quote, write_json_string, JVal};
+use std::cmp::Ordering;
 use crate::mp;
 use std::collections::HashMap;
 
@@ -31,6 +32,8 @@ pub struct ObjectType {
     pub mp_keys: Vec<Vec<u8>>,
     /// Each name as a JSON key with its colon (`"name":`), ready to copy.
     pub json_keys: Vec<Vec<u8>>,
+    /// Whether an attribute's type has `dynamic` in it (see `CtyType::contains_dynamic`).
+    pub has_dynamic: bool,
 }
 
 impl ObjectType {
@@ -60,7 +63,8 @@ impl ObjectType {
                 v
             })
             .collect();
-        ObjectType { names, types, optional, index, mp_keys, json_keys }
+        let has_dynamic = types.iter().any(CtyType::contains_dynamic);
+        ObjectType { names, types, optional, index, mp_keys, json_keys, has_dynamic }
     }
 
     #[inline]
@@ -75,6 +79,25 @@ impl ObjectType {
 impl CtyType {
     pub fn is_primitive(&self) -> bool {
         matches!(self, CtyType::String | CtyType::Number | CtyType::Bool)
+    }
+
+    /// Whether a value's own type may differ from this one (see `actual_type`).
+    pub fn contains_dynamic(&self) -> bool {
+        match self {
+            CtyType::Dynamic => true,
+            CtyType::String | CtyType::Number | CtyType::Bool => false,
+            CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e) => e.contains_dynamic(),
+            CtyType::Object(o) => o.has_dynamic,
+            CtyType::Tuple(elems) => elems.iter().any(CtyType::contains_dynamic),
+        }
+    }
+
+    fn collection_name(&self) -> &'static str {
+        match self {
+            CtyType::List(_) => "list",
+            CtyType::Set(_) => "set",
+            _ => "map",
+        }
     }
 
     /// Canonical type JSON: compact, attribute names sorted.
@@ -255,6 +278,152 @@ pub fn infer_type(v: &JVal, depth: usize) -> Result<CtyType> {
                 elems.push(infer_type(item, depth + 1)?);
             }
             Ok(CtyType::Tuple(elems))
+        }
+    }
+}
+
+/// `(type spec, value)` when the value is exactly a `{"type": ..., "value": ...}` wrapper.
+pub fn wrapper_parts(v: &JVal) -> Option<(&JVal, &JVal)> {
+    if let JVal::Obj(members) = v {
+        if members.len() == 2 {
+            let (k1, v1) = &members[0];
+            let (k2, v2) = &members[1];
+            if k1 == "type" && k2 == "value" {
+                return Some((v1, v2));
+            }
+            if k1 == "value" && k2 == "type" {
+                return Some((v2, v1));
+            }
+        }
+    }
+    None
+}
+
+const DYNAMIC_JSON: &[u8] = b"\"dynamic\"";
+
+/// The type (canonical JSON) go-cty gives the value this JSON makes at declared type `t` (twin of
+/// `actual_type` in types.py, which says how).
+pub fn actual_type(v: &JVal, t: &CtyType) -> Result<Vec<u8>> {
+    if !t.contains_dynamic() {
+        return Ok(t.json());
+    }
+    if let CtyType::Dynamic = t {
+        return match (v, wrapper_parts(v)) {
+            (JVal::Null, _) => Ok(DYNAMIC_JSON.to_vec()),
+            (_, Some((spec, inner))) => actual_type(inner, &type_from_json(spec, 0)?),
+            (_, None) => actual_type(v, &infer_type(v, 0)?),
+        };
+    }
+    let mut out = Vec::new();
+    match (t, v) {
+        (CtyType::Object(o), JVal::Obj(members)) => {
+            out.extend_from_slice(b"[\"object\",{");
+            for (i, (name, ty)) in o.names.iter().zip(&o.types).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&o.json_keys[i]);
+                let member = members.iter().find(|(k, _)| k == name).map(|(_, m)| m).unwrap_or(&JVal::Null);
+                out.extend_from_slice(&actual_type(member, ty)?);
+            }
+            out.extend_from_slice(b"}]");
+        }
+        (CtyType::Tuple(elems), JVal::Arr(items)) => {
+            out.extend_from_slice(b"[\"tuple\",[");
+            for (i, (item, ty)) in items.iter().zip(elems).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&actual_type(item, ty)?);
+            }
+            out.extend_from_slice(b"]]");
+        }
+        (CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e), JVal::Arr(_) | JVal::Obj(_)) => {
+            let items: Vec<&JVal> = match v {
+                JVal::Obj(members) => members.iter().map(|(_, m)| m).collect(),
+                JVal::Arr(items) => items.iter().collect(),
+                _ => Vec::new(),
+            };
+            if items.is_empty() {
+                return Ok(t.json());
+            }
+            let mut elem = DYNAMIC_JSON.to_vec();
+            for item in items {
+                elem = actual_type(item, e)?;
+                if elem != DYNAMIC_JSON {
+                    break;
+                }
+            }
+            out.extend_from_slice(format!("[\"{}\",", t.collection_name()).as_bytes());
+            out.extend_from_slice(&elem);
+            out.push(b']');
+        }
+        _ => return Ok(t.json()), // null (or a shape the walk already refused)
+    }
+    Ok(out)
+}
+
+/// go-cty builds a list, set or map only from elements of one type (twin of
+/// `check_one_element_type` in types.py): the elements of a `collection` ("list", "set", "map")
+/// of `elem`, given as path steps and their JSON, must agree, or it is an error at the first
+/// element that differs.
+pub fn check_one_element_type(items: &[(Step, JVal)], elem: &CtyType, collection: &str) -> Result<()> {
+    let mut first: Option<Vec<u8>> = None;
+    for (step, item) in items {
+        let this = actual_type(item, elem)?;
+        if this == DYNAMIC_JSON {
+            continue;
+        }
+        match &first {
+            None => first = Some(this),
+            Some(f) if *f != this => {
+                let mut e = PathError::new(format!(
+                    "element type {} differs from {} of the earlier elements: a {}'s elements must all have one type",
+                    String::from_utf8_lossy(&this),
+                    String::from_utf8_lossy(f),
+                    collection
+                ));
+                e.segments.push(step.clone());
+                return Err(e);
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The elements of a collection whose element type has `dynamic` in it, kept (as their JSON) to
+/// check they share one type; nothing is kept for other element types.
+pub struct ElementTypes {
+    items: Option<Vec<(Step, JVal)>>,
+}
+
+impl ElementTypes {
+    pub fn new(elem: &CtyType) -> Self {
+        ElementTypes { items: elem.contains_dynamic().then(Vec::new) }
+    }
+
+    pub fn note(&mut self, step: Step, json: &[u8]) -> Result<()> {
+        if let Some(items) = self.items.as_mut() {
+            items.push((step, parse_document(json)?));
+        }
+        Ok(())
+    }
+
+    /// A map's elements are checked in key order, the order of its canonical JSON.
+    pub fn sort_by_key(&mut self) {
+        if let Some(items) = self.items.as_mut() {
+            items.sort_by(|a, b| match (&a.0, &b.0) {
+                (Step::Key(x), Step::Key(y)) => x.as_bytes().cmp(y.as_bytes()),
+                _ => Ordering::Equal,
+            });
+        }
+    }
+
+    pub fn check(self, elem: &CtyType, collection: &str) -> Result<()> {
+        match self.items {
+            Some(items) => check_one_element_type(&items, elem, collection),
+            None => Ok(()),
         }
     }
 }

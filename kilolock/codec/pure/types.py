@@ -19,7 +19,7 @@ _KIND_NAMES = {v: k for k, v in {**_PRIMITIVE_NAMES, **_COLLECTION_NAMES, "objec
 class CtyType:
     """One node of a compiled type; ``json`` is its canonical type-spec text."""
 
-    __slots__ = ("attrs", "elem", "elems", "json", "kind", "mp_keys", "names", "optional")
+    __slots__ = ("attrs", "elem", "elems", "has_dynamic", "json", "kind", "mp_keys", "names", "optional")
 
     def __init__(self, kind: int, *, elem: CtyType | None = None, attrs: dict[str, CtyType] | None = None,
                  optional: tuple[str, ...] = (), elems: tuple[CtyType, ...] = ()) -> None:
@@ -32,6 +32,9 @@ class CtyType:
         self.optional = optional
         self.elems = elems
         self.json = _to_json(self)
+        # Whether a value's own type may differ from this one (see actual_type).
+        self.has_dynamic: bool = kind == DYNAMIC or any(
+            part.has_dynamic for part in (*([elem] if elem else []), *self.attrs.values(), *elems))
 
 
 def _to_json(t: CtyType) -> str:
@@ -117,3 +120,69 @@ def infer_type(value: object, depth: int) -> CtyType:
             attrs[key] = infer_type(item, depth + 1)
         return CtyType(OBJECT, attrs=attrs)
     return CtyType(TUPLE, elems=tuple(infer_type(item, depth + 1) for item in cast("list[object]", value)))
+
+
+def wrapper_parts(value: object) -> tuple[object, object] | None:
+    """``(type spec, value)`` when value is exactly a ``{"type": ..., "value": ...}`` wrapper."""
+    if type(value) is JsonObject and len(value) == 2:
+        (k1, v1), (k2, v2) = value
+        if k1 == "type" and k2 == "value":
+            return v1, v2
+        if k1 == "value" and k2 == "type":
+            return v2, v1
+    return None
+
+
+_DYNAMIC_JSON = '"dynamic"'
+
+
+def actual_type(value: object, t: CtyType) -> str:
+    """The type (canonical JSON) go-cty gives the value this JSON makes at declared type ``t``:
+    a dynamic position takes its value's concrete type (a null there stays dynamic), a non-empty
+    collection the type of its first element that is not a null dynamic, an object or tuple its
+    members' types (cty.ListVal, ObjectVal, ... build a value's type from its parts)."""
+    if not t.has_dynamic:
+        return t.json
+    if t.kind == DYNAMIC:
+        if value is None:
+            return _DYNAMIC_JSON
+        wrapper = wrapper_parts(value)
+        if wrapper is not None:
+            return actual_type(wrapper[1], type_from_json(wrapper[0], 0))
+        return actual_type(value, infer_type(value, 0))
+    if value is None:
+        return t.json
+    if t.kind == OBJECT:
+        members = dict(cast("JsonObject", value))
+        return '["object",{' + ",".join(
+            quote(n) + ":" + actual_type(members.get(n), t.attrs[n]) for n in t.names) + "}]"
+    if t.kind == TUPLE:
+        items = cast("list[object]", value)
+        return '["tuple",[' + ",".join(actual_type(v, e) for v, e in zip(items, t.elems, strict=True)) + "]]"
+    elems = [v for _, v in cast("JsonObject", value)] if t.kind == MAP else cast("list[object]", value)
+    elem_json = t.elem.json if not elems else _DYNAMIC_JSON  # type: ignore[union-attr]
+    for item in elems:
+        elem_json = actual_type(item, t.elem)  # type: ignore[arg-type]
+        if elem_json != _DYNAMIC_JSON:
+            break
+    return f'["{_KIND_NAMES[t.kind]}",{elem_json}]'
+
+
+def check_one_element_type(items: list[tuple[int, object]] | list[tuple[str, object]], t: CtyType) -> None:
+    """go-cty builds a list, set or map only from elements of one type (a null dynamic fits any):
+    for an element type with ``dynamic`` in it, the elements (index or key, JSON value) must
+    agree, or it is an error at the first element that differs (a go-cty provider would panic on
+    the bytes, and Terraform refuses such a value)."""
+    elem: CtyType = t.elem  # type: ignore[assignment]
+    first: str | None = None
+    for step, item in items:
+        this = actual_type(item, elem)
+        if this == _DYNAMIC_JSON:
+            continue
+        if first is None:
+            first = this
+        elif this != first:
+            exc = PathError(f"element type {this} differs from {first} of the earlier elements: "
+                            f"a {_KIND_NAMES[t.kind]}'s elements must all have one type")
+            exc.index(step)
+            raise exc
