@@ -465,7 +465,7 @@ pub fn write_jval(out: &mut Vec<u8>, v: &JVal) {
 }
 
 /// Unicode Normalization Form C, as `cty.StringVal` applies to every string and map key (twin of
-/// `nfc` in jsontext.py; the crate's tables are Unicode 18.0, see README "Codec fidelity").
+/// `nfc` in jsontext.py; the crate's tables are Unicode 18.0, see README "Values: what Terraform would write").
 pub fn nfc(s: Cow<'_, str>) -> Cow<'_, str> {
     if s.is_ascii() || is_nfc_quick(s.chars()) == IsNormalized::Yes {
         return s;

@@ -7,7 +7,8 @@ use crate::jsontext::{nfc, quote, write_jval, Kind, Parser};
 use crate::mp;
 use crate::numbers::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
 use crate::order::{AttrSet, MapEntries, Reordered, Span};
-use crate::types::{infer_type, type_from_json, wrapper_parts, CtyType, ElementTypes, ObjectType};
+use crate::jsontext::parse_document;
+use crate::types::{as_gocty_json, as_own_type, infer_type, type_from_json, wrapper_parts, CtyType, ElementTypes, ObjectType};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -18,6 +19,14 @@ pub fn encode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.len() / 2 + 16);
     marshal(&mut p, ty, &mut out, 0)?;
     p.finish()?;
+    if ty.has_dynamic_collection() {
+        // Checked, now sent as go-cty sends the value it reads: a null dynamic element with its
+        // collection's element type (as_gocty_json).
+        let text = as_gocty_json(&parse_document(data)?, ty, false)?;
+        out.clear();
+        let mut p = Parser { s: &text, pos: 0 };
+        marshal(&mut p, ty, &mut out, 0)?;
+    }
     Ok(out)
 }
 
@@ -399,11 +408,18 @@ fn marshal_dynamic(p: &mut Parser, out: &mut Vec<u8>, depth: usize) -> Result<()
     if matches!(concrete, CtyType::Dynamic) {
         return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
     }
-    mp::write_array_header(out, 2);
-    mp::write_bin(out, &concrete.json());
     // Re-walk the (already validated) inner value with the streaming marshaller.
     let mut text = Vec::new();
     write_jval(&mut text, inner);
+    let (concrete, text) = if concrete.contains_dynamic() && wrapper_parts(&value).is_some() {
+        // Checked, then sent with the type its value has (as_own_type), as go-cty sends it.
+        marshal(&mut Parser { s: &text, pos: 0 }, &concrete, &mut Vec::new(), depth)?;
+        as_own_type(inner, &concrete)?
+    } else {
+        (concrete, text)
+    };
+    mp::write_array_header(out, 2);
+    mp::write_bin(out, &concrete.json());
     let mut sub = Parser { s: &text, pos: 0 };
     marshal(&mut sub, &concrete, out, depth)
 }

@@ -105,7 +105,8 @@ pub fn parse_number(s: &[u8]) -> std::result::Result<Dec, &'static str> {
         digits.push(c);
     }
     if digits.is_empty() {
-        return Ok(Dec { neg: false, digits, exp: 0 });
+        // go-cty keeps a zero's sign (big.Float) and writes it: "-0" stays "-0".
+        return Ok(Dec { neg, digits, exp: 0 });
     }
     let exp_trimmed: &[u8] = {
         let first_nonzero = exp_digits.iter().position(|&c| c != b'0').unwrap_or(exp_digits.len());
@@ -139,7 +140,7 @@ pub fn from_i128(v: i128) -> Dec {
 /// go-cty's `Text('f', -1)`: fixed notation, no exponent, no trailing zeros.
 pub fn canonical_text(d: &Dec, out: &mut Vec<u8>) {
     if d.digits.is_empty() {
-        out.push(b'0');
+        out.extend_from_slice(if d.neg { b"-0" } else { b"0" });
         return;
     }
     if d.neg {
@@ -357,7 +358,7 @@ fn shortest_at_53_bits(m53: u64, exp2: i64) -> (Vec<u8>, i64) {
     let (mut digits, mut point) = decimal_digits(m53, exp2);
     let (lower, _) = decimal_digits(2 * m53 - 1, exp2 - 1);
     let (upper, _) = decimal_digits(2 * m53 + 1, exp2 - 1);
-    let inclusive = m53 % 2 == 0;
+    let inclusive = m53.is_multiple_of(2);
     for i in 0..digits.len() {
         let m = digits[i];
         let low = lower.get(i).copied().unwrap_or(b'0');
@@ -370,7 +371,7 @@ fn shortest_at_53_bits(m53: u64, exp2: i64) -> (Vec<u8>, i64) {
         }
         if ok_down && ok_up {
             ok_down = if digits[n] == b'5' && n + 1 == digits.len() {
-                (digits[n - 1] - b'0') % 2 == 0
+                (digits[n - 1] - b'0').is_multiple_of(2)
             } else {
                 digits[n] < b'5'
             };
@@ -400,6 +401,10 @@ const TWO_53: f64 = 9_007_199_254_740_992.0;
 pub fn float_text(f: f64, out: &mut Vec<u8>) -> std::result::Result<(), &'static str> {
     if !f.is_finite() {
         return Err("number is not finite");
+    }
+    if f == 0.0 {
+        out.extend_from_slice(if f.is_sign_negative() { b"-0" } else { b"0" });
+        return Ok(());
     }
     if f.fract() == 0.0 && (-TWO_53..=TWO_53).contains(&f) {
         // An ulp of at most 1 (2 at 2^53): only the integer itself fits.

@@ -6,7 +6,8 @@ use crate::jsontext::{quote, write_json_string};
 use crate::mp::{Head, Reader};
 use crate::numbers::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
 use crate::order::{AttrSet, MapEntries, Reordered, Span};
-use crate::types::{parse_type, CtyType, ElementTypes, ObjectType};
+use crate::jsontext::parse_document;
+use crate::types::{as_gocty_json, parse_type, CtyType, ElementTypes, ObjectType};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
@@ -19,6 +20,11 @@ pub fn decode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     unmarshal(&mut r, ty, &mut out, 0)?;
     if r.pos != data.len() {
         return Err(PathError::new(format!("trailing bytes after the msgpack value at offset {}", r.pos)));
+    }
+    if ty.has_dynamic_collection() {
+        // A null dynamic element takes its collection's element type (as_gocty_json); values
+        // tagged with a type that has dynamic in it were retyped where they are.
+        return as_gocty_json(&parse_document(&out)?, ty, false);
     }
     Ok(out)
 }
@@ -371,6 +377,13 @@ fn unmarshal_dynamic(r: &mut Reader, head: Head, out: &mut Vec<u8>, depth: usize
     })?;
     if matches!(concrete, CtyType::Dynamic) {
         return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
+    }
+    if concrete.contains_dynamic() {
+        // Written with the type its value has (as_gocty_json), not the one it came tagged with.
+        let mut part = Vec::new();
+        unmarshal(r, &concrete, &mut part, depth)?;
+        out.extend_from_slice(&as_gocty_json(&parse_document(&part)?, &concrete, true)?);
+        return Ok(());
     }
     out.extend_from_slice(b"{\"type\":");
     concrete.write_json(out);

@@ -195,8 +195,18 @@ v("dynamic object with only a type key is plain", "dynamic", '{"type":"x"}',
   [b'["object",{"type":"string"}]', {"type": "x"}], '{"type":["object",{"type":"string"}],"value":{"type":"x"}}')
 v("dynamic attribute inside object", ["object", {"d": "dynamic", "s": "string"}], '{"s":"a","d":{"type":"number","value":5}}',
   {"d": [bin_type("number"), 5], "s": "a"}, '{"d":{"type":"number","value":5},"s":"a"}')
-v("dynamic nested in wrapper type", "dynamic", '{"type":["list","dynamic"],"value":[{"type":"bool","value":false},null]}',
-  [b'["list","dynamic"]', [[bin_type("bool"), False], None]])
+# go-cty gives a value the type of its parts (cty.ListVal of bools is a list of bool) and writes a
+# dynamic value with that type, not the one it came tagged with; a null dynamic element takes its
+# collection's element type.
+v("dynamic nested in wrapper type is sent with the value's type", "dynamic",
+  '{"type":["list","dynamic"],"value":[{"type":"bool","value":false},null]}',
+  [b'["list","bool"]', [False, None]], '{"type":["list","bool"],"value":[false,null]}')
+v("list of dynamic: a null element takes the element type", ["list", "dynamic"],
+  '[null,{"type":"number","value":1}]', [[bin_type("number"), None], [bin_type("number"), 1]],
+  '[{"type":"number","value":null},{"type":"number","value":1}]')
+v("list of dynamic all null stays untyped", ["list", "dynamic"], "[null,null]", [None, None])
+v("object attribute list of dynamic retyped", ["object", {"xs": ["list", "dynamic"]}], '{"xs":["a"]}',
+  {"xs": [[bin_type("string"), "a"]]}, '{"xs":[{"type":"string","value":"a"}]}')
 
 # --- decode-only: forms providers may send --------------------------------------------------------
 dec("decode uint8 small int", "number", "cc05", "5")
@@ -207,7 +217,8 @@ dec("decode float32 inexact shortest digits of the float64", "number", "ca3dcccc
 dec("decode float64 0.1 shortest digits", "number", "cb3fb999999999999a", "0.1")
 dec("decode float64 integral", "number", "cb4008000000000000", "3")
 dec("decode float64 1e21 fixed notation", "number", "cb444b1ae4d6e2ef50", "1000000000000000000000")
-dec("decode float64 -0", "number", "cb8000000000000000", "0")
+dec("decode float64 -0 keeps its sign, as go-cty writes it", "number", "cb8000000000000000", "-0")
+dec("decode number string -0.0 keeps its sign", "number", pack("-0.0"), "-0")
 # A float64 from a provider becomes go-cty's NumberFloatVal, a big.Float of 53-bit precision, and
 # Terraform writes its Text('f', -1): the shortest digits within half an ulp of that precision,
 # found digit by digit as math/big's roundShortest does. Not float64's shortest round trip: the
@@ -246,6 +257,12 @@ dec("decode object missing attribute is null", ["object", {"a": "number", "b": "
 dec("decode object empty map", ["object", {"a": "number"}], "80", '{"a":null}')
 dec("decode str8 short string", "string", "d90161", '"a"')
 dec("decode dynamic type as str", "dynamic", pack(['"string"', "x"]), '{"type":"string","value":"x"}')
+dec("decode dynamic written with its value's type", "dynamic",
+    pack([b'["map","dynamic"]', {"k": [b'["map","bool"]', {"a": True}]}]),
+    '{"type":["map",["map","bool"]],"value":{"k":{"a":true}}}')
+dec("decode set of dynamic null takes the element type", ["set", "dynamic"],
+    pack([None, [b'"string"', "b"], [b'"string"', "a"]]),
+    '[{"type":"string","value":"a"},{"type":"string","value":"b"},{"type":"string","value":null}]')
 dec("decode dynamic optional attrs kept sorted", "dynamic",
   pack([b'["object",{"b":"string","a":"number"},["b","a"]]', {"a": 1, "b": "x"}]),
   '{"type":["object",{"a":"number","b":"string"},["a","b"]],"value":{"a":1,"b":"x"}}')

@@ -275,6 +275,10 @@ def test_backends_agree_and_roundtrip_is_canonical(both: tuple[types.ModuleType,
     wire = py_out[1]
     decoded = py_t.decode(wire)
     assert decoded == rs_t.decode(wire)
+    if "dynamic" in json.dumps(ty):
+        # A dynamic value comes back with the type go-cty gives its value (a list of dynamic
+        # holding bools is a list of bool): test_gocty_oracle checks those against go-cty itself.
+        return
     assert decoded.decode() == canonical(ty, value)
 
 

@@ -25,6 +25,8 @@ from kilolock.codec.pure.types import (
     STRING,
     TUPLE,
     CtyType,
+    as_gocty_json,
+    as_own_type,
     check_one_element_type,
     infer_type,
     type_from_json,
@@ -40,6 +42,11 @@ def encode(data: bytes, t: CtyType) -> bytes:
     out = bytearray()
     try:
         marshal(value, t, out, 0)
+        if t.has_dynamic_collection:
+            # Checked, now sent as go-cty sends the value it reads: a null dynamic element with
+            # its collection's element type (as_gocty_json).
+            out.clear()
+            marshal(parse_json(as_gocty_json(value, t).encode()), t, out, 0)
     except UnicodeEncodeError:
         # an unpaired surrogate escape in an attribute name of an inferred (dynamic) object,
         # met when the name is written
@@ -290,6 +297,11 @@ def marshal_dynamic(value: object, t: CtyType, out: bytearray, depth: int) -> No
         inner = value
     if concrete.kind == DYNAMIC:
         raise PathError('a dynamic value needs a concrete type, not "dynamic"')
+    if concrete.has_dynamic and wrapper is not None:
+        # Checked, then sent with the type its value has (as_gocty_json), as go-cty sends it.
+        marshal(inner, concrete, bytearray(), depth)
+        concrete, text = as_own_type(inner, concrete)
+        inner = parse_json(text.encode())
     write_array_header(out, 2)
     write_bin(out, concrete.json.encode())
     marshal(inner, concrete, out, depth)

@@ -35,6 +35,8 @@ class Dec:
 
 
 ZERO = Dec(False, "", 0)
+# go-cty keeps a zero's sign (big.Float) and writes it: "-0" from a provider stays "-0" in state.
+NEGATIVE_ZERO = Dec(True, "", 0)
 
 
 def parse_number(text: str) -> Dec:
@@ -46,7 +48,7 @@ def parse_number(text: str) -> Dec:
     frac = frac or ""
     digits = (int_part + frac).lstrip("0")
     if not digits:
-        return ZERO
+        return NEGATIVE_ZERO if sign == "-" else ZERO
     exp_text = (exp_text or "0").lstrip("0") or "0"
     if len(exp_text) > 9:
         raise ValueError("number out of range")
@@ -69,7 +71,7 @@ def canonical_text(d: Dec) -> str:
     """go-cty's ``big.Float.Text('f', -1)`` form: fixed notation, no exponent, no trailing zeros."""
     digits = d.digits
     if not digits:
-        return "0"
+        return "-0" if d.neg else "0"
     if d.exp >= 0:
         text = digits + "0" * d.exp
     else:
@@ -178,6 +180,8 @@ def float_text(f: float) -> str:
     subnormal has 16 significant digits)."""
     if math.isnan(f) or math.isinf(f):
         raise ValueError("number is not finite")
+    if f == 0:
+        return "-0" if math.copysign(1.0, f) < 0 else "0"
     if f.is_integer() and -_TWO_53 <= f <= _TWO_53:
         return str(int(f))  # an ulp of at most 1 (2 at 2**53): only the integer itself fits
     fraction, exp = math.frexp(abs(f))

@@ -6,7 +6,7 @@ the head's family and argument, as the Rust ones get a ``Head``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
 from kilolock.codec.pure.jsontext import parse_json, quote
@@ -23,6 +23,7 @@ from kilolock.codec.pure.types import (
     STRING,
     TUPLE,
     CtyType,
+    as_gocty_json,
     check_one_element_type,
     parse_type,
 )
@@ -38,7 +39,12 @@ def decode(data: bytes, t: CtyType) -> bytes:
     unmarshal(r, t, out, 0)
     if r.pos != len(data):
         raise PathError(f"trailing bytes after the msgpack value at offset {r.pos}")
-    return "".join(out).encode()
+    text = "".join(out)
+    if t.has_dynamic_collection:
+        # A null dynamic element takes its collection's element type (as_gocty_json); values
+        # tagged with a type that has dynamic in it were retyped where they are.
+        text = as_gocty_json(parse_json(text.encode()), t)
+    return text.encode()
 
 
 def _got(what: str, family: int) -> PathError:
@@ -131,9 +137,9 @@ def unmarshal_list(r: Reader, family: int, arg: object, t: CtyType, out: list[st
     out.append("]")
 
 
-def _check_parts(parts: list[tuple[int, str]] | list[tuple[str, str]], t: CtyType) -> None:
+def _check_parts(parts: Sequence[tuple[int | str, str]], t: CtyType) -> None:
     """check_one_element_type on decoded elements (each its canonical JSON text)."""
-    check_one_element_type([(step, parse_json(text.encode())) for step, text in parts], t)  # type: ignore[misc]
+    check_one_element_type([(step, parse_json(text.encode())) for step, text in parts], t)
 
 
 def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str], depth: int) -> None:
@@ -173,7 +179,7 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
         # canonical text, so a provider's order never shows up as drift.
         seen: dict[str, int] = {}
         for i in range(n):
-            part = []
+            part: list[str] = []
             try:
                 unmarshal(r, elem, part, depth + 1)
             except PathError as exc:
@@ -271,6 +277,12 @@ def unmarshal_dynamic(r: Reader, family: int, arg: object, t: CtyType, out: list
     concrete = parse_type(r.take(arg))  # type: ignore[arg-type]
     if concrete.kind == DYNAMIC:
         raise PathError('a dynamic value needs a concrete type, not "dynamic"')
+    if concrete.has_dynamic:
+        # Written with the type its value has (as_gocty_json), not the one it came tagged with.
+        part: list[str] = []
+        unmarshal(r, concrete, part, depth)
+        out.append(as_gocty_json(parse_json("".join(part).encode()), concrete, dynamic=True))
+        return
     out.append('{"type":' + concrete.json + ',"value":')
     unmarshal(r, concrete, out, depth)
     out.append("}")
