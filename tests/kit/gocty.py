@@ -39,4 +39,7 @@ def oracle_binary(terraform: str) -> Path:
     if result.returncode != 0:
         pytest.fail(f"building the go-cty oracle ({modfile}) failed:\n{result.stderr[-3000:]}")
     partial.replace(target)
+    for stale in target.parent.glob(f"oracle-tf{terraform}-*"):
+        if stale != target and not stale.name.endswith(".partial"):  # built from sources since changed
+            stale.unlink(missing_ok=True)
     return target
