@@ -5,6 +5,7 @@
 use crate::errors::{PathError, Result};
 use crate::numbers::{parse_number, scan_number, OUT_OF_RANGE};
 use std::borrow::Cow;
+use unicode_normalization::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
 /// Nesting limit of the JSON text itself (the value walk enforces the codec's own, smaller one).
 pub const JSON_NESTING_LIMIT: usize = 1000;
@@ -461,4 +462,13 @@ pub fn write_jval(out: &mut Vec<u8>, v: &JVal) {
             out.push(b'}');
         }
     }
+}
+
+/// Unicode Normalization Form C, as `cty.StringVal` applies to every string and map key (twin of
+/// `nfc` in jsontext.py; the crate's tables are Unicode 18.0, see README "Values: what Terraform would write").
+pub fn nfc(s: Cow<'_, str>) -> Cow<'_, str> {
+    if s.is_ascii() || is_nfc_quick(s.chars()) == IsNormalized::Yes {
+        return s;
+    }
+    Cow::Owned(s.nfc().collect())
 }

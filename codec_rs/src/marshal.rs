@@ -3,11 +3,12 @@
 //! sorted keys) goes straight to the output; anything else is reordered.
 
 use crate::errors::{too_deep, AtStep, PathError, Result, Step, MAX_DEPTH};
-use crate::jsontext::{quote, write_jval, JVal, Kind, Parser};
+use crate::jsontext::{nfc, quote, write_jval, Kind, Parser};
 use crate::mp;
 use crate::numbers::{cmp_dec, parse_number, wire_form, Dec, Wire, OUT_OF_RANGE};
 use crate::order::{AttrSet, MapEntries, Reordered, Span};
-use crate::types::{infer_type, type_from_json, CtyType, ObjectType};
+use crate::jsontext::parse_document;
+use crate::types::{as_gocty_json, as_own_type, infer_type, type_from_json, wrapper_parts, CtyType, ElementTypes, ObjectType};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -18,6 +19,14 @@ pub fn encode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.len() / 2 + 16);
     marshal(&mut p, ty, &mut out, 0)?;
     p.finish()?;
+    if ty.has_dynamic_collection() {
+        // Checked, now sent as go-cty sends the value it reads: a null dynamic element with its
+        // collection's element type (as_gocty_json).
+        let text = as_gocty_json(&parse_document(data)?, ty, false)?;
+        out.clear();
+        let mut p = Parser { s: &text, pos: 0 };
+        marshal(&mut p, ty, &mut out, 0)?;
+    }
     Ok(out)
 }
 
@@ -50,7 +59,7 @@ fn marshal_string(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
     if kind != Kind::String {
         return Err(expected("string", kind));
     }
-    let s = p.string()?;
+    let s = nfc(p.string()?);
     mp::write_str(out, s.as_bytes());
     Ok(())
 }
@@ -109,15 +118,19 @@ fn marshal_list(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, d
     open(p, kind, Kind::Array, "list", depth)?;
     let start = out.len();
     let mut count = 0usize;
+    let mut typed = ElementTypes::new(elem);
     if !p.empty_close(b']') {
         loop {
+            let from = p.pos;
             marshal(p, elem, out, depth + 1).at(|| Step::Index(count))?;
+            typed.note(Step::Index(count), &p.s[from..p.pos])?;
             count += 1;
             if !p.next_or_close(b']')? {
                 break;
             }
         }
     }
+    typed.check(elem, "list")?;
     mp::insert_header(out, start, count, false);
     Ok(())
 }
@@ -162,11 +175,14 @@ fn marshal_set(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, de
     let start = out.len();
     let mut count = 0usize;
     let mut dedup = Dedup::default();
+    let mut typed = ElementTypes::new(elem);
     if !p.empty_close(b']') {
         let mut i = 0usize;
         loop {
             let s = out.len();
+            let from = p.pos;
             marshal(p, elem, out, depth + 1).at(|| Step::Index(i))?;
+            typed.note(Step::Index(i), &p.s[from..p.pos])?;
             if dedup.keep(out, s) {
                 count += 1;
             }
@@ -176,6 +192,7 @@ fn marshal_set(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, de
             }
         }
     }
+    typed.check(elem, "set")?;
     mp::insert_header(out, start, count, false);
     Ok(())
 }
@@ -202,7 +219,7 @@ fn marshal_primitive_set(p: &mut Parser, elem: &CtyType, out: &mut Vec<u8>) -> R
                         if kind != Kind::String {
                             return Err(expected("string", kind));
                         }
-                        strings.push(p.string()?);
+                        strings.push(nfc(p.string()?));
                     }
                     CtyType::Number => {
                         if kind != Kind::Number {
@@ -288,21 +305,26 @@ fn marshal_map(p: &mut Parser, kind: Kind, elem: &CtyType, out: &mut Vec<u8>, de
     let start = out.len();
     // Entries go out in document order, reordered at the end only when the keys did not arrive sorted.
     let mut entries: MapEntries<Cow<str>> = MapEntries::new();
+    let mut typed = ElementTypes::new(elem);
     if !p.empty_close(b'}') {
         loop {
-            let key = p.key()?;
+            let key = nfc(p.key()?); // cty.MapVal normalizes keys: two spellings of one key repeat it
             if entries.is_duplicate(&key) {
                 return Err(PathError::new(format!("duplicate key {}", quote(&key))));
             }
             let s = out.len();
             mp::write_str(out, key.as_bytes());
+            let from = p.pos;
             marshal(p, elem, out, depth + 1).at(|| Step::Key(key.to_string()))?;
+            typed.note(Step::Key(key.to_string()), &p.s[from..p.pos])?;
             entries.push(key, (s, out.len()));
             if !p.next_or_close(b'}')? {
                 break;
             }
         }
     }
+    typed.sort_by_key();
+    typed.check(elem, "map")?;
     let n = entries.len();
     if let Some(sorted) = entries.unsorted() {
         let written = out.split_off(start);
@@ -377,23 +399,6 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>,
     Ok(())
 }
 
-/// `(type spec, value)` when the value is exactly a `{"type": ..., "value": ...}` wrapper.
-fn wrapper_parts(v: &JVal) -> Option<(&JVal, &JVal)> {
-    if let JVal::Obj(members) = v {
-        if members.len() == 2 {
-            let (k1, v1) = &members[0];
-            let (k2, v2) = &members[1];
-            if k1 == "type" && k2 == "value" {
-                return Some((v1, v2));
-            }
-            if k1 == "value" && k2 == "type" {
-                return Some((v2, v1));
-            }
-        }
-    }
-    None
-}
-
 fn marshal_dynamic(p: &mut Parser, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let value = p.value(depth)?;
     let (concrete, inner) = match wrapper_parts(&value) {
@@ -403,11 +408,18 @@ fn marshal_dynamic(p: &mut Parser, out: &mut Vec<u8>, depth: usize) -> Result<()
     if matches!(concrete, CtyType::Dynamic) {
         return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
     }
-    mp::write_array_header(out, 2);
-    mp::write_bin(out, &concrete.json());
     // Re-walk the (already validated) inner value with the streaming marshaller.
     let mut text = Vec::new();
     write_jval(&mut text, inner);
+    let (concrete, text) = if concrete.contains_dynamic() && wrapper_parts(&value).is_some() {
+        // Checked, then sent with the type its value has (as_own_type), as go-cty sends it.
+        marshal(&mut Parser { s: &text, pos: 0 }, &concrete, &mut Vec::new(), depth)?;
+        as_own_type(inner, &concrete)?
+    } else {
+        (concrete, text)
+    };
+    mp::write_array_header(out, 2);
+    mp::write_bin(out, &concrete.json());
     let mut sub = Parser { s: &text, pos: 0 };
     marshal(&mut sub, &concrete, out, depth)
 }

@@ -3,6 +3,8 @@
 //! a declared length.
 
 use crate::errors::{PathError, Result};
+use crate::jsontext::nfc;
+use std::borrow::Cow;
 
 #[inline]
 pub fn write_str(out: &mut Vec<u8>, s: &[u8]) {
@@ -228,8 +230,37 @@ impl<'a> Reader<'a> {
         })
     }
 
-    pub fn text(&mut self, n: usize) -> Result<&'a str> {
+    /// A string as go-cty and Terraform store it (twin of `decode_text` in mp.py): invalid UTF-8
+    /// replaced byte by byte, then NFC.
+    pub fn text(&mut self, n: usize) -> Result<Cow<'a, str>> {
         let b = self.take(n)?;
-        std::str::from_utf8(b).map_err(|_| PathError::new("invalid UTF-8 in msgpack string"))
+        let s = match std::str::from_utf8(b) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => Cow::Owned(replace_per_byte(b)),
+        };
+        Ok(nfc(s))
+    }
+}
+
+/// Every byte that is not part of valid UTF-8 as its own U+FFFD, as Go's encoding/json writes a
+/// string into state (Rust's `from_utf8_lossy` would put one U+FFFD per maximal ill-formed run).
+fn replace_per_byte(mut b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len() + 8);
+    loop {
+        match std::str::from_utf8(b) {
+            Ok(s) => {
+                out.push_str(s);
+                return out;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                out.push_str(std::str::from_utf8(&b[..valid]).expect("checked valid"));
+                let bad = e.error_len().unwrap_or(b.len() - valid);
+                for _ in 0..bad {
+                    out.push('\u{fffd}');
+                }
+                b = &b[valid + bad..];
+            }
+        }
     }
 }

@@ -6,8 +6,6 @@ use std::cmp::Ordering;
 pub const EXP_LIMIT: i64 = 1000;
 const FLOAT_MAX_FRACTION_DIGITS: i64 = 1074;
 const FLOAT_MAX_DIGITS: usize = 800;
-const FLOAT_MAX_INT_DIGITS: i64 = 309;
-const MAX_POW5_IN_53_BITS: i64 = 22;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dec {
@@ -107,7 +105,8 @@ pub fn parse_number(s: &[u8]) -> std::result::Result<Dec, &'static str> {
         digits.push(c);
     }
     if digits.is_empty() {
-        return Ok(Dec { neg: false, digits, exp: 0 });
+        // go-cty keeps a zero's sign (big.Float) and writes it: "-0" stays "-0".
+        return Ok(Dec { neg, digits, exp: 0 });
     }
     let exp_trimmed: &[u8] = {
         let first_nonzero = exp_digits.iter().position(|&c| c != b'0').unwrap_or(exp_digits.len());
@@ -141,7 +140,7 @@ pub fn from_i128(v: i128) -> Dec {
 /// go-cty's `Text('f', -1)`: fixed notation, no exponent, no trailing zeros.
 pub fn canonical_text(d: &Dec, out: &mut Vec<u8>) {
     if d.digits.is_empty() {
-        out.push(b'0');
+        out.extend_from_slice(if d.neg { b"-0" } else { b"0" });
         return;
     }
     if d.neg {
@@ -210,10 +209,6 @@ fn small_value(digits: &[u8]) -> Option<u64> {
     Some(v)
 }
 
-fn bit_len(v: u128) -> i64 {
-    128 - v.leading_zeros() as i64
-}
-
 fn exact_float(neg: bool, odd: u64, exp2: i64) -> f64 {
     // odd < 2^53 and the exponent is in range: the product is exact.
     let mut f = odd as f64;
@@ -235,8 +230,8 @@ fn exact_float(neg: bool, odd: u64, exp2: i64) -> f64 {
     }
 }
 
-/// How go-cty puts the number on the wire (msgpack/marshal.go): int64 range as int, else a value
-/// float64 holds exactly as float64, anything else as its decimal text.
+/// How go-cty puts the number on the wire (msgpack/marshal.go): int64 range as int, else a
+/// non-integer float64 holds exactly as float64, anything else as its decimal text.
 pub fn wire_form(d: &Dec) -> Wire {
     if d.digits.is_empty() {
         return Wire::Int(0);
@@ -258,16 +253,8 @@ pub fn wire_form(d: &Dec) -> Wire {
                 return Wire::Int(v as i64);
             }
         }
-        if d.exp <= MAX_POW5_IN_53_BITS && n + d.exp <= FLOAT_MAX_INT_DIGITS {
-            let (odd_digits, twos) = split_twos(d.digits.clone());
-            if let Some(odd) = small_value(&odd_digits) {
-                let odd = odd as u128 * 5u128.pow(d.exp as u32);
-                let exp2 = twos + d.exp;
-                if odd < (1u128 << 53) && bit_len(odd) + exp2 <= 1024 {
-                    return Wire::Float(exact_float(d.neg, odd as u64, exp2));
-                }
-            }
-        }
+        // Beyond int64 an integer goes as its decimal text even where float64 holds it exactly
+        // (2^64, 1e20): go-cty v1.16 (Terraform 1.12) sends only non-integers as float64.
         return Wire::Str(canonical_string(d));
     }
     let k = -d.exp;
@@ -296,15 +283,144 @@ pub fn wire_form(d: &Dec) -> Wire {
     Wire::Str(canonical_string(d))
 }
 
-/// A decoded float64: its shortest round-trip digits in canonical fixed notation.
+/// `odd × 2^exp2` exactly, as math/big's `decimal` holds it: digits without trailing zeros and
+/// the decimal point's position (value = 0.digits × 10^point).
+fn decimal_digits(odd: u64, exp2: i64) -> (Vec<u8>, i64) {
+    const BASE: u64 = 1_000_000_000;
+    let mut limbs: Vec<u64> = Vec::with_capacity(8); // base 1e9, least significant first
+    let mut v = odd;
+    while v > 0 {
+        limbs.push(v % BASE);
+        v /= BASE;
+    }
+    let mul = |limbs: &mut Vec<u64>, k: u64| {
+        let mut carry = 0u64;
+        for limb in limbs.iter_mut() {
+            let x = *limb * k + carry; // limb < 1e9 and k < 2^32: fits
+            *limb = x % BASE;
+            carry = x / BASE;
+        }
+        while carry > 0 {
+            limbs.push(carry % BASE);
+            carry /= BASE;
+        }
+    };
+    let (mut left, step, factor) = if exp2 >= 0 { (exp2, 31, 1u64 << 31) } else { (-exp2, 13, 1_220_703_125u64) };
+    while left > 0 {
+        let k = left.min(step);
+        let f = if k == step { factor } else if exp2 >= 0 { 1u64 << k } else { 5u64.pow(k as u32) };
+        mul(&mut limbs, f);
+        left -= k;
+    }
+    let mut text: Vec<u8> = Vec::with_capacity(limbs.len() * 9);
+    for (i, limb) in limbs.iter().rev().enumerate() {
+        if i == 0 {
+            text.extend_from_slice(limb.to_string().as_bytes());
+        } else {
+            text.extend_from_slice(format!("{:09}", limb).as_bytes());
+        }
+    }
+    let point = text.len() as i64 + exp2.min(0);
+    while text.last() == Some(&b'0') {
+        text.pop();
+    }
+    (text, point)
+}
+
+fn round_up(digits: &mut Vec<u8>, point: &mut i64, mut n: usize) {
+    while n > 0 && digits[n - 1] == b'9' {
+        n -= 1;
+    }
+    if n == 0 {
+        digits.clear();
+        digits.push(b'1');
+        *point += 1;
+        return;
+    }
+    digits[n - 1] += 1;
+    digits.truncate(n);
+}
+
+fn round_down(digits: &mut Vec<u8>, point: &mut i64, n: usize) {
+    digits.truncate(n);
+    while digits.last() == Some(&b'0') {
+        digits.pop();
+    }
+    if digits.is_empty() {
+        *point = 0;
+    }
+}
+
+/// The digits Go's `big.Float.Text('f', -1)` writes for `m53 × 2^exp2` held at 53-bit precision
+/// (`m53` in [2^52, 2^53)), by math/big's `roundShortest` (see float_text in numbers.py for the
+/// rule's quirks).
+fn shortest_at_53_bits(m53: u64, exp2: i64) -> (Vec<u8>, i64) {
+    let (mut digits, mut point) = decimal_digits(m53, exp2);
+    let (lower, _) = decimal_digits(2 * m53 - 1, exp2 - 1);
+    let (upper, _) = decimal_digits(2 * m53 + 1, exp2 - 1);
+    let inclusive = m53.is_multiple_of(2);
+    for i in 0..digits.len() {
+        let m = digits[i];
+        let low = lower.get(i).copied().unwrap_or(b'0');
+        let up = upper.get(i).copied().unwrap_or(b'0');
+        let mut ok_down = low != m || (inclusive && i + 1 == lower.len());
+        let ok_up = m != up && (inclusive || m + 1 < up || i + 1 < upper.len());
+        let n = i + 1;
+        if n >= digits.len() {
+            break; // math/big's round* leave a decimal alone at or past its end
+        }
+        if ok_down && ok_up {
+            ok_down = if digits[n] == b'5' && n + 1 == digits.len() {
+                (digits[n - 1] - b'0').is_multiple_of(2)
+            } else {
+                digits[n] < b'5'
+            };
+            if ok_down {
+                round_down(&mut digits, &mut point, n);
+            } else {
+                round_up(&mut digits, &mut point, n);
+            }
+            break;
+        }
+        if ok_down {
+            round_down(&mut digits, &mut point, n);
+            break;
+        }
+        if ok_up {
+            round_up(&mut digits, &mut point, n);
+            break;
+        }
+    }
+    (digits, point)
+}
+
+const TWO_53: f64 = 9_007_199_254_740_992.0;
+
+/// A decoded float64 as Terraform writes it: go-cty's `NumberFloatVal` holds it as a `big.Float`
+/// of 53-bit precision and state gets its `Text('f', -1)` (twin of float_text in numbers.py).
 pub fn float_text(f: f64, out: &mut Vec<u8>) -> std::result::Result<(), &'static str> {
     if !f.is_finite() {
         return Err("number is not finite");
     }
-    // Rust's Display for f64 prints the shortest round-trip digits without an exponent.
-    let text = format!("{}", f);
-    let d = parse_number(text.as_bytes()).map_err(|_| "number is not finite")?;
-    canonical_text(&d, out);
+    if f == 0.0 {
+        out.extend_from_slice(if f.is_sign_negative() { b"-0" } else { b"0" });
+        return Ok(());
+    }
+    if f.fract() == 0.0 && (-TWO_53..=TWO_53).contains(&f) {
+        // An ulp of at most 1 (2 at 2^53): only the integer itself fits.
+        out.extend_from_slice((f as i64).to_string().as_bytes());
+        return Ok(());
+    }
+    let bits = f.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let frac = bits & ((1u64 << 52) - 1);
+    let (mut m, mut exp2) = if biased == 0 { (frac, -1074) } else { (frac | (1u64 << 52), biased - 1075) };
+    let shift = m.leading_zeros() as i64 - 11; // normalise subnormals to 53 bits, as big.Float does
+    m <<= shift;
+    exp2 -= shift;
+    let (digits, point) = shortest_at_53_bits(m, exp2);
+    let exp = point - digits.len() as i64;
+    canonical_text(&Dec { neg: f < 0.0, digits, exp }, out);
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! cty types: parsed from Terraform's JSON type syntax, printed back canonically, inferred from
 //! plain JSON at dynamic positions (twin of kilolock/codec/pure/types.py, same error texts).
 
-use crate::errors::{PathError, Result, MAX_DEPTH};
-use crate::jsontext::{parse_document, quote, write_json_string, JVal};
+use crate::errors::{PathError, Result, Step, MAX_DEPTH};
+use crate::jsontext::{nfc, parse_document, quote, write_json_string, write_jval, JVal};
+use std::borrow::Cow;
+use std::cmp::Ordering;
 use crate::mp;
 use std::collections::HashMap;
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum CtyType {
     String,
     Number,
@@ -19,7 +21,7 @@ pub enum CtyType {
     Tuple(Vec<CtyType>),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ObjectType {
     /// Attribute names sorted by their UTF-8 bytes: the wire and canonical-JSON order.
     pub names: Vec<String>,
@@ -31,6 +33,10 @@ pub struct ObjectType {
     pub mp_keys: Vec<Vec<u8>>,
     /// Each name as a JSON key with its colon (`"name":`), ready to copy.
     pub json_keys: Vec<Vec<u8>>,
+    /// Whether an attribute's type has `dynamic` in it (see `CtyType::contains_dynamic`).
+    pub has_dynamic: bool,
+    /// Whether an attribute's type has a collection of dynamic in it (`has_dynamic_collection`).
+    pub has_dynamic_collection: bool,
 }
 
 impl ObjectType {
@@ -60,7 +66,9 @@ impl ObjectType {
                 v
             })
             .collect();
-        ObjectType { names, types, optional, index, mp_keys, json_keys }
+        let has_dynamic = types.iter().any(CtyType::contains_dynamic);
+        let has_dynamic_collection = types.iter().any(CtyType::has_dynamic_collection);
+        ObjectType { names, types, optional, index, mp_keys, json_keys, has_dynamic, has_dynamic_collection }
     }
 
     #[inline]
@@ -75,6 +83,36 @@ impl ObjectType {
 impl CtyType {
     pub fn is_primitive(&self) -> bool {
         matches!(self, CtyType::String | CtyType::Number | CtyType::Bool)
+    }
+
+    /// Whether a value's own type may differ from this one (see `actual_type`).
+    pub fn contains_dynamic(&self) -> bool {
+        match self {
+            CtyType::Dynamic => true,
+            CtyType::String | CtyType::Number | CtyType::Bool => false,
+            CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e) => e.contains_dynamic(),
+            CtyType::Object(o) => o.has_dynamic,
+            CtyType::Tuple(elems) => elems.iter().any(CtyType::contains_dynamic),
+        }
+    }
+
+    /// Whether a list, set or map in it has dynamic in its element type (a null dynamic element
+    /// of one takes the element type of the others).
+    pub fn has_dynamic_collection(&self) -> bool {
+        match self {
+            CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e) => e.contains_dynamic(),
+            CtyType::Object(o) => o.has_dynamic_collection,
+            CtyType::Tuple(elems) => elems.iter().any(CtyType::has_dynamic_collection),
+            _ => false,
+        }
+    }
+
+    fn collection_name(&self) -> &'static str {
+        match self {
+            CtyType::List(_) => "list",
+            CtyType::Set(_) => "set",
+            _ => "map",
+        }
     }
 
     /// Canonical type JSON: compact, attribute names sorted.
@@ -256,5 +294,368 @@ pub fn infer_type(v: &JVal, depth: usize) -> Result<CtyType> {
             }
             Ok(CtyType::Tuple(elems))
         }
+    }
+}
+
+/// `(type spec, value)` when the value is exactly a `{"type": ..., "value": ...}` wrapper.
+pub fn wrapper_parts(v: &JVal) -> Option<(&JVal, &JVal)> {
+    if let JVal::Obj(members) = v {
+        if members.len() == 2 {
+            let (k1, v1) = &members[0];
+            let (k2, v2) = &members[1];
+            if k1 == "type" && k2 == "value" {
+                return Some((v1, v2));
+            }
+            if k1 == "value" && k2 == "type" {
+                return Some((v2, v1));
+            }
+        }
+    }
+    None
+}
+
+const DYNAMIC_JSON: &[u8] = b"\"dynamic\"";
+
+/// The type (canonical JSON) go-cty gives the value this JSON makes at declared type `t` (twin of
+/// `actual_type` in types.py, which says how).
+pub fn actual_type(v: &JVal, t: &CtyType) -> Result<Vec<u8>> {
+    if !t.contains_dynamic() {
+        return Ok(t.json());
+    }
+    if let CtyType::Dynamic = t {
+        return match (v, wrapper_parts(v)) {
+            (JVal::Null, _) => Ok(DYNAMIC_JSON.to_vec()),
+            (_, Some((spec, inner))) => actual_type(inner, &type_from_json(spec, 0)?),
+            (_, None) => actual_type(v, &infer_type(v, 0)?),
+        };
+    }
+    let mut out = Vec::new();
+    match (t, v) {
+        (CtyType::Object(o), JVal::Obj(members)) => {
+            out.extend_from_slice(b"[\"object\",{");
+            for (i, (name, ty)) in o.names.iter().zip(&o.types).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&o.json_keys[i]);
+                let member = members.iter().find(|(k, _)| k == name).map(|(_, m)| m).unwrap_or(&JVal::Null);
+                out.extend_from_slice(&actual_type(member, ty)?);
+            }
+            out.extend_from_slice(b"}]");
+        }
+        (CtyType::Tuple(elems), JVal::Arr(items)) => {
+            out.extend_from_slice(b"[\"tuple\",[");
+            for (i, (item, ty)) in items.iter().zip(elems).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&actual_type(item, ty)?);
+            }
+            out.extend_from_slice(b"]]");
+        }
+        (CtyType::List(e) | CtyType::Set(e) | CtyType::Map(e), JVal::Arr(_) | JVal::Obj(_)) => {
+            let items: Vec<&JVal> = match v {
+                JVal::Obj(members) => members.iter().map(|(_, m)| m).collect(),
+                JVal::Arr(items) => items.iter().collect(),
+                _ => Vec::new(),
+            };
+            if items.is_empty() {
+                return Ok(t.json());
+            }
+            let mut elem = DYNAMIC_JSON.to_vec();
+            for item in items {
+                elem = actual_type(item, e)?;
+                if elem != DYNAMIC_JSON {
+                    break;
+                }
+            }
+            out.extend_from_slice(format!("[\"{}\",", t.collection_name()).as_bytes());
+            out.extend_from_slice(&elem);
+            out.push(b']');
+        }
+        _ => return Ok(t.json()), // null (or a shape the walk already refused)
+    }
+    Ok(out)
+}
+
+/// go-cty builds a list, set or map only from elements of one type (twin of
+/// `check_one_element_type` in types.py): the elements of a `collection` ("list", "set", "map")
+/// of `elem`, given as path steps and their JSON, must agree, or it is an error at the first
+/// element that differs.
+pub fn check_one_element_type(items: &[(Step, JVal)], elem: &CtyType, collection: &str) -> Result<()> {
+    let mut first: Option<Vec<u8>> = None;
+    for (step, item) in items {
+        let this = actual_type(item, elem)?;
+        if this == DYNAMIC_JSON {
+            continue;
+        }
+        match &first {
+            None => first = Some(this),
+            Some(f) if *f != this => {
+                let mut e = PathError::new(format!(
+                    "element type {} differs from {} of the earlier elements: a {}'s elements must all have one type",
+                    String::from_utf8_lossy(&this),
+                    String::from_utf8_lossy(f),
+                    collection
+                ));
+                e.segments.push(step.clone());
+                return Err(e);
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The elements of a collection whose element type has `dynamic` in it, kept (as their JSON) to
+/// check they share one type; nothing is kept for other element types.
+pub struct ElementTypes {
+    items: Option<Vec<(Step, JVal)>>,
+}
+
+impl ElementTypes {
+    pub fn new(elem: &CtyType) -> Self {
+        ElementTypes { items: elem.contains_dynamic().then(Vec::new) }
+    }
+
+    pub fn note(&mut self, step: Step, json: &[u8]) -> Result<()> {
+        if let Some(items) = self.items.as_mut() {
+            items.push((step, parse_document(json)?));
+        }
+        Ok(())
+    }
+
+    /// A map's elements are checked in key order, the order of its canonical JSON.
+    pub fn sort_by_key(&mut self) {
+        if let Some(items) = self.items.as_mut() {
+            items.sort_by(|a, b| match (&a.0, &b.0) {
+                (Step::Key(x), Step::Key(y)) => x.as_bytes().cmp(y.as_bytes()),
+                _ => Ordering::Equal,
+            });
+        }
+    }
+
+    pub fn check(self, elem: &CtyType, collection: &str) -> Result<()> {
+        match self.items {
+            Some(items) => check_one_element_type(&items, elem, collection),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A value with the type go-cty gives it (twin of `Typed` in types.py).
+pub struct Typed<'v> {
+    ty: CtyType,
+    body: Body<'v>,
+}
+
+enum Body<'v> {
+    /// A value whose type has no dynamic in it (or a null): its JSON as given.
+    Leaf(&'v JVal),
+    /// A list's, set's or tuple's elements.
+    Items(Vec<Typed<'v>>),
+    /// A map's keys or an object's names, each with its value.
+    Members(Vec<(String, Typed<'v>)>),
+}
+
+const NULL: JVal = JVal::Null;
+
+/// The value this JSON makes in go-cty (twin of `typed` in types.py).
+pub fn typed<'v>(v: &'v JVal, t: &CtyType) -> Result<Typed<'v>> {
+    if let CtyType::Dynamic = t {
+        return match (v, wrapper_parts(v)) {
+            (JVal::Null, _) => Ok(Typed { ty: CtyType::Dynamic, body: Body::Leaf(&NULL) }),
+            (_, Some((spec, inner))) => typed(inner, &type_from_json(spec, 0)?),
+            (_, None) => typed(v, &infer_type(v, 0)?),
+        };
+    }
+    if matches!(v, JVal::Null) || !t.contains_dynamic() {
+        return Ok(Typed { ty: t.clone(), body: Body::Leaf(v) });
+    }
+    match (t, v) {
+        (CtyType::Object(o), JVal::Obj(members)) => {
+            let mut attrs = Vec::with_capacity(o.names.len());
+            for (name, ty) in o.names.iter().zip(&o.types) {
+                let member = members.iter().find(|(k, _)| k == name).map(|(_, m)| m).unwrap_or(&NULL);
+                attrs.push((name.clone(), typed(member, ty)?));
+            }
+            let ty = CtyType::Object(ObjectType::new(
+                attrs.iter().map(|(n, a)| (n.clone(), a.ty.clone())).collect(),
+                Vec::new(),
+            ));
+            Ok(Typed { ty, body: Body::Members(attrs) })
+        }
+        (CtyType::Tuple(elems), JVal::Arr(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for (item, ty) in items.iter().zip(elems) {
+                out.push(typed(item, ty)?);
+            }
+            let ty = CtyType::Tuple(out.iter().map(|e| e.ty.clone()).collect());
+            Ok(Typed { ty, body: Body::Items(out) })
+        }
+        (CtyType::Map(e), JVal::Obj(members)) if !members.is_empty() => {
+            let mut pairs = Vec::with_capacity(members.len());
+            for (k, m) in members {
+                pairs.push((k.clone(), typed(m, e)?));
+            }
+            let elem = element_type(pairs.iter().map(|(_, p)| p));
+            let pairs = pairs.into_iter().map(|(k, p)| (k, retyped(p, &elem))).collect();
+            Ok(Typed { ty: CtyType::Map(Box::new(elem)), body: Body::Members(pairs) })
+        }
+        (CtyType::List(e) | CtyType::Set(e), JVal::Arr(items)) if !items.is_empty() => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.push(typed(item, e)?);
+            }
+            let elem = element_type(out.iter());
+            let out = out.into_iter().map(|p| retyped(p, &elem)).collect();
+            let ty = match t {
+                CtyType::List(_) => CtyType::List(Box::new(elem)),
+                _ => CtyType::Set(Box::new(elem)),
+            };
+            Ok(Typed { ty, body: Body::Items(out) })
+        }
+        _ => Ok(Typed { ty: t.clone(), body: Body::Leaf(v) }),
+    }
+}
+
+fn element_type<'a, 'v: 'a>(mut items: impl Iterator<Item = &'a Typed<'v>>) -> CtyType {
+    items.find(|e| !matches!(e.ty, CtyType::Dynamic)).map(|e| e.ty.clone()).unwrap_or(CtyType::Dynamic)
+}
+
+fn retyped<'v>(element: Typed<'v>, elem: &CtyType) -> Typed<'v> {
+    if matches!(element.ty, CtyType::Dynamic) {
+        Typed { ty: elem.clone(), body: Body::Leaf(&NULL) }
+    } else {
+        element
+    }
+}
+
+/// JSON for `node` at declared type `t`, as go-cty's JSON encoder writes it (twin of `render` in
+/// types.py).
+pub fn render(node: &Typed, t: &CtyType, out: &mut Vec<u8>) {
+    if let CtyType::Dynamic = t {
+        if matches!(node.ty, CtyType::Dynamic) {
+            out.extend_from_slice(b"null");
+            return;
+        }
+        out.extend_from_slice(b"{\"type\":");
+        node.ty.write_json(out);
+        out.extend_from_slice(b",\"value\":");
+        render(node, &node.ty, out);
+        out.push(b'}');
+        return;
+    }
+    match (&node.body, t) {
+        (Body::Leaf(v), _) => write_leaf(out, v),
+        (Body::Members(attrs), CtyType::Object(o)) => {
+            out.push(b'{');
+            for (i, ((_, a), ty)) in attrs.iter().zip(&o.types).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&o.json_keys[i]);
+                render(a, ty, out);
+            }
+            out.push(b'}');
+        }
+        (Body::Members(pairs), CtyType::Map(e)) => {
+            let mut sorted: Vec<(Cow<str>, &Typed)> = pairs.iter().map(|(k, p)| (nfc(Cow::Borrowed(k.as_str())), p)).collect();
+            sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (k, p)) in sorted.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_string(out, k.as_bytes());
+                out.push(b':');
+                render(p, e, out);
+            }
+            out.push(b'}');
+        }
+        (Body::Items(items), CtyType::Tuple(elems)) => {
+            out.push(b'[');
+            for (i, (item, ty)) in items.iter().zip(elems).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                render(item, ty, out);
+            }
+            out.push(b']');
+        }
+        (Body::Items(items), CtyType::List(e) | CtyType::Set(e)) => {
+            let mut texts: Vec<Vec<u8>> = items
+                .iter()
+                .map(|item| {
+                    let mut text = Vec::new();
+                    render(item, e, &mut text);
+                    text
+                })
+                .collect();
+            if let CtyType::Set(_) = t {
+                texts.sort_unstable();
+                texts.dedup();
+            }
+            out.push(b'[');
+            for (i, text) in texts.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(text);
+            }
+            out.push(b']');
+        }
+        _ => out.extend_from_slice(b"null"), // a shape `typed` does not build
+    }
+}
+
+/// A value of a type with dynamic in it, written as go-cty writes it (twin of `as_gocty_json` in
+/// types.py): at declared type `t`, or with `dynamic` as a dynamic value that came tagged `t`.
+pub fn as_gocty_json(v: &JVal, t: &CtyType, dynamic: bool) -> Result<Vec<u8>> {
+    let node = typed(v, t)?;
+    let mut out = Vec::new();
+    render(&node, if dynamic { &CtyType::Dynamic } else { t }, &mut out);
+    Ok(out)
+}
+
+/// The type a value tagged `t` has in go-cty, and its JSON at that type (twin of `as_own_type`).
+pub fn as_own_type(v: &JVal, t: &CtyType) -> Result<(CtyType, Vec<u8>)> {
+    let node = typed(v, t)?;
+    let mut out = Vec::new();
+    render(&node, &node.ty, &mut out);
+    Ok((node.ty, out))
+}
+
+/// A JSON value written back with numbers in canonical form, as `_leaf_json` in types.py writes
+/// it (set elements are ordered by this text).
+fn write_leaf(out: &mut Vec<u8>, v: &JVal) {
+    match v {
+        JVal::Num(text) => match crate::numbers::parse_number(text) {
+            Ok(d) => crate::numbers::canonical_text(&d, out),
+            Err(_) => out.extend_from_slice(text),
+        },
+        JVal::Arr(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_leaf(out, item);
+            }
+            out.push(b']');
+        }
+        JVal::Obj(members) => {
+            out.push(b'{');
+            for (i, (k, item)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_string(out, k.as_bytes());
+                out.push(b':');
+                write_leaf(out, item);
+            }
+            out.push(b'}');
+        }
+        _ => write_jval(out, v),
     }
 }

@@ -6,7 +6,9 @@ use crate::jsontext::{quote, write_json_string};
 use crate::mp::{Head, Reader};
 use crate::numbers::{canonical_text, cmp_dec, float_text, from_i128, parse_number, Dec};
 use crate::order::{AttrSet, MapEntries, Reordered, Span};
-use crate::types::{parse_type, CtyType, ObjectType};
+use crate::jsontext::parse_document;
+use crate::types::{as_gocty_json, parse_type, CtyType, ElementTypes, ObjectType};
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 const UNKNOWN: &str = "unknown value: a refreshed state must be wholly known";
@@ -18,6 +20,11 @@ pub fn decode(data: &[u8], ty: &CtyType) -> Result<Vec<u8>> {
     unmarshal(&mut r, ty, &mut out, 0)?;
     if r.pos != data.len() {
         return Err(PathError::new(format!("trailing bytes after the msgpack value at offset {}", r.pos)));
+    }
+    if ty.has_dynamic_collection() {
+        // A null dynamic element takes its collection's element type (as_gocty_json); values
+        // tagged with a type that has dynamic in it were retyped where they are.
+        return as_gocty_json(&parse_document(&out)?, ty, false);
     }
     Ok(out)
 }
@@ -109,13 +116,17 @@ fn array_len(head: Head, what: &str, depth: usize) -> Result<usize> {
 
 fn unmarshal_list(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, depth: usize) -> Result<()> {
     let n = array_len(head, "list", depth)?;
+    let mut typed = ElementTypes::new(elem);
     out.push(b'[');
     for i in 0..n {
         if i > 0 {
             out.push(b',');
         }
+        let from = out.len();
         unmarshal(r, elem, out, depth + 1).at(|| Step::Index(i))?;
+        typed.note(Step::Index(i), &out[from..])?;
     }
+    typed.check(elem, "list")?;
     out.push(b']');
     Ok(())
 }
@@ -125,7 +136,7 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
     out.push(b'[');
     if elem.is_primitive() {
         // Sorted and deduplicated like cty's own set, whatever order the sender used.
-        let mut strings: Vec<&str> = Vec::new();
+        let mut strings: Vec<Cow<str>> = Vec::new();
         let mut numbers: Vec<Dec> = Vec::new();
         let mut bools = [false, false];
         let mut has_null = false;
@@ -186,11 +197,14 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         // A set is the same value in any order: its JSON lists the elements sorted by their
         // canonical text, so a provider's order never shows up as drift.
         let mut texts: Vec<Vec<u8>> = Vec::new();
+        let mut typed = ElementTypes::new(elem);
         for i in 0..n {
             let mut text = Vec::new();
             unmarshal(r, elem, &mut text, depth + 1).at(|| Step::Index(i))?;
+            typed.note(Step::Index(i), &text)?;
             texts.push(text);
         }
+        typed.check(elem, "set")?;
         texts.sort_unstable();
         texts.dedup();
         for (i, text) in texts.iter().enumerate() {
@@ -232,7 +246,7 @@ fn map_len(head: Head, what: &str, depth: usize) -> Result<usize> {
     }
 }
 
-fn map_key<'a>(r: &mut Reader<'a>) -> Result<&'a str> {
+fn map_key<'a>(r: &mut Reader<'a>) -> Result<Cow<'a, str>> {
     match r.head()? {
         Head::Str(n) => r.text(n),
         h => Err(got("string map key", h)),
@@ -244,11 +258,12 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
     let start = out.len();
     out.push(b'{');
     // Written in wire order, reordered at the end only if the keys did not arrive sorted.
-    let mut entries: MapEntries<&str> = MapEntries::new();
+    let mut entries: MapEntries<Cow<str>> = MapEntries::new();
+    let mut typed = ElementTypes::new(elem);
     for _ in 0..n {
         let key = map_key(r)?;
         if entries.is_duplicate(&key) {
-            return Err(PathError::new(format!("duplicate key {}", quote(key))));
+            return Err(PathError::new(format!("duplicate key {}", quote(&key))));
         }
         if !entries.is_empty() {
             out.push(b',');
@@ -257,8 +272,11 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         out.push(b':');
         let s = out.len();
         unmarshal(r, elem, out, depth + 1).at(|| Step::Key(key.to_string()))?;
+        typed.note(Step::Key(key.to_string()), &out[s..])?;
         entries.push(key, (s, out.len()));
     }
+    typed.sort_by_key();
+    typed.check(elem, "map")?;
     if let Some(sorted) = entries.unsorted() {
         let written = out.split_off(start);
         out.push(b'{');
@@ -286,9 +304,9 @@ fn unmarshal_object(r: &mut Reader, head: Head, o: &ObjectType, out: &mut Vec<u8
     let mut reordered: Option<Reordered> = None;
     for _ in 0..n_wire {
         let key = map_key(r)?;
-        let idx = o.lookup(key).ok_or_else(|| PathError::new(format!("unknown attribute {}", quote(key))))?;
+        let idx = o.lookup(&key).ok_or_else(|| PathError::new(format!("unknown attribute {}", quote(&key))))?;
         if seen.test_set(idx) {
-            return Err(PathError::new(format!("duplicate key {}", quote(key))));
+            return Err(PathError::new(format!("duplicate key {}", quote(&key))));
         }
         let ty = &o.types[idx];
         match reordered.as_mut() {
@@ -359,6 +377,13 @@ fn unmarshal_dynamic(r: &mut Reader, head: Head, out: &mut Vec<u8>, depth: usize
     })?;
     if matches!(concrete, CtyType::Dynamic) {
         return Err(PathError::new("a dynamic value needs a concrete type, not \"dynamic\""));
+    }
+    if concrete.contains_dynamic() {
+        // Written with the type its value has (as_gocty_json), not the one it came tagged with.
+        let mut part = Vec::new();
+        unmarshal(r, &concrete, &mut part, depth)?;
+        out.extend_from_slice(&as_gocty_json(&parse_document(&part)?, &concrete, true)?);
+        return Ok(());
     }
     out.extend_from_slice(b"{\"type\":");
     concrete.write_json(out);

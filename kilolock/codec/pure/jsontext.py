@@ -7,6 +7,7 @@ or ``int`` for short integer literals).
 from __future__ import annotations
 
 import json
+import unicodedata
 from json.encoder import encode_basestring  # C-accelerated: escapes '"', '\\' and C0 controls
 
 from kilolock.codec.errors import PathError
@@ -21,7 +22,8 @@ class JsonObject(list[tuple[str, object]]):
 
 def _parse_int(text: str) -> object:
     # Short literals are plain ints (fast path); long ones keep every digit as a Dec.
-    return int(text) if len(text) <= 18 else parse_number(text)
+    # ("-0" keeps its sign: go-cty writes it back as "-0")
+    return int(text) if len(text) <= 18 and text != "-0" else parse_number(text)
 
 
 def _reject_constant(name: str) -> object:
@@ -53,3 +55,13 @@ def parse_json(data: bytes) -> object:
 def quote(text: str) -> str:
     """A JSON string literal; UTF-8 kept as is, only quote, backslash and C0 controls escaped."""
     return encode_basestring(text)
+
+
+def nfc(text: str) -> str:
+    """Unicode Normalization Form C, as ``cty.StringVal`` applies to every string and map key.
+    Python's own tables (Unicode 13.0 on 3.10 up to 15.1 on 3.13) and the Rust crate's (18.0) give
+    the same result for every string of characters Python's version knows (Unicode's
+    normalization stability policy); see README "Values: what Terraform would write"."""
+    if text.isascii():
+        return text
+    return unicodedata.normalize("NFC", text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
-from kilolock.codec.pure.jsontext import JsonObject, parse_json, quote
+from kilolock.codec.pure.jsontext import JsonObject, nfc, parse_json, quote
 from kilolock.codec.pure.mp import write_array_header, write_bin, write_f64, write_int, write_map_header, write_str
 from kilolock.codec.pure.numbers import WIRE_FLOAT, WIRE_INT, Dec, from_int, sort_key, wire_form
 from kilolock.codec.pure.types import (
@@ -25,8 +25,12 @@ from kilolock.codec.pure.types import (
     STRING,
     TUPLE,
     CtyType,
+    as_gocty_json,
+    as_own_type,
+    check_one_element_type,
     infer_type,
     type_from_json,
+    wrapper_parts,
 )
 
 _UNPAIRED_SURROGATE = "invalid string: unpaired surrogate escape"
@@ -38,6 +42,11 @@ def encode(data: bytes, t: CtyType) -> bytes:
     out = bytearray()
     try:
         marshal(value, t, out, 0)
+        if t.has_dynamic_collection:
+            # Checked, now sent as go-cty sends the value it reads: a null dynamic element with
+            # its collection's element type (as_gocty_json).
+            out.clear()
+            marshal(parse_json(as_gocty_json(value, t).encode()), t, out, 0)
     except UnicodeEncodeError:
         # an unpaired surrogate escape in an attribute name of an inferred (dynamic) object,
         # met when the name is written
@@ -74,7 +83,7 @@ def marshal_string(value: object, t: CtyType, out: bytearray, depth: int) -> Non
     if type(value) is not str:
         raise _expected("string", value)
     try:
-        data = value.encode("utf-8")
+        data = nfc(value).encode("utf-8")
     except UnicodeEncodeError:
         raise PathError(_UNPAIRED_SURROGATE) from None
     write_str(out, data)
@@ -132,6 +141,8 @@ def marshal_list(value: object, t: CtyType, out: bytearray, depth: int) -> None:
         except PathError as exc:
             exc.index(i)
             raise
+    if elem.has_dynamic:
+        check_one_element_type(list(enumerate(items)), t)
 
 
 def marshal_set(value: object, t: CtyType, out: bytearray, depth: int) -> None:
@@ -151,6 +162,8 @@ def marshal_set(value: object, t: CtyType, out: bytearray, depth: int) -> None:
             exc.index(i)
             raise
         encoded.setdefault(bytes(buf), None)
+    if elem.has_dynamic:
+        check_one_element_type(list(enumerate(items)), t)
     write_array_header(out, len(encoded))
     for data in encoded:
         out += data
@@ -168,7 +181,7 @@ def marshal_primitive_set(items: list[object], elem: CtyType, out: bytearray) ->
             elif elem.kind == STRING:
                 buf = bytearray()
                 marshal_string(item, elem, buf, 0)
-                keyed.setdefault(item.encode(), bytes(buf))  # type: ignore[attr-defined]
+                keyed.setdefault(nfc(item).encode(), bytes(buf))  # type: ignore[arg-type]
             elif elem.kind == NUMBER:
                 dec = _number_dec(item)
                 buf = bytearray()
@@ -213,7 +226,8 @@ def marshal_map(value: object, t: CtyType, out: bytearray, depth: int) -> None:
     members = _members(value, "map", depth)
     elem: CtyType = t.elem  # type: ignore[assignment]
     encoded: dict[bytes, bytes] = {}
-    for key, item in members:
+    for raw_key, item in members:
+        key = nfc(raw_key)  # cty.MapVal normalizes keys: two spellings of one key are a duplicate
         try:
             key_bytes = key.encode("utf-8")
         except UnicodeEncodeError:
@@ -227,6 +241,8 @@ def marshal_map(value: object, t: CtyType, out: bytearray, depth: int) -> None:
             exc.index(key)
             raise
         encoded[key_bytes] = bytes(buf)
+    if elem.has_dynamic:
+        check_one_element_type(sorted(((nfc(k), v) for k, v in members), key=lambda kv: kv[0]), t)
     write_map_header(out, len(encoded))
     for key_bytes in sorted(encoded):
         write_str(out, key_bytes)
@@ -271,17 +287,6 @@ def marshal_object(value: object, t: CtyType, out: bytearray, depth: int) -> Non
         out += encoded.get(name, b"\xc0")
 
 
-def wrapper_parts(value: object) -> tuple[object, object] | None:
-    """``(type spec, value)`` when value is exactly a ``{"type": ..., "value": ...}`` wrapper."""
-    if type(value) is JsonObject and len(value) == 2:
-        (k1, v1), (k2, v2) = value
-        if k1 == "type" and k2 == "value":
-            return v1, v2
-        if k1 == "value" and k2 == "type":
-            return v2, v1
-    return None
-
-
 def marshal_dynamic(value: object, t: CtyType, out: bytearray, depth: int) -> None:
     wrapper = wrapper_parts(value)
     if wrapper is not None:
@@ -292,6 +297,11 @@ def marshal_dynamic(value: object, t: CtyType, out: bytearray, depth: int) -> No
         inner = value
     if concrete.kind == DYNAMIC:
         raise PathError('a dynamic value needs a concrete type, not "dynamic"')
+    if concrete.has_dynamic and wrapper is not None:
+        # Checked, then sent with the type its value has (as_gocty_json), as go-cty sends it.
+        marshal(inner, concrete, bytearray(), depth)
+        concrete, text = as_own_type(inner, concrete)
+        inner = parse_json(text.encode())
     write_array_header(out, 2)
     write_bin(out, concrete.json.encode())
     marshal(inner, concrete, out, depth)

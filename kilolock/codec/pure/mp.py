@@ -3,9 +3,28 @@ vmihailenco/msgpack's Encode* that go-cty calls) and a bounds-checked reader tha
 declared length."""
 from __future__ import annotations
 
+import codecs
 import struct
 
 from kilolock.codec.errors import PathError
+from kilolock.codec.pure.jsontext import nfc
+
+
+def _replace_per_byte(exc: UnicodeError) -> tuple[str, int]:
+    # Python reports each maximal ill-formed subsequence at once; Go (whose encoding/json writes
+    # the state) replaces every byte of it on its own, so "\xe2\x82A" has two U+FFFD, not one.
+    assert isinstance(exc, UnicodeDecodeError)
+    return "\ufffd" * (exc.end - exc.start), exc.end
+
+
+codecs.register_error("kilolock-go-replace", _replace_per_byte)
+
+
+def decode_text(data: bytes) -> str:
+    """A msgpack string as go-cty and Terraform store it: each byte that is not part of valid
+    UTF-8 becomes U+FFFD (as Go's encoding/json writes it into state), and the text is NFC
+    (``cty.StringVal``)."""
+    return nfc(data.decode("utf-8", "kilolock-go-replace"))
 
 _pack_f64 = struct.Struct(">d").pack
 _unpack_f32 = struct.Struct(">f").unpack
@@ -159,7 +178,4 @@ class Reader:
         raise PathError(f"invalid msgpack byte 0x{b:02x} at offset {pos}")
 
     def text(self, n: int) -> str:
-        try:
-            return self.take(n).decode("utf-8")
-        except UnicodeDecodeError:
-            raise PathError("invalid UTF-8 in msgpack string") from None
+        return decode_text(self.take(n))

@@ -17,8 +17,6 @@ _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _FLOAT_MAX_FRACTION_DIGITS = 1074  # a non-integer float64 has at most this many decimals
 _FLOAT_MAX_DIGITS = 800  # ... and fewer significant digits than this (767)
-_FLOAT_MAX_INT_DIGITS = 309  # float64's largest integer has 309 digits
-_MAX_POW5_IN_53_BITS = 22  # 5**22 < 2**53 <= 5**23: an exact float64 has at most 10**22's fives
 
 _NUMBER_RE = re.compile(r"(-?)(0|[1-9][0-9]*)(?:\.([0-9]+))?(?:[eE]([-+]?)([0-9]+))?\Z")
 
@@ -37,6 +35,8 @@ class Dec:
 
 
 ZERO = Dec(False, "", 0)
+# go-cty keeps a zero's sign (big.Float) and writes it: "-0" from a provider stays "-0" in state.
+NEGATIVE_ZERO = Dec(True, "", 0)
 
 
 def parse_number(text: str) -> Dec:
@@ -48,7 +48,7 @@ def parse_number(text: str) -> Dec:
     frac = frac or ""
     digits = (int_part + frac).lstrip("0")
     if not digits:
-        return ZERO
+        return NEGATIVE_ZERO if sign == "-" else ZERO
     exp_text = (exp_text or "0").lstrip("0") or "0"
     if len(exp_text) > 9:
         raise ValueError("number out of range")
@@ -71,7 +71,7 @@ def canonical_text(d: Dec) -> str:
     """go-cty's ``big.Float.Text('f', -1)`` form: fixed notation, no exponent, no trailing zeros."""
     digits = d.digits
     if not digits:
-        return "0"
+        return "-0" if d.neg else "0"
     if d.exp >= 0:
         text = digits + "0" * d.exp
     else:
@@ -84,8 +84,8 @@ def canonical_text(d: Dec) -> str:
 
 
 def wire_form(d: Dec) -> tuple[int, int | float | str]:
-    """How go-cty puts the number on the wire: int64 range as int, else a value float64 holds
-    exactly as float64, anything else as its decimal text."""
+    """How go-cty puts the number on the wire: int64 range as int, else a non-integer float64
+    holds exactly as float64, anything else as its decimal text."""
     digits = d.digits
     if not digits:
         return WIRE_INT, 0
@@ -96,15 +96,8 @@ def wire_form(d: Dec) -> tuple[int, int | float | str]:
                 v = -v
             if _INT64_MIN <= v <= _INT64_MAX:
                 return WIRE_INT, v
-        # Beyond int64, go-cty (msgpack/marshal.go) still sends an integer that float64 holds
-        # exactly, such as 1e20 or 2**64, as a float64; only the rest become strings.
-        if d.exp <= _MAX_POW5_IN_53_BITS and len(digits) + d.exp <= _FLOAT_MAX_INT_DIGITS:
-            mantissa = int(digits) * 5**d.exp
-            twos = (mantissa & -mantissa).bit_length() - 1
-            odd = mantissa >> twos
-            exp2 = twos + d.exp
-            if odd < (1 << 53) and odd.bit_length() + exp2 <= 1024:
-                return WIRE_FLOAT, math.ldexp(-odd if d.neg else odd, exp2)
+        # Beyond int64 an integer goes as its decimal text even where float64 holds it exactly
+        # (2**64, 1e20): go-cty v1.16 (Terraform 1.12) sends only non-integers as float64.
         return WIRE_STR, canonical_text(d)
     k = -d.exp
     # A non-integer dyadic rational always ends in the digit 5 in decimal: cheap early exit.
@@ -119,11 +112,82 @@ def wire_form(d: Dec) -> tuple[int, int | float | str]:
     return WIRE_STR, canonical_text(d)
 
 
+def _decimal_digits(odd: int, exp2: int) -> tuple[str, int]:
+    """``odd × 2**exp2`` exactly, as math/big's ``decimal`` holds it: digits without trailing
+    zeros and the decimal point's position (value = 0.digits × 10**point)."""
+    if exp2 >= 0:
+        text = str(odd << exp2)
+        point = len(text)
+    else:
+        text = str(odd * 5**-exp2)
+        point = len(text) + exp2
+    return text.rstrip("0"), point
+
+
+def _round_up(digits: str, point: int, n: int) -> tuple[str, int]:
+    while n > 0 and digits[n - 1] == "9":
+        n -= 1
+    if n == 0:
+        return "1", point + 1
+    return digits[: n - 1] + chr(ord(digits[n - 1]) + 1), point
+
+
+def _round_down(digits: str, point: int, n: int) -> tuple[str, int]:
+    digits = digits[:n].rstrip("0")
+    return digits, point if digits else 0
+
+
+def _shortest_at_53_bits(m53: int, exp2: int) -> tuple[str, int]:
+    """The digits Go's ``big.Float.Text('f', -1)`` writes for ``m53 × 2**exp2`` held at 53-bit
+    precision (``m53`` in [2**52, 2**53)), by math/big's ``roundShortest``: the interval is
+    ±½ ulp of the 53-bit mantissa even at a power of two or below float64's normal range (so it
+    may name a decimal that float64 itself would round elsewhere), inclusive when the mantissa is
+    even, and the three decimals are compared digit by digit at equal index whatever their
+    decimal points."""
+    digits, point = _decimal_digits(m53, exp2)
+    lower, _ = _decimal_digits(2 * m53 - 1, exp2 - 1)
+    upper, _ = _decimal_digits(2 * m53 + 1, exp2 - 1)
+    inclusive = m53 % 2 == 0
+    for i, m in enumerate(digits):
+        low = lower[i] if i < len(lower) else "0"
+        up = upper[i] if i < len(upper) else "0"
+        ok_down = low != m or (inclusive and i + 1 == len(lower))
+        ok_up = m != up and (inclusive or ord(m) + 1 < ord(up) or i + 1 < len(upper))
+        n = i + 1
+        if n >= len(digits):  # math/big's round* leave a decimal alone at or past its end
+            return digits, point
+        if ok_down and ok_up:
+            # round half to even only when the dropped part is exactly one 5
+            if digits[n] == "5" and n + 1 == len(digits):
+                ok_down = (ord(digits[n - 1]) - 48) % 2 == 0
+            else:
+                ok_down = digits[n] < "5"
+            return _round_down(digits, point, n) if ok_down else _round_up(digits, point, n)
+        if ok_down:
+            return _round_down(digits, point, n)
+        if ok_up:
+            return _round_up(digits, point, n)
+    return digits, point
+
+
+_TWO_53 = float(1 << 53)
+
+
 def float_text(f: float) -> str:
-    """A decoded float64: its shortest round-trip digits, in canonical fixed notation."""
+    """A decoded float64 as Terraform writes it: go-cty holds it as a ``big.Float`` of 53-bit
+    precision (``NumberFloatVal``) and state gets its ``Text('f', -1)``, whose shortest digits are
+    not always float64's shortest round-trip digits (2**64 is 18446744073709550000, the smallest
+    subnormal has 16 significant digits)."""
     if math.isnan(f) or math.isinf(f):
         raise ValueError("number is not finite")
-    return canonical_text(parse_number(repr(f)))
+    if f == 0:
+        return "-0" if math.copysign(1.0, f) < 0 else "0"
+    if f.is_integer() and -_TWO_53 <= f <= _TWO_53:
+        return str(int(f))  # an ulp of at most 1 (2 at 2**53): only the integer itself fits
+    fraction, exp = math.frexp(abs(f))
+    m53 = int(fraction * _TWO_53)
+    digits, point = _shortest_at_53_bits(m53, exp - 53)
+    return canonical_text(Dec(f < 0, digits, point - len(digits)))
 
 
 def sort_key(d: Dec) -> decimal.Decimal:

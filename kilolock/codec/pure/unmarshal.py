@@ -6,10 +6,10 @@ the head's family and argument, as the Rust ones get a ``Head``.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kilolock.codec.errors import MAX_DEPTH, PathError, too_deep
-from kilolock.codec.pure.jsontext import quote
+from kilolock.codec.pure.jsontext import parse_json, quote
 from kilolock.codec.pure.mp import ARRAY, BIN, EXT, FALSE, FAMILY_NAMES, FLOAT, INT, MAP, NIL, STR, TRUE, Reader
 from kilolock.codec.pure.numbers import Dec, canonical_text, float_text, parse_number, sort_key
 from kilolock.codec.pure.types import (
@@ -23,6 +23,8 @@ from kilolock.codec.pure.types import (
     STRING,
     TUPLE,
     CtyType,
+    as_gocty_json,
+    check_one_element_type,
     parse_type,
 )
 from kilolock.codec.pure.types import MAP as MAP_KIND
@@ -37,7 +39,12 @@ def decode(data: bytes, t: CtyType) -> bytes:
     unmarshal(r, t, out, 0)
     if r.pos != len(data):
         raise PathError(f"trailing bytes after the msgpack value at offset {r.pos}")
-    return "".join(out).encode()
+    text = "".join(out)
+    if t.has_dynamic_collection:
+        # A null dynamic element takes its collection's element type (as_gocty_json); values
+        # tagged with a type that has dynamic in it were retyped where they are.
+        text = as_gocty_json(parse_json(text.encode()), t)
+    return text.encode()
 
 
 def _got(what: str, family: int) -> PathError:
@@ -105,6 +112,19 @@ def _array_len(family: int, arg: object, what: str, depth: int) -> int:
 def unmarshal_list(r: Reader, family: int, arg: object, t: CtyType, out: list[str], depth: int) -> None:
     n = _array_len(family, arg, "list", depth)
     elem: CtyType = t.elem  # type: ignore[assignment]
+    if elem.has_dynamic:
+        parts: list[str] = []
+        for i in range(n):
+            part: list[str] = []
+            try:
+                unmarshal(r, elem, part, depth + 1)
+            except PathError as exc:
+                exc.index(i)
+                raise
+            parts.append("".join(part))
+        _check_parts(list(enumerate(parts)), t)
+        out.append("[" + ",".join(parts) + "]")
+        return
     out.append("[")
     for i in range(n):
         if i:
@@ -115,6 +135,11 @@ def unmarshal_list(r: Reader, family: int, arg: object, t: CtyType, out: list[st
             exc.index(i)
             raise
     out.append("]")
+
+
+def _check_parts(parts: Sequence[tuple[int | str, str]], t: CtyType) -> None:
+    """check_one_element_type on decoded elements (each its canonical JSON text)."""
+    check_one_element_type([(step, parse_json(text.encode())) for step, text in parts], t)
 
 
 def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str], depth: int) -> None:
@@ -133,11 +158,8 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
                 elif elem.kind == STRING:
                     if family != STR:
                         raise _got("string", family)
-                    raw = r.take(arg)  # type: ignore[arg-type]
-                    try:
-                        keyed.setdefault(raw, quote(raw.decode("utf-8")))
-                    except UnicodeDecodeError:
-                        raise PathError("invalid UTF-8 in msgpack string") from None
+                    text = r.text(arg)  # type: ignore[arg-type]
+                    keyed.setdefault(text, quote(text))
                 elif elem.kind == NUMBER:
                     number = _read_number(r, family, arg)
                     key = number if type(number) is int else sort_key(number)  # type: ignore[arg-type]
@@ -155,7 +177,7 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
     else:
         # A set is the same value in any order: its JSON lists the elements sorted by their
         # canonical text, so a provider's order never shows up as drift.
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for i in range(n):
             part: list[str] = []
             try:
@@ -163,7 +185,9 @@ def unmarshal_set(r: Reader, family: int, arg: object, t: CtyType, out: list[str
             except PathError as exc:
                 exc.index(i)
                 raise
-            seen.add("".join(part))
+            seen.setdefault("".join(part), i)
+        if elem.has_dynamic:
+            _check_parts([(i, text) for text, i in seen.items()], t)
         texts = sorted(seen)
     out.append("[" + ",".join(texts) + "]")
 
@@ -214,6 +238,8 @@ def unmarshal_map(r: Reader, family: int, arg: object, t: CtyType, out: list[str
             exc.index(key)
             raise
         entries[key] = "".join(part)
+    if elem.has_dynamic:
+        _check_parts(sorted(entries.items()), t)
     # Code point order of str equals the byte order of their UTF-8 encodings.
     out.append("{" + ",".join(quote(k) + ":" + entries[k] for k in sorted(entries)) + "}")
 
@@ -251,6 +277,12 @@ def unmarshal_dynamic(r: Reader, family: int, arg: object, t: CtyType, out: list
     concrete = parse_type(r.take(arg))  # type: ignore[arg-type]
     if concrete.kind == DYNAMIC:
         raise PathError('a dynamic value needs a concrete type, not "dynamic"')
+    if concrete.has_dynamic:
+        # Written with the type its value has (as_gocty_json), not the one it came tagged with.
+        part: list[str] = []
+        unmarshal(r, concrete, part, depth)
+        out.append(as_gocty_json(parse_json("".join(part).encode()), concrete, dynamic=True))
+        return
     out.append('{"type":' + concrete.json + ',"value":')
     unmarshal(r, concrete, out, depth)
     out.append("}")

@@ -1,0 +1,14 @@
+module kilolock.test/gocty_oracle
+
+go 1.23.0
+
+require (
+	github.com/vmihailenco/msgpack/v5 v5.3.5
+	github.com/zclconf/go-cty v1.14.3
+)
+
+require (
+	github.com/apparentlymart/go-textseg/v15 v15.0.0 // indirect
+	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	golang.org/x/text v0.14.0 // indirect
+)
