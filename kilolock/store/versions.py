@@ -266,16 +266,29 @@ WHERE v.id = %s
 """
 
 # The same rows from a version's pieces (the order kl_version_document assembles them in). Each
-# lookup is a LATERAL subquery kept apart by OFFSET 0: nested loops over the layout's order, so
-# the rows come in document order without sorting the whole state.
+# lookup is a LATERAL subquery (OFFSET 0 keeps it apart): nested loops over the layout's order, so
+# the rows come in document order without sorting the whole state. A layout item > 0 is a whole
+# resource piece, < 0 a resource list (migration 0014).
 _PIECES_FROM_LAYOUT = """
-SELECT r.ord, CASE WHEN i.ord IS NULL OR i.ord = 1 THEN rh.body::text END, cardinality(rl.items) - 1, i.ord,
-       (SELECT ip.body::text FROM version_pieces ip WHERE ip.id = i.pid)
+SELECT r.ord, CASE WHEN i.ord IS NULL OR i.ord = 1 THEN res.head::text END, res.n, i.ord, i.text
 FROM version_lists l
-CROSS JOIN LATERAL unnest(l.items) WITH ORDINALITY AS r(lid, ord)
-CROSS JOIN LATERAL (SELECT x.items FROM version_lists x WHERE x.id = r.lid OFFSET 0) rl
-CROSS JOIN LATERAL (SELECT x.body FROM version_pieces x WHERE x.id = rl.items[1] OFFSET 0) rh
-LEFT JOIN LATERAL unnest(rl.items[2:]) WITH ORDINALITY AS i(pid, ord) ON true
+CROSS JOIN LATERAL unnest(l.items) WITH ORDINALITY AS r(item, ord)
+CROSS JOIN LATERAL (
+    SELECT w.whole - 'instances' AS head, jsonb_array_length(w.whole -> 'instances') AS n, w.whole -> 'instances' AS inline,
+           NULL::bigint[] AS ids
+    FROM (SELECT kl_piece(x.body, x.attributes_of, true) AS whole FROM version_pieces x WHERE x.id = r.item OFFSET 0) w
+    WHERE r.item > 0
+    UNION ALL
+    SELECT hp.body, cardinality(y.items) - 1, NULL::jsonb, y.items[2:]
+    FROM version_lists y JOIN version_pieces hp ON hp.id = y.items[1]
+    WHERE r.item < 0 AND y.id = -r.item
+) res
+LEFT JOIN LATERAL (
+    SELECT e.ord, e.obj::text AS text FROM jsonb_array_elements(res.inline) WITH ORDINALITY AS e(obj, ord)
+    UNION ALL
+    SELECT u.ord, (SELECT kl_piece(ip.body, ip.attributes_of, false)::text FROM version_pieces ip WHERE ip.id = u.pid)
+    FROM unnest(res.ids) WITH ORDINALITY AS u(pid, ord)
+) i ON true
 WHERE l.id = %s
 """
 
@@ -398,7 +411,11 @@ FROM kl_doc v,
      jsonb_array_elements(r.res -> 'instances') WITH ORDINALITY AS inst(obj, ord)
 """
 
-_OBJECTS_OF_PARTS = "SELECT (ri - 1)::int AS ri, (ii - 1)::int AS ii, body AS obj FROM kl_parts WHERE ri > 0 AND ii > 0"
+_OBJECTS_OF_PARTS = """
+SELECT (ri - 1)::int AS ri, (ii - 1)::int AS ii, body AS obj FROM kl_parts WHERE kind = 'i'
+UNION ALL
+SELECT (ri - 1)::int, 0, body -> 'instances' -> 0 FROM kl_parts WHERE kind = 'r' AND jsonb_array_length(body -> 'instances') = 1
+"""
 
 _SCOPE_TABLE = "CREATE TEMP TABLE kl_scope (address text, deposed text) ON COMMIT DROP"
 
@@ -482,30 +499,49 @@ SELECT jsonb_typeof(doc) = 'object' AND CASE
 FROM kl_doc
 """
 
-# Every piece of the document with its place: (0, 0) the top level, (ri, 0) resource ri's own
-# fields, (ri, ii) its instance ii (both from 1).
+# Every piece of the document with its place and kind (see migration 0014): (0, 0) the top level
+# 'd'; (ri, 0) resource ri, whole ('r', at most one instance) or its own fields ('h'); (ri, ii) its
+# instance ii ('i'); ri and ii from 1. The hash covers the kind and the whole text.
 _PARTS_TABLE = """
 CREATE TEMP TABLE kl_parts ON COMMIT DROP AS
 WITH res AS (
-    SELECT e.res, e.ord AS ri FROM kl_doc, jsonb_array_elements(kl_doc.doc -> 'resources') WITH ORDINALITY AS e(res, ord)
+    SELECT e.res, e.ord AS ri, jsonb_array_length(e.res -> 'instances') AS n
+    FROM kl_doc, jsonb_array_elements(kl_doc.doc -> 'resources') WITH ORDINALITY AS e(res, ord)
     OFFSET 0
 ), parts AS (
-    SELECT 0::bigint AS ri, 0::bigint AS ii,
+    SELECT 0::bigint AS ri, 0::bigint AS ii, 'd' AS kind,
            CASE WHEN %(strip_serial)s THEN doc - 'resources' - 'serial' ELSE doc - 'resources' END AS body
     FROM kl_doc
     UNION ALL
-    SELECT res.ri, 0, res.res - 'instances' FROM res
+    SELECT ri, 0, CASE WHEN n <= 1 THEN 'r' ELSE 'h' END, CASE WHEN n <= 1 THEN res ELSE res - 'instances' END FROM res
     UNION ALL
-    SELECT res.ri, i.ord, i.obj FROM res CROSS JOIN LATERAL jsonb_array_elements(res.res -> 'instances') WITH ORDINALITY AS i(obj, ord)
+    SELECT res.ri, i.ord, 'i', i.obj
+    FROM res CROSS JOIN LATERAL jsonb_array_elements(res.res -> 'instances') WITH ORDINALITY AS i(obj, ord)
+    WHERE res.n > 1
 )
-SELECT ri, ii, body, sha256(convert_to(body::text, 'UTF8')) AS hash FROM parts
+SELECT ri, ii, kind, body, sha256(convert_to(kind || body::text, 'UTF8')) AS hash FROM parts
 """
 
-# Only what the state lacks, each once, in hash order: writes of one state are serialised on its
-# row lock, and pieces of different states never share a row, so ON CONFLICT is a safety net.
+# Only what the state lacks, each once, in hash order (writes of one state are serialised on its
+# row lock, and pieces of different states never share a row: ON CONFLICT is a safety net). An
+# instance whose attributes its open lifecycle row holds (same text: just indexed from this very
+# document) leaves them to that row. Run after the lifecycle index, while kl_descriptors lists
+# the indexed instances (a refresh commit's touched ones; the others are unchanged, so their
+# pieces are held already, unless the version before was stored whole: those keep their attributes).
 _STORE_PIECES = """
-INSERT INTO version_pieces (state_id, hash, body)
-SELECT DISTINCT ON (k.hash) %(sid)s, k.hash, k.body FROM kl_parts k
+INSERT INTO version_pieces (state_id, hash, body, attributes_of)
+SELECT DISTINCT ON (k.hash) %(sid)s, k.hash,
+       CASE WHEN r.id IS NULL THEN k.body
+            WHEN k.kind = 'i' THEN k.body - 'attributes'
+            ELSE jsonb_set(k.body, '{instances,0}', (k.body -> 'instances' -> 0) - 'attributes') END,
+       r.id
+FROM kl_parts k
+LEFT JOIN kl_descriptors d
+       ON k.kind IN ('i', 'r') AND d.ri = k.ri - 1 AND d.ii = CASE WHEN k.kind = 'i' THEN k.ii - 1 ELSE 0 END
+LEFT JOIN resources r
+       ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = d.address AND r.deposed = d.deposed
+      AND r.attributes IS NOT NULL
+      AND r.attributes::text = (CASE WHEN k.kind = 'i' THEN k.body -> 'attributes' ELSE k.body -> 'instances' -> 0 -> 'attributes' END)::text
 WHERE NOT EXISTS (SELECT 1 FROM version_pieces p WHERE p.state_id = %(sid)s AND p.hash = k.hash)
 ORDER BY k.hash
 ON CONFLICT (state_id, hash) DO NOTHING
@@ -516,7 +552,7 @@ CREATE TEMP TABLE kl_resource_lists ON COMMIT DROP AS
 SELECT ri, items, sha256(convert_to('r' || items::text, 'UTF8')) AS hash FROM (
     SELECT k.ri, array_agg(p.id ORDER BY k.ii) AS items
     FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash
-    WHERE k.ri > 0
+    WHERE k.kind IN ('h', 'i')
     GROUP BY k.ri
 ) x
 """
@@ -530,8 +566,12 @@ ON CONFLICT (state_id, hash) DO NOTHING
 """
 
 _LAYOUT_ITEMS = """
-SELECT COALESCE(array_agg(l.id ORDER BY k.ri), '{}'::bigint[])
-FROM kl_resource_lists k JOIN version_lists l ON l.state_id = %(sid)s AND l.hash = k.hash
+SELECT COALESCE(array_agg(x.item ORDER BY x.ri), '{}'::bigint[]) FROM (
+    SELECT k.ri, p.id AS item FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash
+    WHERE k.kind = 'r'
+    UNION ALL
+    SELECT k.ri, -l.id FROM kl_resource_lists k JOIN version_lists l ON l.state_id = %(sid)s AND l.hash = k.hash
+) x
 """
 
 _STORE_LIST = """
@@ -540,7 +580,12 @@ ON CONFLICT (state_id, hash) DO NOTHING
 """
 _FIND_LIST = "SELECT id FROM version_lists WHERE state_id = %(sid)s AND hash = sha256(convert_to('l' || %(items)s::bigint[]::text, 'UTF8'))"
 
-_HEAD_PIECE = "SELECT p.id FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash WHERE k.ri = 0 AND k.ii = 0"
+_STORE_HEAD = """
+INSERT INTO version_pieces (state_id, hash, body) SELECT %(sid)s, hash, body FROM kl_parts WHERE kind = 'd'
+ON CONFLICT (state_id, hash) DO NOTHING
+"""
+_HEAD_PIECE = "SELECT p.id FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash WHERE k.kind = 'd'"
+_SET_LAYOUT = "UPDATE state_versions SET layout = %(layout)s WHERE id = %(vid)s"
 
 _INSERT_PIECED_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
@@ -645,18 +690,21 @@ def write_version(
             assert version is not None
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
             return WriteResult(state_id=sid, version=version, created=True)
-        version, pieced = _insert_version(conn, sid, serial, lineage, terraform_version, source, new_hash, actor)
+        version, pieced, has_resources = _insert_version(conn, sid, serial, lineage, terraform_version, source, new_hash, actor)
         opened, closed, relabelled = _index_lifecycles(conn, sid, version, state, touched, pieced)
-        conn.execute("DROP TABLE kl_doc" + (", kl_parts, kl_resource_lists" if pieced else ""))
+        if has_resources:
+            _store_pieces(conn, sid, version)
+        conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
         drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
                        unchanged=len(state.instances) - opened, metadata_updated=relabelled)
 
 
 def _insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str, terraform_version: str | None,
-                    source: str, new_hash: str, actor: str | None) -> tuple[VersionRow, bool]:
+                    source: str, new_hash: str, actor: str | None) -> tuple[VersionRow, bool, bool]:
     """Insert the version row for the document in kl_doc: as pieces when they can rebuild it, else
-    whole. Returns the row and whether it is pieced (kl_parts then holds the document's pieces)."""
+    whole. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
+    head piece is stored, the rest waits for _store_pieces) and whether it has resources."""
     cur = conn.cursor()
     shape = cur.execute(_DOC_SHAPE).fetchone()
     assert shape is not None
@@ -665,32 +713,40 @@ def _insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: st
         version = _versions(conn).execute(
             _INSERT_WHOLE_FROM_DOC, (sid, serial, lineage, terraform_version, source, new_hash, actor)).fetchone()
         assert version is not None
-        return version, False
+        return version, False, False
     # The row keeps the serial: a head without it is the same piece from one refresh to the next.
     strip_serial = doc_serial == str(serial)
     params: dict[str, Any] = {"sid": sid, "strip_serial": strip_serial}
     cur.execute(_PARTS_TABLE, params)
     cur.execute("CREATE INDEX ON kl_parts (hash)")
     cur.execute("ANALYZE kl_parts")
-    cur.execute(_STORE_PIECES, params)
-    cur.execute(_RESOURCE_LISTS_TABLE, params)
-    cur.execute(_STORE_RESOURCE_LISTS, params)
-    layout: int | None = None
-    if has_resources:
-        items_row = cur.execute(_LAYOUT_ITEMS, params).fetchone()
-        assert items_row is not None
-        params["items"] = items_row[0]
-        cur.execute(_STORE_LIST, params)
-        found = cur.execute(_FIND_LIST, params).fetchone()
-        assert found is not None
-        layout = int(found[0])
+    cur.execute(_STORE_HEAD, params)
     head = cur.execute(_HEAD_PIECE, params).fetchone()
     assert head is not None
     version = _versions(conn).execute(
         _INSERT_PIECED_VERSION,
-        (sid, serial, lineage, terraform_version, source, head[0], strip_serial, layout, new_hash, actor)).fetchone()
+        (sid, serial, lineage, terraform_version, source, head[0], strip_serial, None, new_hash, actor)).fetchone()
     assert version is not None
-    return version, True
+    return version, True, bool(has_resources)
+
+
+def _store_pieces(conn: psycopg.Connection, sid: str, version: VersionRow) -> None:
+    """Store the pieces of kl_parts the state lacks and the version's layout (after the lifecycle
+    index: pieces name the lifecycle rows that hold their attributes)."""
+    cur = conn.cursor()
+    params: dict[str, Any] = {"sid": sid, "vid": version.id}
+    cur.execute(_STORE_PIECES, params)
+    cur.execute(_RESOURCE_LISTS_TABLE, params)
+    cur.execute(_STORE_RESOURCE_LISTS, params)
+    items_row = cur.execute(_LAYOUT_ITEMS, params).fetchone()
+    assert items_row is not None
+    params["items"] = items_row[0]
+    cur.execute(_STORE_LIST, params)
+    found = cur.execute(_FIND_LIST, params).fetchone()
+    assert found is not None
+    params["layout"] = int(found[0])
+    cur.execute(_SET_LAYOUT, params)
+    cur.execute("DROP TABLE kl_resource_lists")
 
 
 def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
@@ -725,5 +781,5 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     relabelled = cur.execute(_RESHAPE, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")
+    cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: _store_pieces reads it too
     return opened, closed, relabelled
