@@ -8,7 +8,8 @@ Then every state gets no-change refreshes. Size is pg_total_relation_size summed
 after VACUUM, measured in this run; each step's growth is reported per write, as a fraction of one
 state's full size (what importing one state added). Gates: a 1%-change refresh or POST adds at
 most 5% of one state (quick mode 6%: small states make the fixed per-version rows weigh more); a
-no-change refresh adds only its row (at most 1 KiB, about one state_versions row with its indexes).
+no-change refresh adds only its rows: nothing to the pieces, lists or lifecycles, and at most 2 KiB
+in all (its state_versions row and the two lock_events rows of its commit's lock, with indexes).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ POST_ROUNDS = 5 if QUICK else 10
 NO_CHANGE_ROUNDS = 10 if QUICK else 20
 CHANGE_SHARE = 0.01
 GATE_CHANGE = 0.06 if QUICK else 0.05
-GATE_NO_CHANGE_BYTES = 1024
+GATE_NO_CHANGE_BYTES = 2048
+STORED_CONTENT = ("version_pieces", "version_lists", "resources")
 
 _NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 
@@ -161,3 +163,5 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
     assert per_refresh <= GATE_CHANGE * state_size, f"a 1% refresh adds {per_refresh / state_size:.1%} of a state"
     assert per_post <= GATE_CHANGE * state_size, f"a 1% backend POST adds {per_post / state_size:.1%} of a state"
     assert per_no_change <= GATE_NO_CHANGE_BYTES, f"a no-change refresh adds {per_no_change:.0f} B"
+    grew = {t: sizes[4][t] - sizes[3][t] for t in STORED_CONTENT if sizes[4][t] != sizes[3][t]}
+    assert not grew, f"no-change refreshes stored content: {grew} bytes"
