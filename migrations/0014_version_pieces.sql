@@ -51,37 +51,52 @@ ALTER TABLE state_versions
     ADD COLUMN layout      bigint REFERENCES version_lists(id),
     ADD CONSTRAINT state_versions_stored CHECK (raw_state IS NOT NULL OR head_piece IS NOT NULL);
 
--- A piece's full body: its instance's attributes put back from the lifecycle row that holds them
--- (WHOLE: the piece is a resource, its one instance gets them).
-CREATE FUNCTION kl_piece(body jsonb, attributes_of uuid, whole boolean) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+-- A piece's full body: ATTRIBUTES (those of the lifecycle row its attributes_of names, NULL when
+-- none) put back into its instance (WHOLE: the piece is a resource, its one instance gets them).
+-- No subquery inside, so PostgreSQL inlines it: a call per instance would cost more than the rest.
+CREATE FUNCTION kl_piece(body jsonb, attributes jsonb, attributes_of uuid, whole boolean) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
 SELECT CASE WHEN attributes_of IS NULL THEN body
-            WHEN whole THEN jsonb_set(body, '{instances,0,attributes}', (SELECT r.attributes FROM resources r WHERE r.id = attributes_of))
-            ELSE body || jsonb_build_object('attributes', (SELECT r.attributes FROM resources r WHERE r.id = attributes_of)) END
+            WHEN whole THEN jsonb_set(body, '{instances,0,attributes}', attributes)
+            ELSE body || jsonb_build_object('attributes', attributes) END
 $$;
 
--- The document of version VID as jsonb, whichever way it is stored: the one definition of how
--- pieces make a document (the streamed pull in store/versions.py reads the same pieces in the same
--- order).
-CREATE FUNCTION kl_version_document(vid uuid) RETURNS jsonb
+-- jsonb's own text of OBJ with EXTRA_KEY (absent from OBJ; none when NULL) whose value's text is
+-- EXTRA_TEXT: keys in jsonb's order (shorter first, then bytewise), ": " and ", " as jsonb_out
+-- writes them, every value as its own jsonb text (which is how jsonb_out writes a nested value).
+-- Made as text, so a big array is never built into a jsonb value again (that cost a copy per level).
+CREATE FUNCTION kl_object_text(obj jsonb, extra_key text, extra_text text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+SELECT '{' || COALESCE(string_agg(to_jsonb(e.k)::text || ': ' || e.t, ', ' ORDER BY octet_length(e.k), e.k COLLATE "C"), '') || '}'
+FROM (SELECT key, value::text FROM jsonb_each(obj) UNION ALL SELECT extra_key, extra_text WHERE extra_key IS NOT NULL) e(k, t)
+$$;
+
+-- The text of version VID, exactly the text of the jsonb document it was written as, whichever way
+-- it is stored: the one definition of how pieces make a document (the streamed pull in
+-- store/versions.py reads the same pieces in the same order).
+CREATE FUNCTION kl_version_text(vid uuid) RETURNS text
 LANGUAGE sql STABLE AS $$
-SELECT COALESCE(v.raw_state,
-    h.body
-    || CASE WHEN v.head_serial THEN jsonb_build_object('serial', v.serial) ELSE '{}'::jsonb END
-    || CASE WHEN v.layout IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('resources', (
-        SELECT COALESCE(jsonb_agg(CASE
-                   WHEN r.item > 0 THEN (SELECT kl_piece(p.body, p.attributes_of, true) FROM version_pieces p WHERE p.id = r.item)
-                   ELSE (SELECT (SELECT hp.body FROM version_pieces hp WHERE hp.id = rl.items[1])
-                                || jsonb_build_object('instances', (
-                                       SELECT COALESCE(jsonb_agg(kl_piece(ip.body, ip.attributes_of, false) ORDER BY i.ord), '[]'::jsonb)
-                                       FROM unnest(rl.items[2:]) WITH ORDINALITY AS i(pid, ord)
-                                       JOIN version_pieces ip ON ip.id = i.pid))
-                         FROM version_lists rl WHERE rl.id = -r.item) END
-                   ORDER BY r.ord), '[]'::jsonb)
+SELECT CASE WHEN v.raw_state IS NOT NULL THEN v.raw_state::text ELSE kl_object_text(
+    h.body || CASE WHEN v.head_serial THEN jsonb_build_object('serial', v.serial) ELSE '{}'::jsonb END,
+    CASE WHEN v.layout IS NOT NULL THEN 'resources' END,
+    (SELECT '[' || COALESCE(string_agg(x.text, ', ' ORDER BY x.ord), '') || ']' FROM (
+        SELECT r.ord, CASE
+            WHEN r.item > 0 THEN (SELECT kl_piece(p.body, a.attributes, p.attributes_of, true)::text
+                                  FROM version_pieces p LEFT JOIN resources a ON a.id = p.attributes_of WHERE p.id = r.item)
+            ELSE (SELECT kl_object_text(hp.body, 'instances', (
+                             SELECT '[' || COALESCE(string_agg(kl_piece(ip.body, a.attributes, ip.attributes_of, false)::text, ', ' ORDER BY i.ord), '') || ']'
+                             FROM unnest(rl.items[2:]) WITH ORDINALITY AS i(pid, ord)
+                             JOIN version_pieces ip ON ip.id = i.pid
+                             LEFT JOIN resources a ON a.id = ip.attributes_of))
+                  FROM version_lists rl JOIN version_pieces hp ON hp.id = rl.items[1] WHERE rl.id = -r.item) END AS text
         FROM version_lists l
         CROSS JOIN LATERAL unnest(l.items) WITH ORDINALITY AS r(item, ord)
-        WHERE l.id = v.layout)) END)
+        WHERE l.id = v.layout) x)) END
 FROM state_versions v
 LEFT JOIN version_pieces h ON h.id = v.head_piece
 WHERE v.id = vid
 $$;
+
+-- The same as jsonb (for SQL that looks inside a version).
+CREATE FUNCTION kl_version_document(vid uuid) RETURNS jsonb
+LANGUAGE sql STABLE AS $$ SELECT kl_version_text(vid)::jsonb $$;

@@ -169,13 +169,13 @@ def current_version_of(state_id_expr: sql.Composable) -> sql.Composed:
 _CURRENT_VERSION = sql.SQL("SELECT {cols} FROM ({current}) v").format(
     cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.Placeholder()))
 
-# kl_version_document (migration 0014) rebuilds a version stored as pieces; an older one is its raw_state.
-_CURRENT_TEXT = sql.SQL("SELECT {cols}, kl_version_document(v.id)::text AS text FROM ({current}) v").format(
+# kl_version_text (migration 0014) rebuilds a version stored as pieces; an older one is its raw_state.
+_CURRENT_TEXT = sql.SQL("SELECT {cols}, kl_version_text(v.id) AS text FROM ({current}) v").format(
     cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.SQL("(SELECT id FROM states WHERE name = %s)")))
 
 _FIND_VERSION = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s"
 _LIST_VERSIONS = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial"
-_VERSION_TEXT = "SELECT kl_version_document(id)::text FROM state_versions WHERE state_id = %s AND serial = %s"
+_VERSION_TEXT = "SELECT kl_version_text(id) FROM state_versions WHERE state_id = %s AND serial = %s"
 _HAS_OPEN_RESOURCES = "SELECT EXISTS (SELECT 1 FROM resources WHERE state_id = %s AND delete_serial IS NULL)"
 _OPEN_ATTRIBUTES = """
 SELECT address, deposed, attributes::text AS attributes FROM resources
@@ -265,7 +265,7 @@ LEFT JOIN LATERAL jsonb_array_elements(r.instances) WITH ORDINALITY AS i(obj, or
 WHERE v.id = %s
 """
 
-# The same rows from a version's pieces (the order kl_version_document assembles them in). Each
+# The same rows from a version's pieces (the order kl_version_text assembles them in). Each
 # lookup is a LATERAL subquery (OFFSET 0 keeps it apart): nested loops over the layout's order, so
 # the rows come in document order without sorting the whole state. A layout item > 0 is a whole
 # resource piece, < 0 a resource list (migration 0014).
@@ -276,7 +276,8 @@ CROSS JOIN LATERAL unnest(l.items) WITH ORDINALITY AS r(item, ord)
 CROSS JOIN LATERAL (
     SELECT w.whole - 'instances' AS head, jsonb_array_length(w.whole -> 'instances') AS n, w.whole -> 'instances' AS inline,
            NULL::bigint[] AS ids
-    FROM (SELECT kl_piece(x.body, x.attributes_of, true) AS whole FROM version_pieces x WHERE x.id = r.item OFFSET 0) w
+    FROM (SELECT kl_piece(x.body, a.attributes, x.attributes_of, true) AS whole
+          FROM version_pieces x LEFT JOIN resources a ON a.id = x.attributes_of WHERE x.id = r.item OFFSET 0) w
     WHERE r.item > 0
     UNION ALL
     SELECT hp.body, cardinality(y.items) - 1, NULL::jsonb, y.items[2:]
@@ -286,7 +287,8 @@ CROSS JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT e.ord, e.obj::text AS text FROM jsonb_array_elements(res.inline) WITH ORDINALITY AS e(obj, ord)
     UNION ALL
-    SELECT u.ord, (SELECT kl_piece(ip.body, ip.attributes_of, false)::text FROM version_pieces ip WHERE ip.id = u.pid)
+    SELECT u.ord, (SELECT kl_piece(ip.body, a.attributes, ip.attributes_of, false)::text
+                   FROM version_pieces ip LEFT JOIN resources a ON a.id = ip.attributes_of WHERE ip.id = u.pid)
     FROM unnest(res.ids) WITH ORDINALITY AS u(pid, ord)
 ) i ON true
 WHERE l.id = %s
