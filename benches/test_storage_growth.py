@@ -10,6 +10,12 @@ state's full size (what importing one state added). Gates: a 1%-change refresh o
 most 5% of one state (quick mode 6%: small states make the fixed per-version rows weigh more); a
 no-change refresh adds only its rows: nothing to the pieces, lists or lifecycles, and at most 2 KiB
 in all (its state_versions row and the two lock_events rows of its commit's lock, with indexes).
+
+Measured on the 2-core dev machine (full size): before migration 0014 (a whole copy per version)
+one state took 758 KiB and every refresh added 111 KiB (14.6%), a backend POST 104 KiB, a no-change
+refresh 99 KiB; with pieces one state takes 1,205 KiB (its pieces are not compressed as one big
+TOASTed document was), a refresh adds 22 KiB (1.8%: lifecycle rows 7.9, pieces 4.7, the id list
+4.3, drift records 3.0), a POST 15 KiB (1.2%), a no-change refresh 1.2 KiB (lock events, its row).
 """
 from __future__ import annotations
 
