@@ -98,13 +98,20 @@ def test_pieces_read_back_exactly_as_a_whole_copy(conn, fixture):
     b'{"mode": "managed", "type": "t", "name": "m", "provider": "provider.null", "each": "list", "instances": ['
     b'{"index_key": 0, "attributes": {"v": 1.0, "w": [1.50, 2e3]}}, {"index_key": 1, "attributes": {"v": 1}}, '
     b'{"index_key": 2, "attributes_flat": {"id": "x"}}]}], "x": "\\u2028\\u00e9"}'),
+    # keys that sort around "resources" and "instances" in jsonb's order (length, then bytes)
+    (b'{"version": 4, "serial": 2, "lineage": "l", "resourcez": 1, "aesources": 2, "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9": 3, '
+     b'"a\\"b": 4, "a_key_longer_than_resources": 5, "resources": [{"mode": "managed", "type": "t", "name": "n", '
+     b'"provider": "provider.null", "zzzzzzzzz": 1, "aaaaaaaaa": 2, "i\\u00f1stances": 3, "instances": ['
+     b'{"attributes": {"id": "1"}}, {"index_key": "b", "attributes": {"id": "2"}}]}]}'),
     b'{"version": 4, "serial": 1, "lineage": "l", "outputs": {}}',
     b'{"version": 4, "serial": 1, "lineage": "l", "resources": []}',
-], ids=["odd", "no-resources", "empty-resources"])
+], ids=["odd", "key-order", "no-resources", "empty-resources"])
 def test_odd_documents_read_back_exactly(conn, doc):
     state = tfstate.parse_state(doc)
     versions.write_version(conn, "pieced", state, doc, source="import", actor="test")
     _store_whole(conn, "whole", doc)
+    assert one_row(conn, "SELECT raw_state IS NULL FROM state_versions v JOIN states s ON s.id = v.state_id "
+                         "WHERE s.name = 'pieced'")[0]
     assert versions.raw_state_text(conn, "pieced") == versions.raw_state_text(conn, "whole")
     assert _pull(conn, "pieced") == _pull(conn, "whole")
 
