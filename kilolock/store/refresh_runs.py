@@ -51,7 +51,7 @@ _BEGIN = ("INSERT INTO refresh_runs (state_id, from_version_id, actor, heartbeat
           " VALUES (%s, %s, %s, CASE WHEN %s THEN now() END) RETURNING id::text")
 
 # Behind a transaction pooler (kilolock.store.db.transaction_pooled) a run beats instead of holding
-# the lock (migration 0018): every HEARTBEAT_S, and it counts as alive for HEARTBEAT_STALE_S after.
+# the lock (migration 0017): every HEARTBEAT_S, and it counts as alive for HEARTBEAT_STALE_S after.
 HEARTBEAT_S = 3.0
 HEARTBEAT_STALE_S = 15.0
 _FRESH = f"coalesce({{rr}}heartbeat_at > now() - interval '{HEARTBEAT_STALE_S:g} seconds', false)"

@@ -169,12 +169,13 @@ def current_version_of(state_id_expr: sql.Composable) -> sql.Composed:
 _CURRENT_VERSION = sql.SQL("SELECT {cols} FROM ({current}) v").format(
     cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.Placeholder()))
 
-_CURRENT_TEXT = sql.SQL("SELECT {cols}, raw_state::text AS text FROM ({current}) v").format(
+# kl_version_text (migration 0014) rebuilds a version stored as pieces; an older one is its raw_state.
+_CURRENT_TEXT = sql.SQL("SELECT {cols}, kl_version_text(v.id) AS text FROM ({current}) v").format(
     cols=sql.SQL(_VERSION_COLS), current=current_version_of(sql.SQL("(SELECT id FROM states WHERE name = %s)")))
 
 _FIND_VERSION = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s"
 _LIST_VERSIONS = f"SELECT {_VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial"
-_VERSION_TEXT = "SELECT raw_state::text FROM state_versions WHERE state_id = %s AND serial = %s"
+_VERSION_TEXT = "SELECT kl_version_text(id) FROM state_versions WHERE state_id = %s AND serial = %s"
 _CONTENT_HASH = "SELECT content_hash FROM state_versions WHERE id = %s"
 _HAS_OPEN_RESOURCES = "SELECT EXISTS (SELECT 1 FROM resources WHERE state_id = %s AND delete_serial IS NULL)"
 _OPEN_ATTRIBUTES = """
@@ -225,21 +226,29 @@ def raw_state_text(conn: psycopg.Connection, name: str, serial: int | None = Non
     return str(row[0])
 
 
-# A version whose resources are all objects with an "instances" array (every version kl indexed)
-# can be read a piece at a time; the rest (an encrypted envelope: given back exactly as stored) are
-# read whole. CASE, not AND:
-# SQL does not promise to test the type before jsonb_array_elements would fail on a non-array.
+# A version stored as pieces (migration 0014) is read a piece at a time; so is an older, whole one
+# whose resources are all objects with an "instances" array (every version kl indexed). The rest
+# (an encrypted envelope: given back exactly as stored) are read whole. CASE, not AND: SQL does not
+# promise to test the type before jsonb_array_elements would fail on a non-array.
 _PIECES_HEAD = """
 SELECT v.id::text,
-       CASE WHEN jsonb_typeof(v.raw_state) = 'object' THEN (v.raw_state - 'resources')::text END,
-       v.raw_state ? 'resources',
-       CASE WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN jsonb_array_length(v.raw_state -> 'resources') END,
-       CASE WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN NOT EXISTS (
+       CASE WHEN v.raw_state IS NULL
+                THEN (h.body || CASE WHEN v.head_serial THEN jsonb_build_object('serial', v.serial) ELSE '{}'::jsonb END)::text
+            WHEN jsonb_typeof(v.raw_state) = 'object' THEN (v.raw_state - 'resources')::text END,
+       CASE WHEN v.raw_state IS NULL THEN v.layout IS NOT NULL ELSE v.raw_state ? 'resources' END,
+       CASE WHEN v.raw_state IS NULL THEN cardinality(l.items)
+            WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN jsonb_array_length(v.raw_state -> 'resources') END,
+       CASE WHEN v.raw_state IS NULL THEN true
+            WHEN jsonb_typeof(v.raw_state -> 'resources') = 'array' THEN NOT EXISTS (
            SELECT 1 FROM jsonb_array_elements(v.raw_state -> 'resources') r(res)
            WHERE CASE WHEN jsonb_typeof(r.res) = 'object' THEN jsonb_typeof(r.res -> 'instances') IS DISTINCT FROM 'array'
                       ELSE true END) END,
-       v.encrypted
-FROM state_versions v WHERE v.state_id = %s AND v.serial = %s
+       v.encrypted,
+       v.layout
+FROM state_versions v
+LEFT JOIN version_pieces h ON h.id = v.head_piece
+LEFT JOIN version_lists l ON l.id = v.layout
+WHERE v.state_id = %s AND v.serial = %s
 """
 
 # One pass over the document (as _INCOMING_TABLE), one row per instance in document order, the
@@ -257,6 +266,35 @@ LEFT JOIN LATERAL jsonb_array_elements(r.instances) WITH ORDINALITY AS i(obj, or
 WHERE v.id = %s
 """
 
+# The same rows from a version's pieces (the order kl_version_text assembles them in). Each
+# lookup is a LATERAL subquery (OFFSET 0 keeps it apart): nested loops over the layout's order, so
+# the rows come in document order without sorting the whole state. A layout item > 0 is a whole
+# resource piece, < 0 a resource list (migration 0014).
+_PIECES_FROM_LAYOUT = """
+SELECT r.ord, CASE WHEN i.ord IS NULL OR i.ord = 1 THEN res.head::text END, res.n, i.ord, i.text
+FROM version_lists l
+CROSS JOIN LATERAL unnest(l.items) WITH ORDINALITY AS r(item, ord)
+CROSS JOIN LATERAL (
+    SELECT w.whole - 'instances' AS head, jsonb_array_length(w.whole -> 'instances') AS n, w.whole -> 'instances' AS inline,
+           NULL::bigint[] AS ids
+    FROM (SELECT kl_piece(x.body, a.attributes, x.attributes_of, true) AS whole
+          FROM version_pieces x LEFT JOIN resources a ON a.id = x.attributes_of WHERE x.id = r.item OFFSET 0) w
+    WHERE r.item > 0
+    UNION ALL
+    SELECT hp.body, cardinality(y.items) - 1, NULL::jsonb, y.items[2:]
+    FROM version_lists y JOIN version_pieces hp ON hp.id = y.items[1]
+    WHERE r.item < 0 AND y.id = -r.item
+) res
+LEFT JOIN LATERAL (
+    SELECT e.ord, e.obj::text AS text FROM jsonb_array_elements(res.inline) WITH ORDINALITY AS e(obj, ord)
+    UNION ALL
+    SELECT u.ord, (SELECT kl_piece(ip.body, a.attributes, ip.attributes_of, false)::text
+                   FROM version_pieces ip LEFT JOIN resources a ON a.id = ip.attributes_of WHERE ip.id = u.pid)
+    FROM unnest(res.ids) WITH ORDINALITY AS u(pid, ord)
+) i ON true
+WHERE l.id = %s
+"""
+
 
 def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write: Callable[[str], object]) -> None:
     """Write version SERIAL of state NAME (default: the current one) as `kl state pull` gives it
@@ -272,7 +310,7 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
         row = conn.execute(_PIECES_HEAD, (state_id(conn, name), serial)).fetchone()
         if row is None:
             raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
-        vid, head, has_resources, count, streamable, encrypted = row
+        vid, head, has_resources, count, streamable, encrypted, layout = row
         if encrypted:
             text = raw_state_text(conn, name, serial)
             written = conn.execute(_CONTENT_HASH, (vid,)).fetchone()
@@ -288,7 +326,10 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
         # a loaded machine spent most of a pull handing the CPU between kl and the server.
         with conn.cursor(name="kl_pull") as rows:
             rows.itersize = 2000
-            rows.execute(_PIECES, (vid,))
+            if layout is not None:
+                rows.execute(_PIECES_FROM_LAYOUT, (layout,))
+            else:
+                rows.execute(_PIECES, (vid,))
             tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
 
 
@@ -352,9 +393,9 @@ CREATE TEMP TABLE kl_descriptors (
 ) ON COMMIT DROP
 """
 
-# The objects come from the version just inserted, so attributes are stored exactly as PostgreSQL
-# parsed them (no re-serialisation in Python). One pass over the document: a per-row
-# `raw_state -> 'resources' -> ri` would de-TOAST the whole state once per instance.
+# The objects come from the document as PostgreSQL parsed it (kl_doc, or its pieces in kl_parts),
+# so attributes are stored exactly as it did (no re-serialisation in Python). One pass over the
+# document: a per-row `doc -> 'resources' -> ri` would de-TOAST the whole state once per instance.
 # The content hash is the lifecycle's identity: the remote object in one shape (status,
 # attributes, identity). Metadata (sensitivity marks, the provider address, the schema version)
 # is kept on the open row and updated in place (_UPDATE_METADATA); private, dependencies and
@@ -375,13 +416,20 @@ SELECT d.address, d.deposed, d.mode, d.type, d.name, d.module, d.index_key, d.pr
            || CASE WHEN o.obj ? 'attributes' OR NOT o.obj ? 'attributes_flat' THEN '[]'::jsonb
                    ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') END AS hash_without_identity
 FROM kl_descriptors d
-JOIN (
-    SELECT (r.ord - 1)::int AS ri, (inst.ord - 1)::int AS ii, inst.obj
-    FROM state_versions v,
-         jsonb_array_elements(v.raw_state -> 'resources') WITH ORDINALITY AS r(res, ord),
-         jsonb_array_elements(r.res -> 'instances') WITH ORDINALITY AS inst(obj, ord)
-    WHERE v.id = %s
-) o ON o.ri = d.ri AND o.ii = d.ii
+JOIN ({objects}) o ON o.ri = d.ri AND o.ii = d.ii
+"""
+
+_OBJECTS_OF_DOC = """
+SELECT (r.ord - 1)::int AS ri, (inst.ord - 1)::int AS ii, inst.obj
+FROM kl_doc v,
+     jsonb_array_elements(v.doc -> 'resources') WITH ORDINALITY AS r(res, ord),
+     jsonb_array_elements(r.res -> 'instances') WITH ORDINALITY AS inst(obj, ord)
+"""
+
+_OBJECTS_OF_PARTS = """
+SELECT (ri - 1)::int AS ri, (ii - 1)::int AS ii, body AS obj FROM kl_parts WHERE kind = 'i'
+UNION ALL
+SELECT (ri - 1)::int, 0, body -> 'instances' -> 0 FROM kl_parts WHERE kind = 'r' AND jsonb_array_length(body -> 'instances') = 1
 """
 
 _SCOPE_TABLE = "CREATE TEMP TABLE kl_scope (address text, deposed text) ON COMMIT DROP"
@@ -455,6 +503,127 @@ WHERE NOT EXISTS (
 _INSERT_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
 VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
+"""
+
+# --- a version as pieces (migration 0014) -------------------------------------------------------
+# The document goes to a temporary table (no WAL, dropped at commit) and is split there; only the
+# pieces its state does not hold yet are stored.
+
+_DOC_TABLE = "CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP"
+_DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
+
+# What the pieces can rebuild: an object whose resources (if any) are all objects with an
+# "instances" array. Anything else is stored whole. Also the document's serial, as text.
+_DOC_SHAPE = """
+SELECT jsonb_typeof(doc) = 'object' AND CASE
+           WHEN NOT doc ? 'resources' THEN true
+           WHEN jsonb_typeof(doc -> 'resources') <> 'array' THEN false
+           ELSE NOT EXISTS (
+               SELECT 1 FROM jsonb_array_elements(doc -> 'resources') r(res)
+               WHERE CASE WHEN jsonb_typeof(r.res) = 'object' THEN jsonb_typeof(r.res -> 'instances') IS DISTINCT FROM 'array'
+                          ELSE true END) END,
+       CASE WHEN jsonb_typeof(doc) = 'object' THEN (doc -> 'serial')::text END,
+       CASE WHEN jsonb_typeof(doc) = 'object' THEN doc ? 'resources' END
+FROM kl_doc
+"""
+
+# Every piece of the document with its place and kind (see migration 0014): (0, 0) the top level
+# 'd'; (ri, 0) resource ri, whole ('r', at most one instance) or its own fields ('h'); (ri, ii) its
+# instance ii ('i'); ri and ii from 1. The hash covers the kind and the whole text.
+_PARTS_TABLE = """
+CREATE TEMP TABLE kl_parts ON COMMIT DROP AS
+WITH res AS (
+    SELECT e.res, e.ord AS ri, jsonb_array_length(e.res -> 'instances') AS n
+    FROM kl_doc, jsonb_array_elements(kl_doc.doc -> 'resources') WITH ORDINALITY AS e(res, ord)
+    OFFSET 0
+), parts AS (
+    SELECT 0::bigint AS ri, 0::bigint AS ii, 'd' AS kind,
+           CASE WHEN %(strip_serial)s THEN doc - 'resources' - 'serial' ELSE doc - 'resources' END AS body
+    FROM kl_doc
+    UNION ALL
+    SELECT ri, 0, CASE WHEN n <= 1 THEN 'r' ELSE 'h' END, CASE WHEN n <= 1 THEN res ELSE res - 'instances' END FROM res
+    UNION ALL
+    SELECT res.ri, i.ord, 'i', i.obj
+    FROM res CROSS JOIN LATERAL jsonb_array_elements(res.res -> 'instances') WITH ORDINALITY AS i(obj, ord)
+    WHERE res.n > 1
+)
+SELECT ri, ii, kind, body, sha256(convert_to(kind || body::text, 'UTF8')) AS hash FROM parts
+"""
+
+# Only what the state lacks, each once, in hash order (writes of one state are serialised on its
+# row lock, and pieces of different states never share a row: ON CONFLICT is a safety net). An
+# instance whose attributes its open lifecycle row holds (same text: just indexed from this very
+# document) leaves them to that row. Run after the lifecycle index, while kl_descriptors lists
+# the indexed instances (a refresh commit's touched ones; the others are unchanged, so their
+# pieces are held already, unless the version before was stored whole: those keep their attributes).
+_STORE_PIECES = """
+INSERT INTO version_pieces (state_id, hash, body, attributes_of)
+SELECT DISTINCT ON (k.hash) %(sid)s, k.hash,
+       CASE WHEN r.id IS NULL THEN k.body
+            WHEN k.kind = 'i' THEN k.body - 'attributes'
+            ELSE jsonb_set(k.body, '{instances,0}', (k.body -> 'instances' -> 0) - 'attributes') END,
+       r.id
+FROM kl_parts k
+LEFT JOIN kl_descriptors d
+       ON k.kind IN ('i', 'r') AND d.ri = k.ri - 1 AND d.ii = CASE WHEN k.kind = 'i' THEN k.ii - 1 ELSE 0 END
+LEFT JOIN resources r
+       ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = d.address AND r.deposed = d.deposed
+      AND r.attributes IS NOT NULL
+      AND r.attributes::text = (CASE WHEN k.kind = 'i' THEN k.body -> 'attributes' ELSE k.body -> 'instances' -> 0 -> 'attributes' END)::text
+WHERE NOT EXISTS (SELECT 1 FROM version_pieces p WHERE p.state_id = %(sid)s AND p.hash = k.hash)
+ORDER BY k.hash
+ON CONFLICT (state_id, hash) DO NOTHING
+"""
+
+_RESOURCE_LISTS_TABLE = """
+CREATE TEMP TABLE kl_resource_lists ON COMMIT DROP AS
+SELECT ri, items, sha256(convert_to('r' || items::text, 'UTF8')) AS hash FROM (
+    SELECT k.ri, array_agg(p.id ORDER BY k.ii) AS items
+    FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash
+    WHERE k.kind IN ('h', 'i')
+    GROUP BY k.ri
+) x
+"""
+
+_STORE_RESOURCE_LISTS = """
+INSERT INTO version_lists (state_id, hash, items)
+SELECT DISTINCT ON (k.hash) %(sid)s, k.hash, k.items FROM kl_resource_lists k
+WHERE NOT EXISTS (SELECT 1 FROM version_lists l WHERE l.state_id = %(sid)s AND l.hash = k.hash)
+ORDER BY k.hash
+ON CONFLICT (state_id, hash) DO NOTHING
+"""
+
+_LAYOUT_ITEMS = """
+SELECT COALESCE(array_agg(x.item ORDER BY x.ri), '{}'::bigint[]) FROM (
+    SELECT k.ri, p.id AS item FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash
+    WHERE k.kind = 'r'
+    UNION ALL
+    SELECT k.ri, -l.id FROM kl_resource_lists k JOIN version_lists l ON l.state_id = %(sid)s AND l.hash = k.hash
+) x
+"""
+
+_STORE_LIST = """
+INSERT INTO version_lists (state_id, hash, items) VALUES (%(sid)s, sha256(convert_to('l' || %(items)s::bigint[]::text, 'UTF8')), %(items)s)
+ON CONFLICT (state_id, hash) DO NOTHING
+"""
+_FIND_LIST = "SELECT id FROM version_lists WHERE state_id = %(sid)s AND hash = sha256(convert_to('l' || %(items)s::bigint[]::text, 'UTF8'))"
+
+_STORE_HEAD = """
+INSERT INTO version_pieces (state_id, hash, body) SELECT %(sid)s, hash, body FROM kl_parts WHERE kind = 'd'
+ON CONFLICT (state_id, hash) DO NOTHING
+"""
+_HEAD_PIECE = "SELECT p.id FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash WHERE k.kind = 'd'"
+_SET_LAYOUT = "UPDATE state_versions SET layout = %(layout)s WHERE id = %(vid)s"
+
+_INSERT_PIECED_VERSION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
+                            content_hash, actor, encrypted)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false) RETURNING {_VERSION_COLS}
+"""
+
+_INSERT_WHOLE_FROM_DOC = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
+SELECT %s, %s, %s, %s, %s, doc, %s, %s, false FROM kl_doc RETURNING {_VERSION_COLS}
 """
 
 
@@ -543,24 +712,81 @@ def write_version(
         cur_versions = _versions(conn)
         cur_versions.adapters.register_dumper(_JsonbText, _JsonbTextDumper)
         try:
-            version = cur_versions.execute(
-                _INSERT_VERSION,
-                (sid, serial, lineage, terraform_version, source, _JsonbText(raw), new_hash, actor, state is None),
-            ).fetchone()
+            if state is None:
+                version = cur_versions.execute(
+                    _INSERT_VERSION,
+                    (sid, serial, lineage, terraform_version, source, _JsonbText(raw), new_hash, actor, True),
+                ).fetchone()
+            else:
+                cur_versions.execute(_DOC_TABLE)
+                cur_versions.execute(_DOC_INSERT, (_JsonbText(raw),))
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
-        assert version is not None
         if state is None:
+            assert version is not None
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
             return WriteResult(state_id=sid, version=version, created=True)
-        opened, closed, relabelled = _index_lifecycles(conn, sid, version, state, touched)
+        version, pieced, has_resources = _insert_version(conn, sid, serial, lineage, terraform_version, source, new_hash, actor)
+        opened, closed, relabelled = _index_lifecycles(conn, sid, version, state, touched, pieced)
+        if has_resources:
+            _store_pieces(conn, sid, version)
+        conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
         drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
                        unchanged=len(state.instances) - opened, metadata_updated=relabelled)
 
 
+def _insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str, terraform_version: str | None,
+                    source: str, new_hash: str, actor: str | None) -> tuple[VersionRow, bool, bool]:
+    """Insert the version row for the document in kl_doc: as pieces when they can rebuild it, else
+    whole. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
+    head piece is stored, the rest waits for _store_pieces) and whether it has resources."""
+    cur = conn.cursor()
+    shape = cur.execute(_DOC_SHAPE).fetchone()
+    assert shape is not None
+    splittable, doc_serial, has_resources = shape
+    if not splittable:
+        version = _versions(conn).execute(
+            _INSERT_WHOLE_FROM_DOC, (sid, serial, lineage, terraform_version, source, new_hash, actor)).fetchone()
+        assert version is not None
+        return version, False, False
+    # The row keeps the serial: a head without it is the same piece from one refresh to the next.
+    strip_serial = doc_serial == str(serial)
+    params: dict[str, Any] = {"sid": sid, "strip_serial": strip_serial}
+    cur.execute(_PARTS_TABLE, params)
+    cur.execute("CREATE INDEX ON kl_parts (hash)")
+    cur.execute("ANALYZE kl_parts")
+    cur.execute(_STORE_HEAD, params)
+    head = cur.execute(_HEAD_PIECE, params).fetchone()
+    assert head is not None
+    version = _versions(conn).execute(
+        _INSERT_PIECED_VERSION,
+        (sid, serial, lineage, terraform_version, source, head[0], strip_serial, None, new_hash, actor)).fetchone()
+    assert version is not None
+    return version, True, bool(has_resources)
+
+
+def _store_pieces(conn: psycopg.Connection, sid: str, version: VersionRow) -> None:
+    """Store the pieces of kl_parts the state lacks and the version's layout (after the lifecycle
+    index: pieces name the lifecycle rows that hold their attributes)."""
+    cur = conn.cursor()
+    params: dict[str, Any] = {"sid": sid, "vid": version.id}
+    cur.execute(_STORE_PIECES, params)
+    cur.execute(_RESOURCE_LISTS_TABLE, params)
+    cur.execute(_STORE_RESOURCE_LISTS, params)
+    items_row = cur.execute(_LAYOUT_ITEMS, params).fetchone()
+    assert items_row is not None
+    params["items"] = items_row[0]
+    cur.execute(_STORE_LIST, params)
+    found = cur.execute(_FIND_LIST, params).fetchone()
+    assert found is not None
+    params["layout"] = int(found[0])
+    cur.execute(_SET_LAYOUT, params)
+    cur.execute("DROP TABLE kl_resource_lists")
+
+
 def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
-                      touched: set[tuple[str, str]] | None) -> tuple[int, int, int]:
+                      touched: set[tuple[str, str]] | None, pieced: bool) -> tuple[int, int, int]:
     """Index the version's objects; returns (opened, closed, metadata updated in place)."""
     cur = conn.cursor()
     cur.execute(_DESCRIPTORS_TABLE)
@@ -580,7 +806,7 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
                             inst.provider, inst.resource_index, inst.instance_index))
     # Temp tables have no statistics until analysed; without them the joins below go quadratic.
     cur.execute("ANALYZE kl_descriptors")
-    cur.execute(_INCOMING_TABLE, (version.id,))
+    cur.execute(_INCOMING_TABLE.format(objects=_OBJECTS_OF_PARTS if pieced else _OBJECTS_OF_DOC))
     # Right after a big import `resources` has no statistics yet either, and the planner then
     # probes kl_incoming once per open row: with this index a probe is a lookup, not a scan
     # (a 10,000-instance write went from 22 s to well under one).
@@ -592,5 +818,5 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     relabelled += cur.execute(_IDENTITY_ADDED, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    cur.execute("DROP TABLE kl_descriptors, kl_incoming, kl_scope")
+    cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: _store_pieces reads it too
     return opened, closed, relabelled

@@ -102,7 +102,7 @@ def stored_versions_problems(db_url: str) -> tuple[int, list[str]]:
     problems: list[str] = []
     with psycopg.connect(db_url) as c:
         rows = c.execute(
-            """SELECT s.name, v.serial, v.lineage, v.encrypted, v.raw_state::text FROM state_versions v
+            """SELECT s.name, v.serial, v.lineage, v.encrypted, kl_version_document(v.id)::text FROM state_versions v
                JOIN states s ON s.id = v.state_id ORDER BY s.name, v.created_at, v.serial""").fetchall()
     last: dict[str, int] = {}
     for name, serial, lineage, encrypted, raw in rows:

@@ -60,7 +60,7 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
         sid = versions.state_id(conn, state)
         stored = _lifecycle_rows(conn, sid)
         rows = conn.execute(
-            "SELECT serial, source, actor, raw_state::text, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial",
+            "SELECT serial, source, actor, kl_version_document(id)::text, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial",
             (sid,),
         ).fetchall()
         scratch = f"kl-reindex-{uuid.uuid4().hex}"
@@ -92,7 +92,7 @@ def version_problems(db_url: str, state: str) -> list[str]:
     out = []
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
-            """SELECT v.serial, v.raw_state::text, v.encrypted FROM state_versions v JOIN states s ON s.id = v.state_id
+            """SELECT v.serial, kl_version_document(v.id)::text, v.encrypted FROM state_versions v JOIN states s ON s.id = v.state_id
                WHERE s.name = %s ORDER BY v.created_at, v.serial""",
             (state,),
         ).fetchall()

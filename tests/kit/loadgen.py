@@ -132,7 +132,7 @@ def check_database(db_url: str, outcome: Outcome) -> list[str]:
     problems = []
     with psycopg.connect(db_url) as c:
         rows = c.execute(
-            """SELECT s.name, v.serial, v.raw_state -> 'resources' -> 0 -> 'instances' -> 0 -> 'attributes' ->> 'id'
+            """SELECT s.name, v.serial, kl_version_document(v.id) -> 'resources' -> 0 -> 'instances' -> 0 -> 'attributes' ->> 'id'
                FROM state_versions v JOIN states s ON s.id = v.state_id ORDER BY s.name, v.serial""").fetchall()
         locks_left = one_row(c, "SELECT count(*) FROM state_locks")[0]
         open_rows = one_row(c, "SELECT count(*) FROM resources WHERE delete_serial IS NULL")[0]

@@ -105,6 +105,13 @@ def dump(conn: psycopg.Connection) -> str:
 def load(conn: psycopg.Connection, fixture_sql: str) -> None:
     with conn.transaction():
         conn.execute(fixture_sql.encode())
+        # The rows came with their ids: identity columns go on after the highest, as they would
+        # have in the database the fixture froze (a later write must not collide with them).
+        for table, column in conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' AND is_identity = 'YES'"
+        ).fetchall():
+            conn.execute(sql.SQL("SELECT setval(pg_get_serial_sequence({t}, {c}), max({col})) FROM {tbl} HAVING count(*) > 0").format(
+                t=sql.Literal(table), c=sql.Literal(column), col=sql.Identifier(column), tbl=sql.Identifier(table)))
 
 
 def digest(data: bytes) -> dict[str, Any]:
@@ -372,7 +379,7 @@ def populate(conn: psycopg.Connection) -> None:
     provider_limits.set_limit(conn, "registry.terraform.io/hashicorp/aws", "prod", 40, "fixture@cli")
     provider_limits.sync(conn, "registry.terraform.io/hashicorp/null", "", "fixture-host:1:abcd", 3, 1, 60.0)
 
-    # Run heartbeats (0018): a run made behind a transaction pooler beat until it finished.
+    # Run heartbeats (0017): a run made behind a transaction pooler beat until it finished.
     conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
                  " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 

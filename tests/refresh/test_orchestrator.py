@@ -155,7 +155,7 @@ def run_row(conn, run_id):
 
 
 def current(conn):
-    return conn.execute("SELECT serial, source, raw_state FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()
+    return conn.execute("SELECT serial, source, kl_version_document(id) FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()
 
 
 def test_unchanged_state_commits_a_refresh_version_with_zero_changed(conn, make_state):
@@ -486,7 +486,7 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
     f = FakeFactory(world={"d": {"id": "d", "triggers": {"k": "v"}}, "g": None})
     res = run(conn, f)
     assert res.status == "succeeded" and res.changed_addresses == ["null_resource.drifts", "null_resource.gone", "null_resource.old"]
-    latest = conn.execute("SELECT raw_state::text FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0].encode()
+    latest = conn.execute("SELECT kl_version_document(id)::text FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0].encode()
     versions.write_version(conn, "reindexed", tfstate.parse_state(latest), latest, source="import", actor="t")
 
     def open_rows(name):

@@ -154,7 +154,7 @@ def test_provider_config_env_reference_is_resolved_at_run_time_and_never_stored(
     assert b"s3cr3t-value" not in r.stdout + r.stderr
     with psycopg.connect(db_url) as c:
         stored = one_row(c, "SELECT config FROM provider_configs")[0]
-        dumped = one_row(c, "SELECT string_agg(t::text, ' ') FROM (SELECT to_jsonb(x) AS t FROM provider_configs x UNION ALL SELECT raw_state FROM state_versions) s")[0]
+        dumped = one_row(c, "SELECT string_agg(t::text, ' ') FROM (SELECT to_jsonb(x) AS t FROM provider_configs x UNION ALL SELECT kl_version_document(id) FROM state_versions) s")[0]
     assert stored == {"token": {"env": "FAKE_TOKEN"}} and "s3cr3t-value" not in dumped
     listing = run_kl("provider", "list").stdout.decode()
     assert "token=(env FAKE_TOKEN)" in listing and "s3cr3t" not in listing

@@ -30,14 +30,15 @@ def test_expected_tables_and_view_exist(conn):
     names = {r[0] for r in conn.execute(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'").fetchall()}
     assert {"states", "state_locks", "state_versions", "resources", "provider_schemas", "provider_configs",
-            "refresh_runs", "current_resource_drift", "schema_migrations"} <= names
+            "refresh_runs", "current_resource_drift", "schema_migrations", "version_pieces", "version_lists",
+            "access_tokens", "access_grants", "access_audit", "provider_limits"} <= names
     idx = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'resources_closed_at_idx'").fetchone()
     assert idx and "WHERE (delete_serial IS NOT NULL)" in idx[0]
     cols = [r[0] for r in conn.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_name = 'refresh_runs' ORDER BY ordinal_position")]
     assert cols == ["id", "state_id", "from_version_id", "to_version_id", "started_at", "finished_at",
                     "resources_checked", "resources_changed", "resources_failed", "status", "error_summary",
-                    "actor", "created_at", "concurrency"]
+                    "actor", "created_at", "concurrency", "heartbeat_at"]
 
 
 def test_stored_parallelism_is_auto_or_a_whole_number(conn):

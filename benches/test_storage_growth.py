@@ -1,0 +1,173 @@
+"""Storage grows with change, not with how often refresh runs (issue 13).
+
+A fleet of states (20 × 1,000 null_resource instances; KL_BENCH_QUICK=1: 4 × 200) is imported,
+then refreshed ROUNDS times each with 1% of its resources changing per refresh, through the real
+write paths: refresh commits (refresh/commit.commit_refresh, the compare-and-swap write with its
+touched set), and the HTTP backend's POST (server/store_ops.write_state, as Terraform's apply).
+Then every state gets no-change refreshes. Size is pg_total_relation_size summed over kl's tables
+after VACUUM, measured in this run; each step's growth is reported per write, as a fraction of one
+state's full size (what importing one state added). Gates: a 1%-change refresh or POST adds at
+most 5% of one state (quick mode 6%: small states make the fixed per-version rows weigh more); a
+no-change refresh adds only its rows: nothing to the pieces, lists or lifecycles, and at most 2 KiB
+in all (its state_versions row and the two lock_events rows of its commit's lock, with indexes).
+
+Measured on the 2-core dev machine (full size): before migration 0014 (a whole copy per version)
+one state took 758 KiB and every refresh added 111 KiB (14.6%), a backend POST 104 KiB, a no-change
+refresh 99 KiB; with pieces one state takes 1,205 KiB (its pieces are not compressed as one big
+TOASTed document was), a refresh adds 22 KiB (1.8%: lifecycle rows 7.9, pieces 4.7, the id list
+4.3, drift records 3.0), a POST 15 KiB (1.2%), a no-change refresh 1.2 KiB (lock events, its row).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from typing import Any
+
+import psycopg
+
+from kilolock import tfstate
+from kilolock.refresh.commit import commit_refresh
+from kilolock.server import store_ops
+from kilolock.store import versions
+
+QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
+STATES = 4 if QUICK else 20
+INSTANCES = 200 if QUICK else 1_000
+ROUNDS = 10 if QUICK else 50
+POST_ROUNDS = 5 if QUICK else 10
+NO_CHANGE_ROUNDS = 10 if QUICK else 20
+CHANGE_SHARE = 0.01
+GATE_CHANGE = 0.06 if QUICK else 0.05
+GATE_NO_CHANGE_BYTES = 2048
+STORED_CONTENT = ("version_pieces", "version_lists", "resources")
+
+_NULL = 'provider["registry.terraform.io/hashicorp/null"]'
+
+
+def _instance(name: str, n: int, generation: int) -> dict[str, Any]:
+    # Roughly what `terraform apply` writes for a null_resource with a few triggers, one of them a
+    # digest (real states are full of ids and hashes that compress no better than these).
+    digest = hashlib.sha256(f"{name}/{generation}".encode()).hexdigest()
+    return {"schema_version": 0,
+            "attributes": {"id": f"{7_000_000_000_000_000_000 + n * 7919 + generation}",
+                           "triggers": {"name": name, "revision": str(generation), "zone": f"eu-west-{n % 3}",
+                                        "owner": "team-platform", "checksum": digest}},
+            "sensitive_attributes": [], "private": "bnVsbA==",
+            "dependencies": [f"null_resource.r{max(n - 1, 0)}"] if n else []}
+
+
+def _document(state: int, serial: int, generations: list[int]) -> dict[str, Any]:
+    return {"version": 4, "terraform_version": "1.8.5", "serial": serial, "lineage": f"lineage-{state}",
+            "outputs": {"count": {"value": len(generations), "type": "number"}},
+            "resources": [{"mode": "managed", "type": "null_resource", "name": f"r{n}", "provider": _NULL,
+                           "instances": [_instance(f"s{state}-r{n}", n, g)]}
+                          for n, g in enumerate(generations)],
+            "check_results": None}
+
+
+def _table_bytes(conn: psycopg.Connection) -> dict[str, int]:
+    """pg_total_relation_size (heap, TOAST, indexes) of each of kl's tables, after VACUUM."""
+    conn.execute("VACUUM")
+    return {name: int(size) for name, size in conn.execute(
+        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'").fetchall()}
+
+
+def _growth(before: dict[str, int], after: dict[str, int], writes: int) -> str:
+    """The tables that grew, largest first, in bytes per write."""
+    grew = sorted(((after[t] - before.get(t, 0)) / writes, t) for t in after if after[t] > before.get(t, 0))
+    return ", ".join(f"{t} {b / 1024:.1f}" for b, t in reversed(grew))
+
+
+class _Fleet:
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+        self.generations = [[0] * INSTANCES for _ in range(STATES)]
+        self.serials = [1] * STATES
+        self.rng = random.Random(13)
+
+    def name(self, s: int) -> str:
+        return f"fleet/s{s:02d}"
+
+    def raw(self, s: int) -> bytes:
+        return json.dumps(_document(s, self.serials[s], self.generations[s]), separators=(",", ":")).encode()
+
+    def change(self, s: int) -> set[tuple[str, str]]:
+        picked = self.rng.sample(range(INSTANCES), max(1, round(INSTANCES * CHANGE_SHARE)))
+        for n in picked:
+            self.generations[s][n] += 1
+        self.serials[s] += 1
+        return {(f"null_resource.r{n}", "") for n in picked}
+
+    def import_all(self) -> None:
+        for s in range(STATES):
+            raw = self.raw(s)
+            versions.write_version(self.conn, self.name(s), tfstate.parse_state(raw, keep_objects=False), raw,
+                                   source="import", actor="bench")
+
+    def refresh(self, s: int, changed: bool) -> None:
+        """A refresh commit as the orchestrator makes it: the document parsed exactly, serial+1,
+        the changed objects in place, and the touched set naming them."""
+        sid = versions.state_id(self.conn, self.name(s))
+        start = versions.current_version(self.conn, sid)
+        assert start is not None
+        touched = self.change(s) if changed else set()
+        if not changed:
+            self.serials[s] += 1
+        parser = tfstate.ExactJSON()
+        state = tfstate.parse_state(parser.loads(self.raw(s)))
+        commit_refresh(self.conn, self.name(s), sid, state, parser, start, "bench", None, touched)
+
+    def post(self, s: int) -> None:
+        self.change(s)
+        store_ops.write_state(self.conn, self.name(s), self.raw(s), None, "bench")
+
+
+def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> None:
+    with psycopg.connect(bench_db, autocommit=True) as conn:
+        fleet = _Fleet(conn)
+        sizes = [_table_bytes(conn)]
+        fleet.import_all()
+        sizes.append(_table_bytes(conn))
+        doc_size = sum(len(fleet.raw(s)) for s in range(STATES)) / STATES
+
+        for _ in range(ROUNDS):
+            for s in range(STATES):
+                fleet.refresh(s, changed=True)
+        sizes.append(_table_bytes(conn))
+
+        for _ in range(POST_ROUNDS):
+            for s in range(STATES):
+                fleet.post(s)
+        sizes.append(_table_bytes(conn))
+
+        for _ in range(NO_CHANGE_ROUNDS):
+            for s in range(STATES):
+                fleet.refresh(s, changed=False)
+        sizes.append(_table_bytes(conn))
+
+        # Every version still reads back as written (the last of each state, whose text we hold).
+        for s in range(STATES):
+            assert json.loads(versions.raw_state_text(conn, fleet.name(s))) == json.loads(fleet.raw(s))
+
+    total = [sum(s.values()) for s in sizes]
+    state_size = (total[1] - total[0]) / STATES
+    per_refresh = (total[2] - total[1]) / (STATES * ROUNDS)
+    per_post = (total[3] - total[2]) / (STATES * POST_ROUNDS)
+    per_no_change = (total[4] - total[3]) / (STATES * NO_CHANGE_ROUNDS)
+    bench_summary.append(
+        f"storage growth ({STATES} states x {INSTANCES} instances, {CHANGE_SHARE:.0%} changed per write): one state "
+        f"{state_size / 1024:.0f} KiB in the database ({doc_size / 1024:.0f} KiB of JSON); per refresh commit "
+        f"{per_refresh / 1024:.1f} KiB = {per_refresh / state_size:.1%} of a state ({ROUNDS} rounds, gate {GATE_CHANGE:.0%}); "
+        f"per backend POST {per_post / 1024:.1f} KiB = {per_post / state_size:.1%}; per no-change refresh "
+        f"{per_no_change:.0f} B (gate {GATE_NO_CHANGE_BYTES} B)")
+    for label, (a, b, writes) in {"import": (0, 1, STATES), "refresh": (1, 2, STATES * ROUNDS),
+                                  "POST": (2, 3, STATES * POST_ROUNDS), "no-change refresh": (3, 4, STATES * NO_CHANGE_ROUNDS)}.items():
+        bench_summary.append(f"  KiB per {label}: {_growth(sizes[a], sizes[b], writes)}")
+    assert per_refresh <= GATE_CHANGE * state_size, f"a 1% refresh adds {per_refresh / state_size:.1%} of a state"
+    assert per_post <= GATE_CHANGE * state_size, f"a 1% backend POST adds {per_post / state_size:.1%} of a state"
+    assert per_no_change <= GATE_NO_CHANGE_BYTES, f"a no-change refresh adds {per_no_change:.0f} B"
+    grew = {t: sizes[4][t] - sizes[3][t] for t in STORED_CONTENT if sizes[4][t] != sizes[3][t]}
+    assert not grew, f"no-change refreshes stored content: {grew} bytes"
