@@ -433,11 +433,16 @@ pub fn quote(s: &str) -> String {
 
 /// A tree back to JSON text (numbers keep their original spelling).
 pub fn write_jval(out: &mut Vec<u8>, v: &JVal) {
+    write_jval_numbers(out, v, &|out, text| out.extend_from_slice(text));
+}
+
+/// A tree back to JSON text, each number written by WRITE_NUMBER from its original spelling.
+pub fn write_jval_numbers(out: &mut Vec<u8>, v: &JVal, write_number: &dyn Fn(&mut Vec<u8>, &[u8])) {
     match v {
         JVal::Null => out.extend_from_slice(b"null"),
         JVal::Bool(true) => out.extend_from_slice(b"true"),
         JVal::Bool(false) => out.extend_from_slice(b"false"),
-        JVal::Num(t) => out.extend_from_slice(t),
+        JVal::Num(t) => write_number(out, t),
         JVal::Str(s) => write_json_string(out, s.as_bytes()),
         JVal::Arr(items) => {
             out.push(b'[');
@@ -445,7 +450,7 @@ pub fn write_jval(out: &mut Vec<u8>, v: &JVal) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_jval(out, item);
+                write_jval_numbers(out, item, write_number);
             }
             out.push(b']');
         }
@@ -457,7 +462,7 @@ pub fn write_jval(out: &mut Vec<u8>, v: &JVal) {
                 }
                 write_json_string(out, k.as_bytes());
                 out.push(b':');
-                write_jval(out, item);
+                write_jval_numbers(out, item, write_number);
             }
             out.push(b'}');
         }

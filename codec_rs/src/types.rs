@@ -2,7 +2,7 @@
 //! plain JSON at dynamic positions (twin of kilolock/codec/pure/types.py, same error texts).
 
 use crate::errors::{PathError, Result, Step, MAX_DEPTH};
-use crate::jsontext::{nfc, parse_document, quote, write_json_string, write_jval, JVal};
+use crate::jsontext::{nfc, parse_document, quote, write_json_string, write_jval_numbers, JVal};
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use crate::mp;
@@ -629,33 +629,8 @@ pub fn as_own_type(v: &JVal, t: &CtyType) -> Result<(CtyType, Vec<u8>)> {
 /// A JSON value written back with numbers in canonical form, as `_leaf_json` in types.py writes
 /// it (set elements are ordered by this text).
 fn write_leaf(out: &mut Vec<u8>, v: &JVal) {
-    match v {
-        JVal::Num(text) => match crate::numbers::parse_number(text) {
-            Ok(d) => crate::numbers::canonical_text(&d, out),
-            Err(_) => out.extend_from_slice(text),
-        },
-        JVal::Arr(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_leaf(out, item);
-            }
-            out.push(b']');
-        }
-        JVal::Obj(members) => {
-            out.push(b'{');
-            for (i, (k, item)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_json_string(out, k.as_bytes());
-                out.push(b':');
-                write_leaf(out, item);
-            }
-            out.push(b'}');
-        }
-        _ => write_jval(out, v),
-    }
+    write_jval_numbers(out, v, &|out, text| match crate::numbers::parse_number(text) {
+        Ok(d) => crate::numbers::canonical_text(&d, out),
+        Err(_) => out.extend_from_slice(text),
+    });
 }
