@@ -254,7 +254,7 @@ def envelope_as_written(text: str, sha256_hex: str) -> str | None:
     if isinstance(laid.get("meta"), dict):
         laid["meta"] = dict(sorted(laid["meta"].items()))
     out: list[str] = []
-    _write_go_compact(laid, out)
+    _write_compact(laid, out, _go_string)
     compact = "".join(out)
     for candidate in (compact, compact + "\n"):
         if hashlib.sha256(candidate.encode()).hexdigest() == sha256_hex:
@@ -644,51 +644,35 @@ def _go_string(s: str) -> str:
     return json.dumps(s, ensure_ascii=False).translate(_GO_ESCAPES)
 
 
-def _write_compact(v: Any, out: list[str]) -> None:
+def _py_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _write_compact(v: Any, out: list[str], quote: Callable[[str], str] = _py_string) -> None:
+    """Compact JSON of V onto OUT, numbers as written; QUOTE writes strings and keys (Python's
+    escaping, or Go's json.Marshal's for a layout Go wrote)."""
     if isinstance(v, dict):
         out.append("{")
         for n, (k, item) in enumerate(v.items()):
             if n:
                 out.append(",")
-            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(quote(k))
             out.append(":")
-            _write_compact(item, out)
+            _write_compact(item, out, quote)
         out.append("}")
     elif isinstance(v, list):
         out.append("[")
         for n, item in enumerate(v):
             if n:
                 out.append(",")
-            _write_compact(item, out)
+            _write_compact(item, out, quote)
         out.append("]")
     elif isinstance(v, _Number):
         out.append(str.__str__(v))
+    elif isinstance(v, str):
+        out.append(quote(v))
     else:
         out.append(json.dumps(v, ensure_ascii=False))
-
-
-def _write_go_compact(v: Any, out: list[str]) -> None:
-    # As _write_compact, with Go's escaping of strings and keys (json.Marshal).
-    if isinstance(v, dict):
-        out.append("{")
-        for n, (k, item) in enumerate(v.items()):
-            if n:
-                out.append(",")
-            out.append(_go_string(k))
-            out.append(":")
-            _write_go_compact(item, out)
-        out.append("}")
-    elif isinstance(v, list):
-        out.append("[")
-        for n, item in enumerate(v):
-            if n:
-                out.append(",")
-            _write_go_compact(item, out)
-        out.append("]")
-    elif isinstance(v, str) and not isinstance(v, _Number):
-        out.append(_go_string(v))
-    else:
-        _write_compact(v, out)
 
 
 def dumps_compact(v: Any) -> str:
