@@ -319,6 +319,44 @@ def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, r
     assert (tf_code, {a: actions for a, actions in tf_actions if actions != ["no-op"]}) == (2 if expected else 0, expected)
 
 
+def test_schema_and_identity_upgrades_write_what_terraform_1_12_writes(run_kl, db_url, tmp_path: Path):
+    """An instance stored under older versions: schema version 0 (testsdk's `title`, since renamed
+    `name`) and identity schema version 0 ({name}, now {id, region}), as a state written with an
+    older provider holds it (made by hand: no released provider had those versions). Terraform 1.12
+    upgrades both before the read (UpgradeResourceState, UpgradeResourceIdentity); kl must write
+    the same. Only the test provider's rows: they alone have versions to upgrade."""
+    tool = "terraform-1.12.2"
+    cli = Cli(tool, tool_binary(tool))
+    rows = [row for row in PROVIDERS if row.namespace.endswith("/kilolock")]
+    ws = tmp_path / "applied"
+    ws.mkdir()
+    requirements = "\n    ".join(row.requirement for row in rows)
+    (ws / "main.tf").write_text(f"terraform {{\n  required_providers {{\n    {requirements}\n  }}\n}}\n"
+                                + "".join(row.resources(False, tool) for row in rows))
+    cli.run(ws, "init", "-input=false")
+    cli.run(ws, "apply", "-auto-approve", "-input=false")
+    doc = json.loads((ws / "terraform.tfstate").read_text())
+    for resource in doc["resources"]:
+        kept = next(i for i in resource["instances"] if i["index_key"] == "kept")
+        kept["identity"], kept["identity_schema_version"] = {"name": kept["identity"]["id"]}, 0
+        if resource["type"] == "testsdk_thing":
+            kept["schema_version"] = 0
+            kept["attributes"]["title"] = kept["attributes"].pop("name")
+    (ws / "terraform.tfstate").write_text(json.dumps(doc))
+    ws_tf, ws_kl = tmp_path / "terraform", tmp_path / "kl"
+    shutil.copytree(ws, ws_tf, symlinks=True)
+    shutil.copytree(ws, ws_kl, symlinks=True)
+
+    cli.run(ws_tf, "apply", "-refresh-only", "-auto-approve", "-input=false")
+    by_terraform = json.loads((ws_tf / "terraform.tfstate").read_text())
+    by_kl = _kl_refresh(run_kl, ws_kl, "upgraded")
+    upgraded = [i for r in by_terraform["resources"] for i in r["instances"] if i["index_key"] == "kept"]
+    assert [(i["schema_version"], i["identity_schema_version"], "name" in i["attributes"]) for i in upgraded] == [(1, 1, True)] * 2
+    differences = compare_resources(by_terraform, by_kl)
+    assert not differences, f"kl's refresh differs from {tool}'s:\n" + "\n".join(map(str, differences))
+    assert cli.planned(ws_kl) == cli.planned(ws_tf)
+
+
 def _the_testprovider_rows_hold_what_they_test(state: dict[str, Any], tool: str) -> None:
     """Private state always, identity where the CLI keeps it, write-only values nowhere: else the
     comparison of those fields would pass without comparing anything."""
