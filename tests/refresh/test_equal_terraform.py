@@ -35,14 +35,21 @@ from kit.tfequal import compare_resources
 # so only the set can be compared.
 MARKS_ORDERED = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False}
 TOOLS = tuple(MARKS_ORDERED)
+# Whether each CLI keeps resource identity (Terraform >= 1.12). kl writes the identity a provider
+# reports whatever CLI wrote the state (it matches the newest Terraform), so against an older CLI
+# kl's identity fields are checked on their own and left out of the comparison: the plan on kl's
+# state then shows that CLI reads such a state as it reads its own.
+KEEPS_IDENTITY = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False}
+IDENTITY_FIELDS = ("identity", "identity_schema_version")
 
 
 @dataclass(frozen=True)
 class ProviderRow:
     name: str  # its local name in required_providers
     version: str
-    # Its resources; True: for the run with out-of-band changes (some resources need a setting for that).
-    resources: Callable[[bool], str]
+    # Its resources, for the run with out-of-band changes (True: some resources need a setting for
+    # that) and the CLI (write-only attributes need Terraform >= 1.11).
+    resources: Callable[[bool, str], str]
     # The out-of-band changes, made in the workspace after the apply, before either refresh.
     drift: Callable[[Path], None]
     # What `plan -refresh=false` then plans for this row's resources ({address: actions}): proof
@@ -56,7 +63,7 @@ class ProviderRow:
         return f'{self.name} = {{ source = "{self.namespace}/{self.name}", version = "{self.version}" }}'
 
 
-def _null_resources(drifting: bool) -> str:
+def _null_resources(drifting: bool, tool: str) -> str:
     return """
 resource "null_resource" "n" {
   count    = 2
@@ -65,7 +72,7 @@ resource "null_resource" "n" {
 """
 
 
-def _local_resources(drifting: bool) -> str:
+def _local_resources(drifting: bool, tool: str) -> str:
     return """
 resource "local_file" "f" {
   for_each = toset(["kept", "deleted", "edited"])
@@ -86,7 +93,7 @@ def _local_drift(ws: Path) -> None:
     (ws / "out" / "edited.txt").write_text("edited behind Terraform's back")
 
 
-def _random_resources(drifting: bool) -> str:
+def _random_resources(drifting: bool, tool: str) -> str:
     return """
 resource "random_id" "k" {
   byte_length = 4
@@ -109,7 +116,7 @@ resource "random_uuid" "u" {}
 _ROTATE_AFTER_S = 3
 
 
-def _time_resources(drifting: bool) -> str:
+def _time_resources(drifting: bool, tool: str) -> str:
     at = datetime.now(timezone.utc) + timedelta(seconds=_ROTATE_AFTER_S) if drifting else datetime(2099, 1, 1, tzinfo=timezone.utc)
     return f"""
 resource "time_static" "t" {{}}
@@ -126,6 +133,90 @@ def _nothing(ws: Path) -> None:
     pass
 
 
+# Our test provider (tests/testprovider), both builds: each remote object is <workspace>/remote/<id>.json
+# (KL_TESTPROVIDER_DIR, set per workspace by Cli.run and _kl_refresh), so editing a file is an
+# out-of-band change of a complex value and deleting it a removal. Private state counts the reads
+# (testfw) or holds sdk/v2's meta (testsdk); identity is written by Terraform >= 1.12 only.
+_TESTPROVIDER_KEYS = ("kept", "edited", "gone")
+_WRITE_ONLY_TOOLS = {"terraform-1.12.2"}
+
+
+def _testfw_resources(drifting: bool, tool: str) -> str:
+    write_only = '\n  password_wo = "wo-${each.key}"' if tool in _WRITE_ONLY_TOOLS else ""
+    return f"""
+resource "testfw_thing" "t" {{
+  for_each    = toset({json.dumps(list(_TESTPROVIDER_KEYS))})
+  id          = "fw-${{each.key}}"
+  name        = "thing ${{each.key}}"
+  tags        = {{ env = "dev", team = "core" }}
+  secret      = "hunter2"{write_only}
+  dyn         = {{ x = 1, y = ["a", "b"] }}
+  objects     = [{{ k = "one", v = 1 }}, {{ k = "two", v = 2.5 }}]
+  single      = {{ a = "s", n = 3, token = "tok-1" }}
+  list_nested = [{{ a = "l0", n = 0 }}, {{ a = "l1", n = 1 }}]
+  set_nested  = [{{ a = "s0", n = null }}, {{ a = "s1", n = 1 }}]
+  map_nested  = {{ m = {{ a = "m0", n = 7 }} }}
+  rule {{
+    key   = "r1"
+    value = "v1"
+  }}
+  member {{
+    name = "bob"
+    role = "admin"
+  }}
+  member {{ name = "eve" }}
+}}
+"""
+
+
+def _testsdk_resources(drifting: bool, tool: str) -> str:
+    write_only = '\n  password_wo = "wo-${each.key}"' if tool in _WRITE_ONLY_TOOLS else ""
+    return f"""
+resource "testsdk_thing" "t" {{
+  for_each = toset({json.dumps(list(_TESTPROVIDER_KEYS))})
+  key      = "sdk-${{each.key}}"
+  name     = "thing ${{each.key}}"
+  size     = 1.5
+  tags     = {{ env = "dev" }}
+  labels   = ["x", "y"]
+  secret   = "hunter3"{write_only}
+  rule {{
+    key   = "r1"
+    value = "v1"
+  }}
+  member {{
+    name = "bob"
+    role = "admin"
+  }}
+}}
+"""
+
+
+def _edit_remote(ws: Path, ident: str, **changes: Any) -> None:
+    path = ws / "remote" / f"{ident}.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def _testfw_drift(ws: Path) -> None:
+    _edit_remote(ws, "fw-edited",
+                 tags={"env": "prod", "team": "core"}, secret="hunter2-rotated",
+                 dyn={"value": ["now", "a", "list"], "type": ["list", "string"]},
+                 objects=[{"k": "one", "v": 1}, {"k": "three", "v": 3}],
+                 single={"a": "s", "n": 4, "token": "tok-2"}, list_nested=[{"a": "l0", "n": 0}],
+                 set_nested=[{"a": "s0", "n": None}, {"a": "s2", "n": 2}],
+                 map_nested={"m": {"a": "m0", "n": 8}, "k": {"a": "k0", "n": None}},
+                 rule=[{"key": "r1", "value": "v2"}], member=[{"name": "bob", "role": "viewer"}],
+                 password_wo="written-out-of-band")  # write-only: the provider never reports it
+    (ws / "remote" / "fw-gone.json").unlink()
+
+
+def _testsdk_drift(ws: Path) -> None:
+    _edit_remote(ws, "sdk-edited", size=2.25, tags={"env": "prod", "owner": "ops"}, labels=["y"],
+                 secret="hunter3-rotated", rule=[{"key": "r1", "value": "v1"}, {"key": "r2", "value": ""}],
+                 member=[{"name": "carol", "role": "admin"}])
+    (ws / "remote" / "sdk-gone.json").unlink()
+
+
 PROVIDERS = (
     ProviderRow("null", "2.1.2", _null_resources, _nothing, {}),
     ProviderRow("local", LOCAL_V, _local_resources, _local_drift,
@@ -133,12 +224,18 @@ PROVIDERS = (
                 {'local_file.f["deleted"]': ["create"], 'local_file.f["edited"]': ["create"], "data.local_file.kept": ["read"]}),
     ProviderRow("random", RANDOM_V, _random_resources, _nothing, {}),
     ProviderRow("time", "0.14.2", _time_resources, _time_drift, {"time_rotating.r": ["create"]}),
+    ProviderRow("testfw", "0.1.0", _testfw_resources, _testfw_drift,
+                {'testfw_thing.t["edited"]': ["update"], 'testfw_thing.t["gone"]': ["create"]},
+                namespace="registry.terraform.io/kilolock"),
+    ProviderRow("testsdk", "0.1.0", _testsdk_resources, _testsdk_drift,
+                {'testsdk_thing.t["edited"]': ["update"], 'testsdk_thing.t["gone"]': ["create"]},
+                namespace="registry.terraform.io/kilolock"),
 )
 
 
-def _main_tf(drifting: bool) -> str:
+def _main_tf(drifting: bool, tool: str) -> str:
     requirements = "\n    ".join(row.requirement for row in PROVIDERS)
-    resources = "".join(row.resources(drifting) for row in PROVIDERS)
+    resources = "".join(row.resources(drifting, tool) for row in PROVIDERS)
     return f"terraform {{\n  required_providers {{\n    {requirements}\n  }}\n}}\n{resources}"
 
 
@@ -148,7 +245,8 @@ class Cli:
     binary: Path
 
     def run(self, ws: Path, *args: str, codes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, TF_CLI_CONFIG_FILE=str(CACHE / "terraformrc"), TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1")
+        env = dict(os.environ, TF_CLI_CONFIG_FILE=str(CACHE / "terraformrc"), TF_IN_AUTOMATION="1", CHECKPOINT_DISABLE="1",
+                   **_testprovider_env(ws))
         env.pop("TF_LOG", None)
         r = subprocess.run([str(self.binary), *args, "-no-color"], cwd=ws, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode in codes, f"{self.tool} {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
@@ -162,6 +260,11 @@ class Cli:
         return code, sorted((c["address"], c["change"]["actions"]) for c in shown.get("resource_changes", []))
 
 
+def _testprovider_env(ws: Path) -> dict[str, str]:
+    """Each workspace copy has its own remote objects."""
+    return {"KL_TESTPROVIDER_DIR": str(ws / "remote")}
+
+
 def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
     """kl's refresh of the workspace's terraform.tfstate: the document `kl state pull` gives after it."""
     r = run_kl("state", "import", name, str(ws / "terraform.tfstate"), "--source", "apply")
@@ -169,7 +272,8 @@ def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
     # local_file paths are relative to the workspace, as for Terraform.
     r = run_kl("state", "set", name, "--workdir", str(ws))
     assert r.returncode == 0, r.stderr
-    r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", timeout=600)
+    r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", timeout=600,
+               env=_testprovider_env(ws))
     out = json.loads(r.stdout or b"{}")
     assert r.returncode == 0 and out.get("status") == "succeeded" and out.get("to_serial"), (out, r.stderr)
     pulled = run_kl("state", "pull", name)
@@ -182,9 +286,12 @@ def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
 @pytest.mark.parametrize("tool", TOOLS)
 def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, run_kl, db_url, tmp_path: Path):
     cli = Cli(tool, tool_binary(tool))
+    for row in PROVIDERS:
+        if row.namespace.endswith("/kilolock") and not (PLUGIN_CACHE / row.namespace / row.name).exists():
+            pytest.fail(f"the {row.name} test provider is missing: run scripts/test-providers.sh {row.name}", pytrace=False)
     ws = tmp_path / "applied"
     ws.mkdir()
-    (ws / "main.tf").write_text(_main_tf(drifting))
+    (ws / "main.tf").write_text(_main_tf(drifting, tool))
     cli.run(ws, "init", "-input=false")
     cli.run(ws, "apply", "-auto-approve", "-input=false")
     if drifting:
@@ -198,6 +305,9 @@ def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, r
     by_terraform = json.loads((ws_tf / "terraform.tfstate").read_text())
     by_kl = _kl_refresh(run_kl, ws_kl, "equal")
 
+    _the_testprovider_rows_hold_what_they_test(by_terraform, tool)
+    if not KEEPS_IDENTITY[tool]:
+        by_kl = _identity_checked_and_left_out(by_kl)
     differences = compare_resources(by_terraform, by_kl, marks_ordered=MARKS_ORDERED[tool])
     assert not differences, f"kl's refresh differs from {tool}'s:\n" + "\n".join(map(str, differences))
 
@@ -207,6 +317,71 @@ def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, r
     # The test saw what it meant to: the changes it made, and none without them.
     expected = {a: actions for row in PROVIDERS for a, actions in row.planned_after_drift.items()} if drifting else {}
     assert (tf_code, {a: actions for a, actions in tf_actions if actions != ["no-op"]}) == (2 if expected else 0, expected)
+
+
+def test_schema_and_identity_upgrades_write_what_terraform_1_12_writes(run_kl, db_url, tmp_path: Path):
+    """An instance stored under older versions: schema version 0 (testsdk's `title`, since renamed
+    `name`) and identity schema version 0 ({name}, now {id, region}), as a state written with an
+    older provider holds it (made by hand: no released provider had those versions). Terraform 1.12
+    upgrades both before the read (UpgradeResourceState, UpgradeResourceIdentity); kl must write
+    the same. Only the test provider's rows: they alone have versions to upgrade."""
+    tool = "terraform-1.12.2"
+    cli = Cli(tool, tool_binary(tool))
+    rows = [row for row in PROVIDERS if row.namespace.endswith("/kilolock")]
+    ws = tmp_path / "applied"
+    ws.mkdir()
+    requirements = "\n    ".join(row.requirement for row in rows)
+    (ws / "main.tf").write_text(f"terraform {{\n  required_providers {{\n    {requirements}\n  }}\n}}\n"
+                                + "".join(row.resources(False, tool) for row in rows))
+    cli.run(ws, "init", "-input=false")
+    cli.run(ws, "apply", "-auto-approve", "-input=false")
+    doc = json.loads((ws / "terraform.tfstate").read_text())
+    for resource in doc["resources"]:
+        kept = next(i for i in resource["instances"] if i["index_key"] == "kept")
+        kept["identity"], kept["identity_schema_version"] = {"name": kept["identity"]["id"]}, 0
+        if resource["type"] == "testsdk_thing":
+            kept["schema_version"] = 0
+            kept["attributes"]["title"] = kept["attributes"].pop("name")
+    (ws / "terraform.tfstate").write_text(json.dumps(doc))
+    ws_tf, ws_kl = tmp_path / "terraform", tmp_path / "kl"
+    shutil.copytree(ws, ws_tf, symlinks=True)
+    shutil.copytree(ws, ws_kl, symlinks=True)
+
+    cli.run(ws_tf, "apply", "-refresh-only", "-auto-approve", "-input=false")
+    by_terraform = json.loads((ws_tf / "terraform.tfstate").read_text())
+    by_kl = _kl_refresh(run_kl, ws_kl, "upgraded")
+    upgraded = [i for r in by_terraform["resources"] for i in r["instances"] if i["index_key"] == "kept"]
+    assert [(i["schema_version"], i["identity_schema_version"], "name" in i["attributes"]) for i in upgraded] == [(1, 1, True)] * 2
+    differences = compare_resources(by_terraform, by_kl)
+    assert not differences, f"kl's refresh differs from {tool}'s:\n" + "\n".join(map(str, differences))
+    assert cli.planned(ws_kl) == cli.planned(ws_tf)
+
+
+def _the_testprovider_rows_hold_what_they_test(state: dict[str, Any], tool: str) -> None:
+    """Private state always, identity where the CLI keeps it, write-only values nowhere: else the
+    comparison of those fields would pass without comparing anything."""
+    things = [(r["type"], i) for r in state["resources"] if r["type"] in ("testfw_thing", "testsdk_thing") for i in r["instances"]]
+    assert {t for t, _ in things} == {"testfw_thing", "testsdk_thing"}, things
+    for type_, instance in things:
+        assert instance.get("private"), (type_, instance)
+        assert instance["attributes"]["password_wo"] is None, (type_, instance)
+        assert ("identity" in instance) == tool.startswith("terraform-1.12"), (tool, type_, instance)
+
+
+def _identity_checked_and_left_out(state: dict[str, Any]) -> dict[str, Any]:
+    """kl's state without identity fields, after checking them: exactly the test provider's
+    instances have them, as the provider reports them (identity schema version 1)."""
+    out = json.loads(json.dumps(state))
+    for resource in out["resources"]:
+        for instance in resource["instances"]:
+            if resource["type"] in ("testfw_thing", "testsdk_thing"):
+                ident = instance["attributes"]["id"]
+                assert (instance.get("identity"), instance.get("identity_schema_version")) == (
+                    {"id": ident, "region": "local"}, 1), instance
+            for field in IDENTITY_FIELDS:
+                assert resource["type"] in ("testfw_thing", "testsdk_thing") or field not in instance, instance
+                instance.pop(field, None)
+    return out
 
 
 def test_the_comparer_names_the_instance_and_field_that_differ():
