@@ -79,7 +79,7 @@ def simulate(controller: inflight.FixedLimit | inflight.AdaptiveLimit, instances
                 controller.on_throttled(epoch)
                 heapq.heappush(ready, (now + backoff.delay(attempt + 1, rng), i, attempt + 1))
             else:
-                controller.on_latency(latency, epoch)
+                controller.on_latency(latency, epoch, now)
                 done += 1
             if controller.limit != before:
                 sim.limits.append((now, controller.limit))
