@@ -80,7 +80,7 @@ NOISE_START = 0.05  # a window's rate's relative standard deviation, until measu
 NOISE_WEIGHT = 0.2
 MARGIN = 1.5  # standard deviations of the comparison a verdict on growth must clear
 JUDGE_WINDOWS = 8  # a growth that has not clearly paid after this many windows did not
-QUIET = 0.1  # a rate noisier than this needs (noise / QUIET)^2 windows to pass a growth
+QUIET = 0.1  # past the knee, a rate noisier than this needs (noise / QUIET)^2 windows to pass a growth
 HISTORY = 32
 HISTORY_HALF_LIFE = 5.0  # seconds: what a lower limit did counts half as much this much later
 KNEE = 0.95  # after a failed probe: the least limit whose reads per second came this close to the best
@@ -317,9 +317,11 @@ class AdaptiveLimit:
         ratio = (sum(after) / len(after)) / max(base, 1e-9)
         needed = 1 + (self.limit / began_at - 1) * GROWTH_MUST_PAY
         margin = MARGIN * self._noise * math.sqrt(1 / len(before) + 1 / len(after))
-        # A noisy rate (a busy machine's spells) needs more windows at the new limit before a pass:
-        # a spell that ends just after a growth must not pass for the growth's doing.
-        if ratio >= needed + margin and len(after) >= min(JUDGE_WINDOWS, math.ceil((self._noise / QUIET) ** 2)):
+        # Once a growth has failed to pay, a noisy rate (a busy machine's spells) needs more windows
+        # at the new limit before a pass: a spell that ends just after a growth must not pass for
+        # the growth's doing. Before that (the first ramp-up) one clear window is enough.
+        enough = math.ceil((self._noise / QUIET) ** 2) if self._knee_found else 1
+        if ratio >= needed + margin and len(after) >= min(JUDGE_WINDOWS, enough):
             return True
         if ratio < needed - margin or len(after) >= JUDGE_WINDOWS:
             return False
