@@ -258,7 +258,7 @@ class AdaptiveLimit:
                 self.slow_start = False
                 self._knee_found = True
                 self._hold, self._next_hold = self._next_hold, min(HOLD_MAX, self._next_hold * 2)
-                self._set(min(n for n, m in means if m >= best * KNEE))
+                self._set(max(min(self.start, self.limit), min(n for n, m in means if m >= best * KNEE)))
                 return
             # It paid: there is room (the provider got faster, a stall ended), so grow quickly again,
             # unless the API has throttled this run: that said where its limit is.
@@ -296,7 +296,11 @@ class AdaptiveLimit:
         elif ratio >= SHRINK_ABOVE:
             self.slow_start = False
             self._probe = None
-            self._set(math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio)))
+            # Never below the start for latency: an API that queues serves its capacity at 10 in flight
+            # as well as at fewer, and on a busy machine fewer only slowed a local provider (100,000
+            # instances: cut to 4 in flight, 54 s against 41 s at a fixed 10). Throttling may go lower.
+            cut = math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio))
+            self._set(max(min(self.start, self.limit), cut))
             self._cut_at = median
         else:
             self.slow_start = False
