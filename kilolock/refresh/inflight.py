@@ -18,6 +18,23 @@ WINDOW_MIN, all started under the current limit):
     the next window is not at least 8% faster, the cut did not help (the latency is not ours): its
     median becomes the baseline and growth starts over at x1.5;
   - in between: hold.
+Growth must also pay, judged by completed reads per second when the gate passes a clock. Latency
+alone cannot tell a provider with room from one that kl itself cannot keep busy: a provider on the
+same machine answers in well under a millisecond, kl's own CPU sets the pace, and every hold, cut
+and re-baselining under a busy machine's noise let latency-only growth climb to AUTO_MAX reader
+threads, whose contention made a 20,000-instance refresh take twice as long as a fixed 10. So a
+window also lasts at least RATE_WINDOW seconds (short windows of a fast provider are all noise),
+and once a run of growth has raised the limit CHECK_GROWTH-fold, its window's rate must beat the
+best window before the growth by GROWTH_MUST_PAY of the growth (x1.5 in flight: 1.25x the reads per
+second), by more than MARGIN standard deviations of such a comparison (estimated from consecutive windows at
+one limit; until it is clear either way, the limit holds and more windows are measured, up to
+JUDGE_WINDOWS). "Before" is also what lower limits did in the last few seconds (HISTORY_HALF_LIFE):
+a busy spell slows the windows just before a growth, and growth that starts in it would otherwise
+seem to pay when the spell ends. If it does not, the limit goes back to the least limit of that growth whose rate came
+within KNEE of the best (where throughput stopped improving) and holds there for
+HOLD_AFTER_FAILED windows, twice as many after each further failed probe (up to HOLD_MAX), so noise
+gets few chances to pass a probe that bought nothing; and from then on growth is by 1/16 only (the
+re-baselining above no longer restarts x1.5 growth), until a growth pays again.
 A throttled answer halves the limit at once, at most once per window of reads started after the
 previous decrease (those started before it were sent at the old limit and say nothing new).
 
@@ -32,6 +49,7 @@ import math
 import random
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -53,6 +71,19 @@ SLOW_START_FACTOR = 1.5
 LATENCY_CUT = 0.75  # at most a quarter off per window for latency: it is the noisier signal
 CUT_MUST_HELP = 0.92  # after a latency cut, the next window's median must be this much lower
 THROTTLE_FACTOR = 0.5  # throttling is the API saying so: halve
+RATE_WINDOW = 0.05  # seconds a window lasts at least, when there is a clock (a cloud window: one latency)
+GROWTH_MUST_PAY = 0.5  # after a growth, reads per second must rise by this share of the growth
+CHECK_GROWTH = 1.25  # growth is judged once the limit is this many times where it began
+HOLD_AFTER_FAILED = 2  # windows without growth after a probe that did not pay; doubles per failure
+HOLD_MAX = 64
+NOISE_START = 0.05  # a window's rate's relative standard deviation, until measured
+NOISE_WEIGHT = 0.2
+MARGIN = 1.5  # standard deviations of the comparison a verdict on growth must clear
+JUDGE_WINDOWS = 8  # a growth that has not clearly paid after this many windows did not
+QUIET = 0.1  # past the knee, a rate noisier than this needs (noise / QUIET)^2 windows to pass a growth
+HISTORY = 32
+HISTORY_HALF_LIFE = 5.0  # seconds: what a lower limit did counts half as much this much later
+KNEE = 0.95  # after a failed probe: the least limit whose reads per second came this close to the best
 
 # What providers put in a diagnostic when the API they call throttles them: AWS (Throttling,
 # ThrottlingException, RequestLimitExceeded, "Rate exceeded"), Azure and HTTP APIs (429 Too Many
@@ -89,7 +120,7 @@ class Limit(Protocol):
     throttled: int
     epoch: int  # bumped whenever the limit changes; samples from older epochs are stale
 
-    def on_latency(self, seconds: float, epoch: int) -> None: ...
+    def on_latency(self, seconds: float, epoch: int, now: float | None = None) -> None: ...
 
     def on_throttled(self, epoch: int) -> None: ...
 
@@ -108,7 +139,7 @@ class FixedLimit:
         self.throttled = 0
         self.epoch = 0
 
-    def on_latency(self, seconds: float, epoch: int) -> None:
+    def on_latency(self, seconds: float, epoch: int, now: float | None = None) -> None:
         pass
 
     def on_throttled(self, epoch: int) -> None:
@@ -138,12 +169,34 @@ class AdaptiveLimit:
         self._window: list[float] = []
         self._last_cut_epoch = -1
         self._cut_at: float | None = None  # the median that made the last latency cut, until the next window
+        # Reads per second: good answers (of any epoch) since the window began, over its time.
+        self._window_began: float | None = None
+        self._answers = 0
+        self._rates: list[float] = []  # the windows' rates at the current limit
+        # A window's rate varies by itself (a relative standard deviation), estimated from consecutive
+        # windows at one limit; a verdict on growth must stand out of it.
+        self._noise = NOISE_START
+        # A run of growth under judgement: (limit, its windows' rates) for each limit it went through.
+        self._probe: list[tuple[int, list[float]]] | None = None
+        # (limit, mean rate, when) of the last stretches at a limit: a probe must beat what a lower
+        # limit did lately too, not only the windows just before it, which a busy spell may have
+        # slowed (growth from a dip then "pays" when the spell ends).
+        self._history: list[tuple[int, float, float]] = []
+        self._now = 0.0
+        self._hold = 0  # windows left without growth
+        # Once a growth did not pay, the limit is near where throughput stops improving: from then
+        # on it grows by 1/16 at a time only (each run judged as above), never x1.5 again.
+        self._knee_found = False
+        self._next_hold = HOLD_AFTER_FAILED
 
     def _set(self, limit: int) -> None:
         limit = max(self.minimum, min(limit, self.ceiling))
         if limit != self.limit:
+            if self._rates:
+                self._history = self._history[-(HISTORY - 1):] + [(self.limit, sum(self._rates) / len(self._rates), self._now)]
             self.limit = limit
             self.max_used = max(self.max_used, limit)
+            self._rates = []
         # A new epoch even when the value stayed: the next window starts clean either way.
         self.epoch += 1
         self._window = []
@@ -159,14 +212,59 @@ class AdaptiveLimit:
             return  # sent before the last cut: already answered for
         self.slow_start = False
         self._last_cut_epoch = self.epoch + 1
+        self._probe = None
         self._set(math.floor(self.limit * THROTTLE_FACTOR))
 
-    def on_latency(self, seconds: float, epoch: int) -> None:
+    def on_latency(self, seconds: float, epoch: int, now: float | None = None) -> None:
+        """A good answer that took SECONDS, sent under EPOCH; NOW: when it came (a monotonic clock),
+        which lets growth be judged by reads per second too."""
+        if now is not None:
+            self._now = now
+            if self._window_began is not None:
+                self._answers += 1
         if epoch != self.epoch:
             return  # started under another limit: it measures that one
         self._window.append(seconds)
         if len(self._window) < max(self.limit, WINDOW_MIN):
             return
+        rate: float | None = None
+        # The first window has no rate: its clock would start at its first answer, not its first call.
+        if now is not None and self._window_began is not None:
+            if now - self._window_began < RATE_WINDOW:
+                return
+            rate = self._answers / (now - self._window_began)
+            if self._rates:
+                previous = self._rates[-1]
+                # Two windows of one rate differ by 1.13 standard deviations on average.
+                spread = abs(rate - previous) / max((rate + previous) / 2, 1e-9) / 1.13
+                self._noise += NOISE_WEIGHT * (spread - self._noise)
+            self._rates.append(rate)
+        self._decide(rate)
+        if now is not None:
+            self._window_began, self._answers = now, 0
+
+    def _decide(self, rate: float | None) -> None:
+        if rate is not None and self._probe is not None and self.limit >= self._probe[0][0] * CHECK_GROWTH:
+            verdict = self._judge()
+            if verdict is None:
+                self._hold_window()  # not clear yet: measure another window at this limit
+                return
+            probe, self._probe = self._probe, None
+            if not verdict:
+                # More in flight, not enough more reads done: something else sets the pace. Back to
+                # the least of the probe's limits that did (nearly) as well as its best, and wait.
+                means = [(n, sum(r) / len(r)) for n, r in probe + [(self.limit, self._rates)] if r]
+                best = max(m for _, m in means)
+                self.slow_start = False
+                self._knee_found = True
+                self._hold, self._next_hold = self._next_hold, min(HOLD_MAX, self._next_hold * 2)
+                self._set(max(min(self.start, self.limit), min(n for n, m in means if m >= best * KNEE)))
+                return
+            # It paid: there is room (the provider got faster, a stall ended), so grow quickly again,
+            # unless the API has throttled this run: that said where its limit is.
+            self._next_hold = HOLD_AFTER_FAILED
+            self._knee_found = False
+            self.slow_start = self.slow_start or self.throttled == 0
         window = sorted(self._window)
         median = window[len(window) // 2]
         cut_at, self._cut_at = self._cut_at, None
@@ -174,15 +272,22 @@ class AdaptiveLimit:
             # Fewer calls in flight and no faster: the latency is not ours (a busy machine, a slower
             # API for everyone). Take it as the new baseline rather than cut on towards nothing.
             self.baseline, self.baseline_limit = median, self.limit
-            self.slow_start = True
+            self.slow_start = not self._knee_found
         if self.baseline is None or median < self.baseline or self.limit <= self.baseline_limit:
             if self.baseline is not None and median > self.baseline * SHRINK_ABOVE:
                 # No more load than when the baseline was taken, yet slower: the provider changed on
                 # its own. Probe quickly again from here rather than creep back one at a time.
-                self.slow_start = True
+                self.slow_start = not self._knee_found
             self.baseline, self.baseline_limit = median, self.limit
         ratio = median / self.baseline if self.baseline > 0 else 1.0
-        if ratio <= GROW_BELOW:
+        if ratio <= GROW_BELOW and self._hold > 0:
+            self._hold -= 1
+            self._hold_window()
+        elif ratio <= GROW_BELOW:
+            if rate is not None:
+                if self._probe is None:
+                    self._probe = []
+                self._probe.append((self.limit, self._rates))
             if self.slow_start:
                 grown = math.ceil(self.limit * SLOW_START_FACTOR)
             else:
@@ -190,12 +295,45 @@ class AdaptiveLimit:
             self._set(grown)
         elif ratio >= SHRINK_ABOVE:
             self.slow_start = False
-            self._set(math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio)))
+            self._probe = None
+            # Never below the start for latency: an API that queues serves its capacity at 10 in flight
+            # as well as at fewer, and on a busy machine fewer only slowed a local provider (100,000
+            # instances: cut to 4 in flight, 54 s against 41 s at a fixed 10). Throttling may go lower.
+            cut = math.floor(self.limit * max(LATENCY_CUT, TARGET / ratio))
+            self._set(max(min(self.start, self.limit), cut))
             self._cut_at = median
         else:
             self.slow_start = False
-            self.epoch += 1  # hold, and measure a fresh window
-            self._window = []
+            self._hold_window()
+
+    def _judge(self) -> bool | None:
+        """Whether the growth under judgement paid (its rate rose by GROWTH_MUST_PAY of the growth,
+        beyond the noise), did not, or (None) cannot be told yet."""
+        assert self._probe is not None
+        began_at, before = self._probe[0]
+        after = self._rates
+        if not before:
+            return True  # nothing to compare with (the first window has no rate): growth as before
+        base = sum(before) / len(before)
+        for limit, rate, at in self._history:
+            if limit <= began_at:
+                base = max(base, rate * 0.5 ** ((self._now - at) / HISTORY_HALF_LIFE))
+        ratio = (sum(after) / len(after)) / max(base, 1e-9)
+        needed = 1 + (self.limit / began_at - 1) * GROWTH_MUST_PAY
+        margin = MARGIN * self._noise * math.sqrt(1 / len(before) + 1 / len(after))
+        # Once a growth has failed to pay, a noisy rate (a busy machine's spells) needs more windows
+        # at the new limit before a pass: a spell that ends just after a growth must not pass for
+        # the growth's doing. Before that (the first ramp-up) one clear window is enough.
+        enough = math.ceil((self._noise / QUIET) ** 2) if self._knee_found else 1
+        if ratio >= needed + margin and len(after) >= min(JUDGE_WINDOWS, enough):
+            return True
+        if ratio < needed - margin or len(after) >= JUDGE_WINDOWS:
+            return False
+        return None
+
+    def _hold_window(self) -> None:
+        self.epoch += 1  # the same limit, measured by a fresh window
+        self._window = []
 
 
 def controller_for(parallelism: Parallelism, ceiling: int | None = None) -> FixedLimit | AdaptiveLimit:
@@ -275,14 +413,18 @@ class Gate:
             if throttled:
                 self.controller.on_throttled(epoch)
             elif latency is not None:
-                self.controller.on_latency(latency, epoch)
+                self.controller.on_latency(latency, epoch, time.monotonic())
             if self.controller.limit != before and log.isEnabledFor(logging.DEBUG):
                 baseline = getattr(self.controller, "baseline", None)
                 log.debug("%s: requests in flight %d -> %d (%s%s)", self.label, before, self.controller.limit,
                           "throttled" if throttled else f"latency {latency or 0:.3f}s",
                           f", baseline {baseline:.3f}s" if baseline is not None else "")
-            if self.in_flight < self.controller.limit:
-                self._cond.notify_all()  # the limit may have grown by more than one
+            free = self.controller.limit - self.in_flight
+            if free > 0:
+                # As many waiters as there are free slots (the limit may have grown by more than
+                # one), not all: after a cut, threads beyond the limit wait here, and waking every
+                # one of them on every answer cost a 20,000-instance refresh seconds of system time.
+                self._cond.notify(free)
 
     def report(self) -> dict[str, object]:
         c = self.controller
