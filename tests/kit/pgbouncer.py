@@ -28,9 +28,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def pgbouncer(server_url: str, pool_mode: str = "transaction", pool_size: int = 3) -> Iterator[str]:
+def pgbouncer(server_url: str, pool_mode: str = "transaction", pool_size: int = 3, server_login_retry: float = 15) -> Iterator[str]:
     """Start PgBouncer in front of SERVER_URL's server; yields a libpq URL template
-    ("host=DIR port=PORT user=U dbname={dbname}") to format with a database name."""
+    ("host=DIR port=PORT user=U dbname={dbname}") to format with a database name.
+    SERVER_LOGIN_RETRY: how long PgBouncer refuses every client after a failed server login
+    (its default is 15s), what a restarting server causes."""
     import psycopg.conninfo
 
     params = psycopg.conninfo.conninfo_to_dict(server_url)
@@ -60,6 +62,7 @@ default_pool_size = {pool_size}
 min_pool_size = 0
 max_client_conn = 500
 server_reset_query =
+server_login_retry = {server_login_retry:g}
 ignore_startup_parameters = extra_float_digits,options
 logfile = {base}/pgbouncer.log
 pidfile = {base}/pgbouncer.pid
