@@ -17,6 +17,10 @@ from kilolock.errors import KlError
 InstanceKey = int | str | None
 
 
+# Serials are stored as PostgreSQL bigint; Terraform's own are uint64, but none reaches 2**63.
+MAX_SERIAL = 2**63 - 1
+
+
 class StateError(KlError):
     """The state file is not a Terraform state Kilolock can store; the message says where."""
 
@@ -229,8 +233,9 @@ def envelope_ids(doc: dict[str, Any], origin: str = "state") -> EnvelopeIds | No
     if "serial" not in doc and "lineage" not in doc:
         return None
     serial, lineage = doc.get("serial"), doc.get("lineage")
-    if isinstance(serial, bool) or not isinstance(serial, int) or serial < 0:
-        raise StateError(f"{origin}: OpenTofu-encrypted state: \"serial\" must be a whole number >= 0, not {_kind(serial)}")
+    if isinstance(serial, bool) or not isinstance(serial, int) or serial < 0 or serial > MAX_SERIAL:
+        raise StateError(f"{origin}: OpenTofu-encrypted state: \"serial\" must be a whole number from 0 to {MAX_SERIAL}, "
+                         f"not {serial if isinstance(serial, int) and not isinstance(serial, bool) else _kind(serial)}")
     if not isinstance(lineage, str) or not lineage:
         raise StateError(f"{origin}: OpenTofu-encrypted state: \"lineage\" must be a non-empty string")
     return EnvelopeIds(serial, lineage)
@@ -417,6 +422,7 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state", *, ke
         _expect(key in doc, f"{origin}.{key}", "missing")
     _expect_type(doc["serial"], int, f"{origin}.serial", "a number")
     _expect(doc["serial"] >= 0, f"{origin}.serial", "must not be negative")
+    _expect(doc["serial"] <= MAX_SERIAL, f"{origin}.serial", f"must be at most {MAX_SERIAL}")
     _expect_type(doc["lineage"], str, f"{origin}.lineage", "a string")
     _expect(doc["lineage"] != "", f"{origin}.lineage", "must not be empty")
     if "terraform_version" in doc:
@@ -852,6 +858,7 @@ def upgrade_v3(doc: dict[str, Any], origin: str = "state") -> dict[str, Any]:
     """A version-3 state document as the version-4 document Terraform upgrades it to."""
     _expect_type(doc.get("serial", 0), int, f"{origin}.serial", "a number")
     _expect(doc.get("serial", 0) >= 0, f"{origin}.serial", "must not be negative")
+    _expect(doc.get("serial", 0) <= MAX_SERIAL, f"{origin}.serial", f"must be at most {MAX_SERIAL}")
     modules = doc.get("modules") or []
     _expect_type(modules, list, f"{origin}.modules", "an array")
     outputs: dict[str, Any] = {}

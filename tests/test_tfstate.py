@@ -169,6 +169,7 @@ BAD_INPUTS = [
     (json.dumps({k: v for k, v in _state().items() if k != "serial"}).encode(), "state.serial: missing"),
     (json.dumps(_state(serial="3")).encode(), "state.serial: expected a number, got string"),
     (json.dumps(_state(serial=-1)).encode(), "state.serial: must not be negative"),
+    (json.dumps(_state(serial=2**63)).encode(), "state.serial: must be at most 9223372036854775807"),
     (json.dumps(_state(lineage=7)).encode(), "state.lineage: expected a string, got number"),
     (json.dumps(_state(resources={})).encode(), "state.resources: expected an array, got object"),
     (json.dumps(_state(resources=[{"mode": "managed"}])).encode(), "state.resources[0].type: missing"),
@@ -246,6 +247,7 @@ def test_an_opentofu_envelope_gives_its_serial_and_lineage_and_its_bytes_back():
     assert tfstate.envelope_ids({"meta": {}, "encrypted_data": "", "encryption_version": "v0"}) is None
     for bad, message in (({"serial": True, "lineage": "l"}, '"serial" must be a whole number'),
                          ({"serial": -1, "lineage": "l"}, '"serial" must be a whole number'),
+                         ({"serial": 2**63, "lineage": "l"}, '"serial" must be a whole number from 0 to 9223372036854775807, not 9223372036854775808'),
                          ({"serial": 1}, '"lineage" must be a non-empty string'),
                          ({"serial": 1, "lineage": ""}, '"lineage" must be a non-empty string')):
         with pytest.raises(tfstate.StateError, match=message):
