@@ -44,7 +44,9 @@ RSS_GROWTH_GATES = {"import": 5.5, "pull": 3.0, "refresh": 6.5} if not QUICK els
 # Whole-process time over the bare json.loads + jsonb insert of the same file, same run. Loose:
 # they catch a quadratic step (a per-row copy of a big jsonb took a pull from seconds to minutes),
 # not noise; refresh is bound by its 100,000 provider calls, which the baseline does not make.
-TIME_GATES = {"import": 4.0, "pull": 5.0, "refresh": 20.0} if not QUICK else {"import": 5.0, "pull": 6.0, "refresh": 24.0}
+# Quick-mode refresh measured 23.8x on a quiet CI machine after the merges of 2026-11-30 (adaptive
+# in flight that must pay in reads per second, versions in pieces): the gate leaves it room.
+TIME_GATES = {"import": 4.0, "pull": 5.0, "refresh": 20.0} if not QUICK else {"import": 5.0, "pull": 6.0, "refresh": 30.0}
 TARGETS_100K = {"refresh": (15.0, 300), "import": (None, 200), "pull": (None, 200)}  # (seconds, MiB)
 
 _BARE = """
