@@ -2,44 +2,23 @@
 On a cluster of this module's own, never the session's shared server."""
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 
-import psycopg
 import pytest
 
-from kit.fleet import add_states, assert_no_overlap, q, start_worker, stop, wait_for
+from kit.fleet import add_states, assert_no_overlap, own_cluster, q, start_worker, stop, wait_for
 from kit.invariants import reindex_mismatches, version_problems
 from kit.kl import kl_cmd, kl_env
 
 
 @pytest.fixture
 def restart_db() -> Iterator[tuple[object, str]]:
-    from kilolock.store.embedded import EmbeddedCluster, EmbeddedError
-
-    base = Path(tempfile.mkdtemp(prefix="kl-fleetpg-"))  # short: the unix socket path has a length limit
-    base.chmod(0o755)
-    cluster = EmbeddedCluster(base / "pg")
-    try:
-        cluster.ensure_running()
-    except EmbeddedError as exc:
-        pytest.fail(f"cannot start a PostgreSQL cluster for the restart test: {exc}", pytrace=False)
-    try:
-        with psycopg.connect(cluster.url("postgres"), autocommit=True) as admin:
-            admin.execute('CREATE DATABASE "fleet"')
-        url = cluster.url("fleet")
-        r = subprocess.run(kl_cmd("db", "migrate"), env=kl_env(KL_DATABASE_URL=url), capture_output=True)
-        assert r.returncode == 0, r.stderr
-        yield cluster, url
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with own_cluster("kl-fleetpg-") as cluster_and_url:
+        yield cluster_and_url
 
 
 def test_workers_reconnect_after_a_postgresql_restart(restart_db):

@@ -4,21 +4,18 @@ relied on; a run's liveness is its heartbeat. Three pooled server connections fo
 so consecutive transactions of one kl process land on different server connections."""
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from kit import pgbouncer
 from kit.faults import install_fake
-from kit.fleet import LEASE, add_fake_state, add_states, assert_no_overlap, q, runs_of, start_worker, stop, wait_for
+from kit.fleet import LEASE, add_fake_state, add_states, assert_no_overlap, own_cluster, q, runs_of, start_worker, stop, wait_for
 from kit.invariants import reindex_mismatches, version_problems
 from kit.kl import kl_cmd, kl_env
 from kit.procs import assert_no_new_providers, provider_pids
@@ -169,33 +166,15 @@ def test_a_pooled_run_beats_instead_of_locking_and_stops_beating_when_its_finish
 
 
 @pytest.fixture
-def own_cluster() -> Iterator[tuple[object, str]]:
-    """A cluster of this test's own, migrated: restarting the session's shared server would break every other test."""
-    from kilolock.store.embedded import EmbeddedCluster, EmbeddedError
-
-    base = Path(tempfile.mkdtemp(prefix="kl-pgbrs-"))  # short: the unix socket path has a length limit
-    base.chmod(0o755)
-    cluster = EmbeddedCluster(base / "pg")
-    try:
-        cluster.ensure_running()
-    except EmbeddedError as exc:
-        pytest.fail(f"cannot start a PostgreSQL cluster for the restart test: {exc}", pytrace=False)
-    try:
-        with psycopg.connect(cluster.url("postgres"), autocommit=True) as admin:
-            admin.execute('CREATE DATABASE "fleet"')
-        url = cluster.url("fleet")
-        r = subprocess.run(kl_cmd("db", "migrate"), env=kl_env(KL_DATABASE_URL=url), capture_output=True)
-        assert r.returncode == 0, r.stderr
-        yield cluster, url
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
+def pooled_cluster() -> Iterator[tuple[object, str]]:
+    with own_cluster("kl-pgbrs-") as cluster_and_url:
+        yield cluster_and_url
 
 
-def test_pooled_workers_go_on_after_a_postgresql_restart(own_cluster):
+def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster):
     from kilolock.store.embedded import find_pg_bin
 
-    cluster, url = own_cluster
+    cluster, url = pooled_cluster
     if not pgbouncer.available():
         pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
     names = [f"rs/s{n}" for n in range(10)]

@@ -2,14 +2,19 @@
 the database says about their runs."""
 from __future__ import annotations
 
+import contextlib
 import itertools
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from kit.faults import fake_state
 from kit.kl import kl_cmd, kl_env
@@ -85,3 +90,28 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
         proc.send_signal(sig)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out.decode()
+
+
+@contextlib.contextmanager
+def own_cluster(prefix: str) -> Iterator[tuple[Any, str]]:
+    """A PostgreSQL cluster of the caller's own with a migrated database "fleet": (cluster, url).
+    For tests that restart PostgreSQL, which would break every other test on the shared server."""
+    from kilolock.store.embedded import EmbeddedCluster, EmbeddedError
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))  # short: the unix socket path has a length limit
+    base.chmod(0o755)
+    cluster = EmbeddedCluster(base / "pg")
+    try:
+        cluster.ensure_running()
+    except EmbeddedError as exc:
+        pytest.fail(f"cannot start a PostgreSQL cluster for the restart test: {exc}", pytrace=False)
+    try:
+        with psycopg.connect(cluster.url("postgres"), autocommit=True) as admin:
+            admin.execute('CREATE DATABASE "fleet"')
+        url = cluster.url("fleet")
+        r = subprocess.run(kl_cmd("db", "migrate"), env=kl_env(KL_DATABASE_URL=url), capture_output=True)
+        assert r.returncode == 0, r.stderr
+        yield cluster, url
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
