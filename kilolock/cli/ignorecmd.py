@@ -37,10 +37,10 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from kilolock.schema import path_parse
+    from kilolock.schema import drift_path_parse
     from kilolock.store import db, ignore_rules
 
-    rule = ignore_rules.NewRule(args.states, args.address, path_parse(args.path) if args.path else None,
+    rule = ignore_rules.NewRule(args.states, args.address, drift_path_parse(args.path) if args.path else None,
                                 args.reason, args.expires)
     with db.open_store() as conn:
         new_id = ignore_rules.add_rule(conn, rule, args.actor or cli_args.default_actor())
