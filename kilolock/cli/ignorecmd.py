@@ -28,7 +28,8 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", metavar="GLOB", required=True, type=cli_args.address_glob,
                         help="resource addresses that match: * within one .-separated segment, ** across")
     parser.add_argument("--path", metavar="ATTRIBUTE_PATH", type=cli_args.attribute_path,
-                        help='only drift whose every change lies at or under this attribute path (tags["env"]); '
+                        help='only drift whose every change lies at or under this attribute path (tags["env"]; a set '
+                             'element as kl drift shows it: member[={"name":"eve"}]); '
                              "a deleted object is ignored only by a rule without --path")
     parser.add_argument("--reason", type=cli_args.utf8_text, help="why: shown by list and by kl drift --all")
     parser.add_argument("--expires", metavar="DURATION", type=cli_args.duration,
