@@ -175,3 +175,18 @@ def test_a_bad_set_element_path_names_what_is_wrong(text: str, message: str) -> 
 def test_a_set_element_is_not_a_path_into_a_value() -> None:
     with pytest.raises(ValueError, match="cannot be used here"):
         sch.path_parse('labels[="a"]')
+
+
+def test_notifications_shape_paths_with_the_cached_schema_as_kl_drift_does() -> None:
+    from kilolock.notify import payload
+
+    provider = 'provider["registry.terraform.io/kilolock/testfw"]'
+    row = {"mode": "managed", "type": "x_thing", "provider": provider, "sensitive_attributes": []}
+    rows = {"1": {**row, "attributes": _whole({"single": {"a": "s", "n": 3, "token": None}, "labels": ["a"]})},
+            "2": {**row, "attributes": _whole({"single": {"a": "s", "n": 4, "token": None}, "labels": ["a", "b"]})}}
+    detail = {"addresses": [{"address": "x_thing.t", "deposed": "", "kind": "changed", "baseline": "1", "current": "2"}]}
+    schemas = {("registry.terraform.io/kilolock/testfw", "managed", "x_thing"): [{"version": 0, "block": sch.block_to_json(SCHEMA)}]}
+    [shaped] = payload.addresses(detail, rows, schemas)
+    assert [c["path"] for c in shaped["changes"]] == ['labels[="b"]', "single.n"]
+    [guessed] = payload.addresses(detail, rows)  # no schema cached: keys guessed, lists by position
+    assert [c["path"] for c in guessed["changes"]] == ["labels", 'single["n"]']
