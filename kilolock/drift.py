@@ -3,7 +3,6 @@ sensitive values masked; and the drift document (`kl drift --format json`, the d
 from drift record rows."""
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,12 +32,12 @@ class Change:
 # ``dyn["value"]``) as the wrapper's type says. A set is compared as a set.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Obj:
-    fields: tuple[tuple[str, Shape], ...]
+    fields: dict[str, Shape]  # a resource type has 150 attributes at times: found by name
 
     def field(self, name: str) -> Shape:
-        return next((s for n, s in self.fields if n == name), _ANY)
+        return self.fields.get(name, _ANY)
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ def _type_shape(t: Any) -> Shape:
     if isinstance(t, list) and t and t[0] in ("list", "set", "map") and len(t) == 2:
         return _Coll(t[0], _type_shape(t[1]))
     if isinstance(t, list) and t and t[0] == "object" and len(t) >= 2 and isinstance(t[1], dict):
-        return _Obj(tuple((k, _type_shape(v)) for k, v in sorted(t[1].items())))
+        return _Obj({k: _type_shape(v) for k, v in t[1].items()})
     if isinstance(t, list) and t and t[0] == "tuple" and len(t) == 2 and isinstance(t[1], list):
         return _Tuple(tuple(_type_shape(v) for v in t[1]))
     return _ANY
@@ -117,24 +116,37 @@ def _nested(obj: Shape, nesting: sch.NestingMode) -> Shape:
 
 def _attribute_shape(attr: sch.Attribute) -> Shape:
     if attr.nested_type is not None:
-        obj = _Obj(tuple((a.name, _attribute_shape(a)) for a in attr.nested_type.attributes))
+        obj = _Obj({a.name: _attribute_shape(a) for a in attr.nested_type.attributes})
         return _nested(obj, attr.nested_type.nesting)
     if attr.type is not None:
         return _type_shape(json.loads(attr.type))
     return _ANY
 
 
-@functools.lru_cache(maxsize=512)
+# Block -> its shape, by the block's identity (kept alive here, so an id is not reused while its
+# entry stands): hashing a 150-attribute Block on every call would cost more than the walk.
+_SHAPES: dict[int, tuple[sch.Block, Shape]] = {}
+
+
 def block_shape(block: sch.Block) -> Shape:
+    hit = _SHAPES.get(id(block))
+    if hit is None or hit[0] is not block:
+        if len(_SHAPES) > 4096:
+            _SHAPES.clear()
+        hit = _SHAPES[id(block)] = (block, _block_shape(block))
+    return hit[1]
+
+
+def _block_shape(block: sch.Block) -> Shape:
     """The shape of a resource object of BLOCK. A LIST or MAP of blocks holding a dynamic attribute
     is itself dynamic to Terraform (a tuple or object of its own type), and stored wrapped."""
-    fields = [(a.name, _attribute_shape(a)) for a in block.attributes]
+    fields = {a.name: _attribute_shape(a) for a in block.attributes}
     for nb in block.block_types:
         if nb.nesting in (sch.NestingMode.LIST, sch.NestingMode.MAP) and _has_dynamic_attributes(nb.block):
-            fields.append((nb.type_name, _DYN))
+            fields[nb.type_name] = _DYN
         else:
-            fields.append((nb.type_name, _nested(block_shape(nb.block), nb.nesting)))
-    return _Obj(tuple(sorted(fields)))
+            fields[nb.type_name] = _nested(block_shape(nb.block), nb.nesting)
+    return _Obj(fields)
 
 
 def choose_block(blocks: Sequence[sch.Block], *values: Any) -> sch.Block | None:
