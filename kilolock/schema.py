@@ -102,6 +102,30 @@ PathStep = GetAttr | Index
 AttributePath = tuple[PathStep, ...]
 
 
+@dataclass(frozen=True)
+class Element:
+    """A set element, named by its value (decoded JSON), as cty names one; only drift paths and
+    ignore rules have it (``member[={"name":"eve"}]``), and nothing follows it: a set element has
+    no parts of its own to change, it is added or removed whole."""
+
+    value: Any
+
+    def __hash__(self) -> int:  # a JSON value may be a dict or list: hash its canonical text
+        return hash(element_json(self.value))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Element) and element_json(self.value) == element_json(other.value)
+
+
+DriftStep = GetAttr | Index | Element
+DriftPath = tuple[DriftStep, ...]
+
+
+def element_json(value: Any) -> str:
+    """A set element's one printed form: compact JSON, keys sorted, UTF-8 kept."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
 def path_to_state_json(path: AttributePath) -> list[dict[str, Any]]:
     """One path in Terraform's ``sensitive_attributes`` shape."""
     steps: list[dict[str, Any]] = []
@@ -126,16 +150,20 @@ def path_from_state_json(steps: list[dict[str, Any]]) -> AttributePath:
     return tuple(out)
 
 
-def path_display(path: AttributePath) -> str:
+def path_display(path: DriftPath) -> str:
     """The one printed form of a path, as Terraform writes one in plans and ``ignore_changes``:
     ``tags["k"]``, ``rule[0].cidr`` (no leading dot; the empty path is the whole object). A key is
     a JSON string that keeps UTF-8 as is (``tags["café"]``, as Terraform prints it and as kl prints
     values) and escapes only quote, backslash and control characters. The codec's error messages
-    use it too; its Rust backend (codec_rs/src/errors.rs) writes the same text."""
+    use it too; its Rust backend (codec_rs/src/errors.rs) writes the same text. A set element
+    (drift only) is ``[=JSON]``: the element's value, compact with keys sorted (``element_json``);
+    a list index or map key could not tell it apart (``ports[80]`` would be a position)."""
     parts: list[str] = []
     for step in path:
         if isinstance(step, GetAttr):
             parts.append(("." if parts else "") + step.name)
+        elif isinstance(step, Element):
+            parts.append("[=" + element_json(step.value) + "]")
         elif isinstance(step.key, str):
             parts.append("[" + json.dumps(step.key, ensure_ascii=False) + "]")
         else:
@@ -145,18 +173,35 @@ def path_display(path: AttributePath) -> str:
 
 _PATH_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _PATH_INDEX = re.compile(r'\[(?:(-?\d+)|("(?:[^"\\]|\\.)*"))\]')
+_JSON = json.JSONDecoder()
 
 
-def path_parse(text: str) -> AttributePath:
+def drift_path_parse(text: str) -> DriftPath:
     """A path written as ``path_display`` writes it (Terraform's form: ``tags["env"]``,
-    ``rule[0].cidr``), for whatever kl reads one from. Raises ValueError naming the position."""
-    steps: list[PathStep] = []
+    ``rule[0].cidr``; a set element ``member[={"name":"eve"}]`` last), for whatever kl reads one
+    from. Raises ValueError naming the position."""
+    steps: list[DriftStep] = []
     pos = 0
     while pos < len(text):
+        if steps and isinstance(steps[-1], Element):
+            raise ValueError(f"attribute path {text!r}: nothing may follow a set element [=...] (position {pos + 1}): "
+                             "a set element is added or removed whole")
+        if text.startswith("[=", pos):
+            try:
+                value, end = _JSON.raw_decode(text, pos + 2)
+            except ValueError:
+                raise ValueError(f"attribute path {text!r}: expected a JSON value after [= at position {pos + 3}") from None
+            if not text.startswith("]", end):
+                raise ValueError(f"attribute path {text!r}: expected ] at position {end + 1}")
+            if not steps:
+                raise ValueError(f"attribute path {text!r}: a set element [=...] needs the set's path before it")
+            steps.append(Element(value))
+            pos = end + 1
+            continue
         if text[pos] == "[":
             m = _PATH_INDEX.match(text, pos)
             if not m:
-                raise ValueError(f"attribute path {text!r}: expected [NUMBER] or [\"KEY\"] at position {pos + 1}")
+                raise ValueError(f"attribute path {text!r}: expected [NUMBER], [\"KEY\"] or [=JSON] at position {pos + 1}")
             steps.append(Index(int(m.group(1)) if m.group(1) is not None else json.loads(m.group(2))))
         else:
             if steps:
@@ -171,6 +216,14 @@ def path_parse(text: str) -> AttributePath:
     if not steps:
         raise ValueError("attribute path is empty")
     return tuple(steps)
+
+
+def path_parse(text: str) -> AttributePath:
+    """``drift_path_parse`` without set elements: a path into a value (a search, a mark)."""
+    path = drift_path_parse(text)
+    if any(isinstance(step, Element) for step in path):
+        raise ValueError(f"attribute path {text!r}: a set element [=...] cannot be used here")
+    return tuple(step for step in path if not isinstance(step, Element))
 
 
 # --- JSON form (``terraform providers schema -json``) ------------------------------------------

@@ -9,28 +9,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kilolock import drift, tfstate
+from kilolock import drift
 from kilolock import schema as sch
 from kilolock.redact import MASK
 from kilolock.sensitive import block_contains_sensitive, sensitive_paths
 
 ACTIONS = ("added", "removed", "changed")
 
-Schemas = Mapping[tuple[str, str, str], list[Any]]
+Schemas = drift.Schemas
 Row = Mapping[str, Any]
-
-
-def schema_key(row: Row) -> tuple[str, str, str] | None:
-    """(provider source, mode, type) of an object: whose cached schemas say what is secret. None
-    for a provider address that does not parse (stored as Terraform wrote it: it has no schema)."""
-    try:
-        return tfstate.parse_provider(row["provider"]).source, row["mode"], row["type"]
-    except tfstate.StateError:
-        return None
-
-
-def schema_keys(rows: Iterable[Row]) -> set[tuple[str, str, str]]:
-    return {k for k in map(schema_key, rows) if k is not None}
+schema_key = drift.schema_key
+schema_keys = drift.schema_keys
 
 
 def _schema_sensitive(rows: Sequence[Row], schemas: Schemas) -> list[Any]:
@@ -38,9 +27,9 @@ def _schema_sensitive(rows: Sequence[Row], schemas: Schemas) -> list[Any]:
     kl has seen: a mismatched shape only finds fewer paths)."""
     paths = []
     for key in schema_keys(rows):
-        for block in schemas.get(key, ()):
+        for block in drift.schema_blocks(schemas, key):
             for r in rows:
-                paths += sensitive_paths(sch.schema_from_json(block).block, r["attributes"] or {})
+                paths += sensitive_paths(block, r["attributes"] or {})
     return paths
 
 
@@ -65,9 +54,10 @@ def instance(before: Row | None, after: Row | None, schemas: Schemas, unknown: s
         entry["status"] = None if before["status"] == after["status"] else {"before": before["status"], "after": after["status"]}
         missing = unknown_providers([before, after], schemas)
         unknown |= missing
+        block = drift.choose_block(drift.schema_blocks(schemas, schema_key(after)), after["attributes"], before["attributes"])
         found = drift.changes(before["attributes"], after["attributes"],
                               before["sensitive_attributes"], after["sensitive_attributes"],
-                              _EVERYTHING if missing else _schema_sensitive([before, after], schemas))
+                              _EVERYTHING if missing else _schema_sensitive([before, after], schemas), block=block)
         entry["changes"] = [{"path": c.path, "before": c.before, "after": c.after} for c in found]
     else:
         entry["status"] = None

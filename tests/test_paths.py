@@ -37,3 +37,17 @@ def test_display_keeps_utf8_in_keys_and_escapes_only_what_json_must():
     assert sch.path_display((sch.GetAttr("tags"), sch.Index('café "x"\n'))) == 'tags["café \\"x\\"\\n"]'
     assert sch.path_display((sch.Index(0), sch.GetAttr("cidr"))) == "[0].cidr"
     assert sch.path_display(()) == ""
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**9, 10**9) | st.text(max_size=6),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=8)
+
+
+@given(names, st.lists(steps, max_size=3), json_values)
+def test_a_set_element_displayed_parses_back(first, rest, element):
+    # A drift path may end on a set element, [=JSON] (an index or a key could not tell it apart).
+    path = (sch.GetAttr(first), *rest, sch.Element(element))
+    text = sch.path_display(path)
+    assert text.endswith("[=" + sch.element_json(element) + "]")
+    assert sch.drift_path_parse(text) == path

@@ -110,10 +110,10 @@ def address_glob(text: str) -> str:
 def attribute_path(text: str) -> str:
     """``--path``: an attribute path as Terraform writes one (tags["env"], rule[0].cidr)."""
     utf8_text(text)
-    from kilolock.schema import path_parse
+    from kilolock.schema import drift_path_parse
 
     try:
-        path_parse(text)
+        drift_path_parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

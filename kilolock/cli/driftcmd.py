@@ -38,14 +38,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bool = False) -> dict[str, Any]:
     """The drift document of state NAME (kilolock.drift.document), as `--format json` prints it."""
     from kilolock.store import drift as drift_store
+    from kilolock.store import history
 
     with conn.transaction():  # one snapshot: the rows and both counts agree
         rows = drift_store.list_drift(conn, name, limit, include_resolved=include_resolved)
         open_count = drift_store.count_drift(conn, name)
         total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
         ignored = drift_store.count_ignored(conn, name)
+        # The providers' schemas shape the paths (single.n, tags["env"], sets as sets).
+        schemas = history.cached_schemas(conn, drift.schema_keys(rows))
     return drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
-                          include_resolved=include_resolved)
+                          include_resolved=include_resolved, schemas=schemas)
 
 
 def ignored_by(rules: list[dict[str, Any]]) -> str:

@@ -28,7 +28,8 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", metavar="GLOB", required=True, type=cli_args.address_glob,
                         help="resource addresses that match: * within one .-separated segment, ** across")
     parser.add_argument("--path", metavar="ATTRIBUTE_PATH", type=cli_args.attribute_path,
-                        help='only drift whose every change lies at or under this attribute path (tags["env"]); '
+                        help='only drift whose every change lies at or under this attribute path (tags["env"]; a set '
+                             'element as kl drift shows it: member[={"name":"eve"}]); '
                              "a deleted object is ignored only by a rule without --path")
     parser.add_argument("--reason", type=cli_args.utf8_text, help="why: shown by list and by kl drift --all")
     parser.add_argument("--expires", metavar="DURATION", type=cli_args.duration,
@@ -37,10 +38,10 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from kilolock.schema import path_parse
+    from kilolock.schema import drift_path_parse
     from kilolock.store import db, ignore_rules
 
-    rule = ignore_rules.NewRule(args.states, args.address, path_parse(args.path) if args.path else None,
+    rule = ignore_rules.NewRule(args.states, args.address, drift_path_parse(args.path) if args.path else None,
                                 args.reason, args.expires)
     with db.open_store() as conn:
         new_id = ignore_rules.add_rule(conn, rule, args.actor or cli_args.default_actor())

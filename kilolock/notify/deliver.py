@@ -25,11 +25,11 @@ from typing import Any
 import psycopg
 
 import kilolock
-from kilolock import redact
+from kilolock import drift, redact
 from kilolock.errors import KlError
 from kilolock.notify import payload
 from kilolock.redact import Redactor
-from kilolock.store import db
+from kilolock.store import db, history
 from kilolock.store import notify as outbox
 from kilolock.store.db import first_line
 
@@ -98,7 +98,7 @@ def resolve(value: Any, secrets: Redactor, where: str) -> str | None:
 
 
 def _attempt(conn: psycopg.Connection, d: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]], owner: str,
-             post_fn: PostFn) -> str | None:
+             post_fn: PostFn, schemas: drift.Schemas | None = None) -> str | None:
     secrets = Redactor()
     started = time.monotonic()
     status: int | None = None
@@ -106,7 +106,7 @@ def _attempt(conn: psycopg.Connection, d: Mapping[str, Any], rows: Mapping[str, 
         url = resolve(d["webhook"], secrets, f"channel {d['channel']} webhook")
         secret = resolve(d["secret"], secrets, f"channel {d['channel']} secret")
         assert url is not None
-        doc = payload.document(d, payload.addresses(d["detail"], rows) if d["kind"].startswith("drift.") else [])
+        doc = payload.document(d, payload.addresses(d["detail"], rows, schemas) if d["kind"].startswith("drift.") else [])
         body = payload.body_bytes(d["format"], doc)
         status, error = post_fn(url, body, payload.headers(d, body, secret, USER_AGENT), HTTP_TIMEOUT_S)
     except KlError as exc:
@@ -142,11 +142,12 @@ def deliver_due(conn: psycopg.Connection, *, budget_s: float, wait_for_retries: 
             time.sleep(wait + 0.05)
             continue
         rows = outbox.resources(conn, sorted({i for d in batch for i in payload.resource_ids(d["detail"])}))
+        schemas = history.cached_schemas(conn, drift.schema_keys(rows.values()))  # paths as kl drift shows them
         for i, d in enumerate(batch):
             if not in_budget:
                 outbox.release(conn, [x["delivery_id"] for x in batch[i:]], owner)
                 break
-            if _attempt(conn, d, rows, owner, post_fn) == "delivered":
+            if _attempt(conn, d, rows, owner, post_fn, schemas) == "delivered":
                 delivered += 1
             in_budget = time.monotonic() < deadline
     return delivered

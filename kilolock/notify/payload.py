@@ -31,14 +31,19 @@ _TITLES = {
 }
 
 
-def addresses(detail: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def addresses(detail: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]],
+              schemas: drift.Schemas | None = None) -> list[dict[str, Any]]:
     """A drift event's addresses, each with its changed paths and masked before/after values.
-    ROWS: the lifecycle rows the event names (store.notify.resources), by id."""
+    ROWS: the lifecycle rows the event names (store.notify.resources), by id; SCHEMAS (cached)
+    shape the paths as kl drift's."""
     out = []
     for a in detail.get("addresses", []):
         before, after = rows.get(str(a.get("baseline"))), rows.get(str(a.get("current")))
+        block = None if after is None else drift.choose_block(
+            drift.schema_blocks(schemas or {}, drift.schema_key(after)), after["attributes"], (before or {}).get("attributes"))
         changes = [] if a["kind"] == "deleted" or before is None or after is None else drift.changes(
-            before["attributes"], after["attributes"], before["sensitive_attributes"], after["sensitive_attributes"])
+            before["attributes"], after["attributes"], before["sensitive_attributes"], after["sensitive_attributes"],
+            block=block)
         out.append({"address": a["address"], "deposed": a["deposed"] or None, "kind": a["kind"],
                     "paths": list(a.get("paths") or []),
                     "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes],

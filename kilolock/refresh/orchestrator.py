@@ -37,7 +37,7 @@ from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import ignore_rules, locks, refresh_runs, versions
+from kilolock.store import history, ignore_rules, locks, refresh_runs, versions
 from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
@@ -274,8 +274,8 @@ def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, 
         pass  # a prior that does not parse or fit is the read's to report; masking is best effort
 
 
-def _drift_of(entry: _Entry) -> dict[str, Any]:
-    """What a changed instance's read found, as kl drift prints it."""
+def _drift_of(entry: _Entry, schemas: attribute_drift.Schemas) -> dict[str, Any]:
+    """What a changed instance's read found, as kl drift prints it (SCHEMAS shape its paths)."""
     update = entry.update
     assert update is not None
     deposed = entry.inst.deposed or None
@@ -286,9 +286,11 @@ def _drift_of(entry: _Entry) -> dict[str, Any]:
         after = json.loads(update.attributes)
     except ValueError:
         before = after = None
+    key = attribute_drift.schema_key({"provider": entry.inst.provider, "mode": entry.inst.mode, "type": entry.inst.type})
+    block = attribute_drift.choose_block(attribute_drift.schema_blocks(schemas, key), after, before)
     changes = attribute_drift.changes(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None,
                                       entry.inst.obj.get("sensitive_attributes"),
-                                      [path_to_state_json(p) for p in update.sensitive_paths])
+                                      [path_to_state_json(p) for p in update.sensitive_paths], block=block)
     return {"address": entry.inst.address, "deposed": deposed, "kind": "changed",
             "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes]}
 
@@ -540,7 +542,9 @@ def run(
         result.changed_addresses, result.changed = changed, len(changed)
         drifted = [e for e in sorted(entries, key=lambda e: (e.inst.address, e.inst.deposed))
                    if e.update is not None and e.update.changed]
-        result.drift = [_drift_of(e) for e in drifted]
+        schemas = history.cached_schemas(conn, attribute_drift.schema_keys(  # cached by the run's providers
+            {"provider": e.inst.provider, "mode": e.inst.mode, "type": e.inst.type} for e in drifted))
+        result.drift = [_drift_of(e, schemas) for e in drifted]
         _judge_drift(conn, name, sid, drifted, result.drift)
         result.reshaped = sorted({e.inst.address for e in entries
                                   if e.update is not None and e.update.reshaped and not e.update.removed})

@@ -7,7 +7,7 @@ import psycopg
 
 from kilolock import drift
 from kilolock.server.backend import Response, json_body, text
-from kilolock.store import db, locks, summary
+from kilolock.store import db, history, locks, summary
 from kilolock.store import drift as drift_store
 from kilolock.store import versions as versions_store
 from kilolock.store.versions import StateNotFound
@@ -43,10 +43,11 @@ def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = F
             open_count = drift_store.count_drift(conn, name)
             total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
             ignored = drift_store.count_ignored(conn, name)
+            schemas = history.cached_schemas(conn, drift.schema_keys(rows))  # as kl drift: paths by schema
     except StateNotFound as exc:
         return text(404, str(exc))
     return json_body(200, drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
-                                         include_resolved=include_resolved))
+                                         include_resolved=include_resolved, schemas=schemas))
 
 
 def health(conn: psycopg.Connection) -> Response:

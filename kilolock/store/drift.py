@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from kilolock.store.versions import state_id
 
-_COLS = """address, deposed, drift_kind, type, detected_serial, detected_at, previous_attributes, current_attributes,
+_COLS = """address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
        previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
        first_detected_at, last_confirmed_serial, open_for, changed_attributes"""
 

@@ -1,13 +1,13 @@
 """Drift ignore rules (``drift_ignore_rules``, migrations 0009 and 0012): ``kl drift ignore add|list|remove``.
 
-Matching is SQL only, in one function (``kl_drift_ignored_by``, migration 0012) that the
+Matching is SQL only, in one function (``kl_drift_ignored_by``, migrations 0012 and 0021) that the
 ``resource_drift`` view calls: rules hide an open record there when together they cover every
 change it has, and ``current_resource_drift`` (what kl drift, kl status, the exit codes and the
 API count as open drift) leaves hidden records out. ``classify`` asks the same function about
 changes a refresh found and has not committed (``kl refresh --dry-run``). Records are never
 deleted or changed by a rule, so removing one brings its records back. The globs are stored with
 the PostgreSQL regexes kilolock.globs compiles them to; a path is stored in Terraform's form and
-as jsonb path steps.
+as jsonb path steps, with a set element it ends on (``member[={"name":"eve"}]``) apart as jsonb.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from kilolock import globs
 from kilolock import schema as sch
@@ -32,21 +33,27 @@ class RuleNotFound(KlError):
 class NewRule:
     states_glob: str
     address_glob: str
-    path: sch.AttributePath | None = None
+    path: sch.DriftPath | None = None
     reason: str | None = None
     expires_in_s: float | None = None
 
 
-def path_steps(path: sch.AttributePath) -> list[str]:
+def path_steps(path: sch.DriftPath) -> list[str]:
     """PATH as jsonb path steps (``#>``/``#-``): attribute names and map keys as themselves, list
-    indexes as their digits."""
-    return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path]
+    indexes as their digits; a set element it ends on is not a step (``path_element``)."""
+    return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path if not isinstance(step, sch.Element)]
+
+
+def path_element(path: sch.DriftPath) -> Jsonb | None:
+    """The set element PATH ends on (drift_path_parse allows one only last), as jsonb; None: none."""
+    return Jsonb(path[-1].value) if path and isinstance(path[-1], sch.Element) else None
 
 
 _INSERT = """
-INSERT INTO drift_ignore_rules (states_glob, states_regex, address_glob, address_regex, path, path_steps, reason,
-                                created_by, expires_at)
-VALUES (%(states_glob)s, %(states_regex)s, %(address_glob)s, %(address_regex)s, %(path)s, %(path_steps)s, %(reason)s,
+INSERT INTO drift_ignore_rules (states_glob, states_regex, address_glob, address_regex, path, path_steps, path_element,
+                                reason, created_by, expires_at)
+VALUES (%(states_glob)s, %(states_regex)s, %(address_glob)s, %(address_regex)s, %(path)s, %(path_steps)s,
+        %(path_element)s, %(reason)s,
         %(by)s, CASE WHEN %(expires_in)s::float8 IS NULL THEN NULL
                      ELSE now() + make_interval(secs => %(expires_in)s::float8) END)
 RETURNING id
@@ -92,6 +99,7 @@ def add_rule(conn: psycopg.Connection, rule: NewRule, actor: str) -> int:
         "address_glob": rule.address_glob, "address_regex": globs.address_regex(rule.address_glob),
         "path": sch.path_display(rule.path) if rule.path else None,
         "path_steps": path_steps(rule.path) if rule.path else None,
+        "path_element": path_element(rule.path) if rule.path else None,
         "reason": rule.reason, "by": actor, "expires_in": rule.expires_in_s,
     }
     with conn.transaction():

@@ -369,7 +369,7 @@ SELECT d.id AS delivery_id, d.attempts, e.id::text AS event_id, e.kind, e.state_
 FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id JOIN notify_channels c ON c.id = d.channel_id
 WHERE d.id = ANY(%s) ORDER BY d.id
 """
-_RESOURCES = "SELECT id::text AS id, attributes, sensitive_attributes FROM resources WHERE id = ANY(%s::uuid[])"
+_RESOURCES = "SELECT id::text AS id, mode, type, provider, attributes, sensitive_attributes FROM resources WHERE id = ANY(%s::uuid[])"
 
 # One attempt: its row, then the delivery's next step, both only while this owner holds the lease.
 # A failed attempt is retried after 2^(attempts-1) seconds (at most max_delay), until the delivery

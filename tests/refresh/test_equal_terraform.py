@@ -357,6 +357,48 @@ def test_schema_and_identity_upgrades_write_what_terraform_1_12_writes(run_kl, d
     assert cli.planned(ws_kl) == cli.planned(ws_tf)
 
 
+@pytest.mark.parametrize("row_name", ["testsdk", "testfw"])
+def test_an_instance_stored_without_identity_gets_the_identity_its_read_returns(row_name: str, run_kl, db_url,
+                                                                                 tmp_path: Path):
+    """A state from before Terraform 1.12 (made by 1.8.5: no identity stored) whose provider now
+    has an identity schema (version 1), with out-of-band changes. Terraform 1.12.2 sends each such
+    instance to UpgradeResourceIdentity (version 0, an empty identity): sdk/v2 answers with no
+    identity, the read then returns one and Terraform stores it; the framework passes the empty
+    identity to testfw's upgrader, which refuses it, and Terraform's refresh fails. kl does not ask
+    for that upgrade: its refresh succeeds, stores the identity the read returns, and writes what
+    Terraform writes where Terraform succeeds (README: "Equal to Terraform")."""
+    row = next(r for r in PROVIDERS if r.name == row_name)
+    old, new = Cli("terraform-1.8.5", tool_binary("terraform-1.8.5")), Cli("terraform-1.12.2", tool_binary("terraform-1.12.2"))
+    ws = tmp_path / "applied"
+    ws.mkdir()
+    (ws / "main.tf").write_text(f"terraform {{\n  required_providers {{\n    {row.requirement}\n  }}\n}}\n"
+                                + row.resources(True, old.tool))
+    old.run(ws, "init", "-input=false")
+    old.run(ws, "apply", "-auto-approve", "-input=false")
+    applied = json.loads((ws / "terraform.tfstate").read_text())
+    assert all("identity" not in i for r in applied["resources"] for i in r["instances"])
+    row.drift(ws)
+    ws_tf, ws_kl = tmp_path / "terraform", tmp_path / "kl"
+    shutil.copytree(ws, ws_tf, symlinks=True)
+    shutil.copytree(ws, ws_kl, symlinks=True)
+
+    by_kl = _kl_refresh(run_kl, ws_kl, "identity")
+    instances = [i for r in by_kl["resources"] for i in r["instances"]]
+    assert sorted(i["index_key"] for i in instances) == ["edited", "kept"]  # "gone" was removed
+    for i in instances:
+        assert (i["identity_schema_version"], i["identity"]) == (1, {"id": i["attributes"]["id"], "region": "local"}), i
+
+    r = new.run(ws_tf, "apply", "-refresh-only", "-auto-approve", "-input=false", codes=(0, 1))
+    if row_name == "testfw":
+        assert r.returncode == 1 and "upgrading identity v0" in r.stderr, r.stderr
+        assert json.loads((ws_tf / "terraform.tfstate").read_text()) == applied  # Terraform wrote nothing
+        return
+    by_terraform = json.loads((ws_tf / "terraform.tfstate").read_text())
+    differences = compare_resources(by_terraform, by_kl, marks_ordered=MARKS_ORDERED[new.tool])
+    assert not differences, f"kl's refresh differs from {new.tool}'s:\n" + "\n".join(map(str, differences))
+    assert new.planned(ws_kl) == new.planned(ws_tf)
+
+
 def _the_testprovider_rows_hold_what_they_test(state: dict[str, Any], tool: str) -> None:
     """Private state always, identity where the CLI keeps it, write-only values nowhere: else the
     comparison of those fields would pass without comparing anything."""

@@ -57,6 +57,10 @@ resource "testfw_thing" "a" {
     name = "bob"
     role = "admin"
   }
+  settings {
+    mode  = "fast"
+    level = 1
+  }
 }
 resource "testsdk_thing" "b" {
   key    = "sdk-b"
@@ -173,32 +177,63 @@ def _changes(entry: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     return {c["path"]: (c["before"], c["after"]) for c in entry["changes"]}
 
 
+def _change_list(changes: list[dict[str, Any]]) -> list[tuple[str, Any, Any]]:
+    return sorted((c["path"], c["before"], c["after"]) for c in changes)
+
+
+S = "(sensitive)"
+# Every shape testfw has, changed out of band, and the exact path (and before, after) kl reports for
+# it: attributes of objects, single nested attributes and blocks as `.name`, map keys as `["k"]`,
+# a dynamic value through its stored wrapper (shown whole when its type changed), sets as sets
+# (an element changed is one removed and one added, and nothing else moves).
+FW_EDITS: dict[str, Any] = {
+    "tags": {"env": "prod", "team": "core"},
+    "secret": "hunter2-rotated",
+    "dyn": {"value": ["now", "a", "list"], "type": ["list", "string"]},
+    "objects": [{"k": "one", "v": 1}, {"k": "three", "v": 3}],
+    "single": {"a": "s", "n": 4, "token": "tok-2"},
+    "list_nested": [{"a": "l0", "n": 0}],
+    "set_nested": [{"a": "s0", "n": None}, {"a": "s1", "n": 1}],
+    "map_nested": {"m": {"a": "m0", "n": 8}, "k": {"a": "k0", "n": None}},
+    "rule": [{"key": "r1", "value": "v2"}],
+    "member": [{"name": "bob", "role": "viewer"}, {"name": "eve", "role": None}],
+    "settings": {"mode": "fast", "level": 2},
+    "password_wo": "written-out-of-band",  # write-only: the provider never reports it
+}
+FW_CHANGES = sorted([
+    ('tags["env"]', "dev", "prod"),
+    ("secret", S, S),
+    ("dyn", {"x": 1, "y": ["a", "b"]}, ["now", "a", "list"]),
+    ('objects[={"k":"two","v":2.5}]', {"k": "two", "v": 2.5}, None),
+    ('objects[={"k":"three","v":3}]', None, {"k": "three", "v": 3}),
+    ("single.n", 3, 4),
+    ("single.token", S, S),
+    ("list_nested", [{"a": "l0", "n": 0}, {"a": "l1", "n": 1}], [{"a": "l0", "n": 0}]),
+    ('set_nested[={"a":"s1","n":1}]', None, {"a": "s1", "n": 1}),
+    ('map_nested["m"].n', 7, 8),
+    ('map_nested["k"]', None, {"a": "k0", "n": None}),
+    ("rule[0].value", "v1", "v2"),
+    ('member[={"name":"bob","role":"admin"}]', {"name": "bob", "role": "admin"}, None),
+    ('member[={"name":"bob","role":"viewer"}]', None, {"name": "bob", "role": "viewer"}),
+    ('member[={"name":"eve","role":null}]', None, {"name": "eve", "role": None}),
+    ("settings.level", 1, 2),
+])
+
+
 def test_framework_complex_changes_reach_the_state_and_drift_with_secrets_masked(kl: Kl, ws: Path) -> None:
     kl.import_state()
     out = kl.refresh()
     assert (out["status"], out["resources_changed"]) == ("succeeded", 0), out
     assert kl.drift() == {}
 
-    obj = edit_remote(
-        ws, "fw-a",
-        tags={"env": "prod", "team": "core"},
-        secret="hunter2-rotated",
-        dyn={"value": ["now", "a", "list"], "type": ["list", "string"]},
-        objects=[{"k": "one", "v": 1}, {"k": "three", "v": 3}],
-        single={"a": "s", "n": 4, "token": "tok-2"},
-        list_nested=[{"a": "l0", "n": 0}],
-        set_nested=[{"a": "s0", "n": None}, {"a": "s1", "n": 1}],
-        map_nested={"m": {"a": "m0", "n": 8}, "k": {"a": "k0", "n": None}},
-        rule=[{"key": "r1", "value": "v2"}],
-        member=[{"name": "bob", "role": "viewer"}, {"name": "eve", "role": None}],
-        password_wo="written-out-of-band",  # write-only: the provider never reports it
-    )
+    obj = edit_remote(ws, "fw-a", **FW_EDITS)
+    dry = kl.refresh("--dry-run")
     out = kl.refresh()
     assert out["status"] == "succeeded" and out["changed_addresses"] == [FW], out
 
     got = kl.pulled()[FW]
     attrs = got["attributes"]
-    for name in ("tags", "secret", "objects", "single", "list_nested", "map_nested", "rule"):
+    for name in ("tags", "secret", "objects", "single", "list_nested", "map_nested", "rule", "settings"):
         assert attrs[name] == obj[name], name
     assert attrs["dyn"] == {"value": ["now", "a", "list"], "type": ["list", "string"]}
     assert sorted(attrs["set_nested"], key=lambda e: e["a"]) == obj["set_nested"]
@@ -208,20 +243,42 @@ def test_framework_complex_changes_reach_the_state_and_drift_with_secrets_masked
     assert got["identity"] == {"id": "fw-a", "region": "local"} and got["identity_schema_version"] == 1
 
     entry = kl.drift()[FW]
-    changes = _changes(entry)
     assert entry["kind"] == "changed"
     text = json.dumps(entry)
     for secret in ("hunter2", "tok-1", "tok-2"):
         assert secret not in text, f"{secret!r} shows in drift: {text}"
-    assert changes["secret"] == changes['single["token"]'] == ("(sensitive)", "(sensitive)")
-    assert changes['tags["env"]'] == ("dev", "prod")
-    assert changes['single["n"]'] == (3, 4)
-    assert changes['map_nested["m"]["n"]'] == (7, 8)
-    assert changes['map_nested["k"]'] == (None, {"a": "k0", "n": None})
-    assert changes["rule[0].value"] == ("v1", "v2")
-    assert {"list_nested", "set_nested", "member"} <= set(changes)
-    assert any(path.startswith("objects") for path in changes), changes
-    assert any(path.startswith("dyn") for path in changes), changes
+    assert _change_list(entry["changes"]) == FW_CHANGES
+    # Every reader of the drift path says the same: the refresh (and its dry run), the diff of the
+    # two versions, the markdown.
+    for report in (dry, out):
+        [found] = [d for d in report["drift"] if d["address"] == FW]
+        assert _change_list(found["changes"]) == FW_CHANGES, report
+    diff = json.loads(kl("state", "diff", "tp", "--format", "json").stdout)
+    [changed] = [i for i in diff["instances"] if i["address"] == FW]
+    assert _change_list(changed["changes"]) == FW_CHANGES
+    md = kl("drift", "tp", "--format", "markdown").stdout.decode()
+    for path, _, _ in FW_CHANGES:
+        assert f"`{path}`" in md, (path, md)
+
+
+def test_ignore_rules_match_the_paths_kl_drift_shows(kl: Kl, ws: Path) -> None:
+    # One rule per path shown hides the record only once every path has one: the set elements,
+    # the dynamic value, the single nested attribute's attribute included.
+    kl.import_state()
+    assert kl.refresh()["status"] == "succeeded"
+    edit_remote(ws, "fw-a", **FW_EDITS)
+    assert kl.refresh()["status"] == "succeeded"
+    paths = [p for p, _, _ in FW_CHANGES]
+    for path in paths[:-1]:
+        r = kl("drift", "ignore", "add", "--states", "tp", "--address", FW, "--path", path)
+        assert r.returncode == 0, r.stderr
+    assert FW in kl.drift(), "hidden with one path uncovered"
+    r = kl("drift", "ignore", "add", "--states", "tp", "--address", FW, "--path", paths[-1])
+    assert r.returncode == 0, r.stderr
+    assert kl.drift() == {}
+    listed = json.loads(kl("drift", "ignore", "list", "--format", "json").stdout)["rules"]
+    assert sorted(r["path"] for r in listed) == sorted(paths)
+    assert all(r["hides"] == 1 for r in listed), listed
 
 
 def test_sdk_complex_changes_reach_the_state_and_drift_with_secrets_masked(kl: Kl, ws: Path) -> None:
@@ -238,10 +295,16 @@ def test_sdk_complex_changes_reach_the_state_and_drift_with_secrets_masked(kl: K
     assert got["identity"] == {"id": "sdk-b", "region": "local"} and got["identity_schema_version"] == 1
     entry = kl.drift()[SDK]
     assert "hunter3" not in json.dumps(entry), entry
-    changes = _changes(entry)
-    assert changes["secret"] == ("(sensitive)", "(sensitive)")
-    assert changes["size"] == (1.5, 2.25)
-    assert changes['tags["env"]'] == ("dev", "prod")
+    assert _change_list(entry["changes"]) == sorted([
+        ("secret", S, S),
+        ("size", 1.5, 2.25),
+        ('tags["env"]', "dev", "prod"),
+        ('tags["owner"]', None, "ops"),
+        ("labels", ["x", "y"], ["y"]),
+        ("rule", [{"key": "r1", "value": "v1"}], [{"key": "r1", "value": "v1"}, {"key": "r2", "value": ""}]),
+        ('member[={"name":"bob","role":"admin"}]', {"name": "bob", "role": "admin"}, None),
+        ('member[={"name":"carol","role":"admin"}]', None, {"name": "carol", "role": "admin"}),
+    ])
 
 
 @pytest.mark.parametrize("address", [FW, SDK])

@@ -365,3 +365,70 @@ def test_address_globs_mean_the_same_in_python_and_postgresql(conn, glob):
                 "module.m.**": {"module.m.null_resource.a", "module.m.module.n.null_resource.a[1]"}}
     if glob in expected:
         assert in_sql == expected[glob]
+
+
+# Session 6: with the provider's schema kl drift goes through a dynamic value's stored wrapper
+# (dyn.x) and compares sets as sets (labels[="a"] added or removed); the rules' SQL (migration
+# 0021) must cover exactly those changes, without the schema.
+_SHAPED = sch.block_from_json({"attributes": {
+    "dyn": {"type": "dynamic", "optional": True},
+    "labels": {"type": ["set", "string"], "optional": True},
+    "objects": {"type": ["set", ["object", {"k": "string", "v": "number"}]], "optional": True},
+}})
+_OBJ_T = ["object", {"x": "number", "y": ["list", "string"]}]
+
+
+def _dyn(value: Any, type_: Any) -> dict[str, Any]:
+    return {"value": value, "type": type_}
+
+
+_SHAPED_CASES: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    ({"dyn": _dyn({"x": 1, "y": ["a"]}, _OBJ_T)}, {"dyn": _dyn({"x": 2, "y": ["a"]}, _OBJ_T)}),
+    ({"dyn": _dyn({"x": 1, "y": ["a"]}, _OBJ_T)}, {"dyn": _dyn({"x": 2, "y": ["b"]}, _OBJ_T)}),
+    ({"dyn": _dyn({"x": 1, "y": ["a"]}, _OBJ_T)}, {"dyn": _dyn(["a", "b"], ["list", "string"])}),
+    ({"dyn": _dyn(["a", "b"], ["list", "string"])}, {"dyn": _dyn(["a", "c"], ["list", "string"])}),
+    ({"dyn": _dyn(["a", "b"], ["set", "string"])}, {"dyn": _dyn(["b", "c"], ["set", "string"])}),
+    ({"labels": ["a", "b"]}, {"labels": ["b", "c"]}),
+    ({"labels": ["a", "b"]}, {"labels": ["c", "a", "b"]}),
+    ({"labels": None}, {"labels": ["a"]}),
+    ({"objects": [{"k": "one", "v": 1}, {"k": "two", "v": 2}]}, {"objects": [{"k": "one", "v": 1}, {"k": "three", "v": 3}]}),
+    ({"objects": [{"k": "one", "v": 1}, {"k": "two", "v": 2}]}, {"objects": [{"k": "two", "v": 2}]}),
+    ({"labels": ["a"], "dyn": _dyn({"x": 1, "y": []}, _OBJ_T)}, {"labels": ["a", "c"], "dyn": _dyn({"x": 2, "y": []}, _OBJ_T)}),
+]
+# A list index into a set is left out: kl drift never shows one, and the SQL reads it as a position.
+_SHAPED_PATHS = ["dyn", "dyn.x", "dyn.y", "dyn[1]", 'dyn[="a"]', 'dyn[="c"]', "labels", 'labels[="a"]', 'labels[="c"]',
+                 'objects[={"k":"two","v":2}]', 'objects[={"k":"three","v":3}]', "objects"]
+
+
+def _loose(path: sch.DriftPath) -> tuple[Any, ...]:
+    return tuple(s.name if isinstance(s, sch.GetAttr) else ("=", sch.element_json(s.value)) if isinstance(s, sch.Element)
+                 else s.key for s in path)
+
+
+def test_rules_cover_the_dynamic_and_set_paths_kl_drift_shows_with_the_schema(conn):
+    import itertools
+
+    def under(change: tuple[Any, ...], rule: tuple[Any, ...]) -> bool:
+        return change[:len(rule)] == rule
+
+    for before, after in _SHAPED_CASES:
+        shown = [_loose(sch.drift_path_parse(c.path)) for c in drift_model.changes(before, after, block=_SHAPED)]
+        assert shown, (before, after)
+        for pair in itertools.chain(itertools.combinations(_SHAPED_PATHS, 1), itertools.combinations(_SHAPED_PATHS, 2)):
+            ids = [ignore_rules.add_rule(conn, ignore_rules.NewRule("prod", "**", sch.drift_path_parse(p)), "t") for p in pair]
+            rules = [_loose(sch.drift_path_parse(p)) for p in pair]
+            expected = all(any(under(c, r) for r in rules) for c in shown)
+            [(got,)] = conn.execute("SELECT kl_drift_ignored_by('prod', 'x_thing.x', 'changed', %s::jsonb, %s::jsonb)",
+                                    (json.dumps(before), json.dumps(after))).fetchall()
+            assert (got is not None) is expected, (before, after, pair, shown, got)
+            if got is not None:
+                assert got == [i for i, r in zip(ids, rules, strict=True) if any(under(c, r) for c in shown)], (before, after, pair)
+            conn.execute("DELETE FROM drift_ignore_rules")
+
+
+def test_a_set_element_rule_is_stored_with_its_element_and_listed_as_written(conn):
+    path = 'member[={"name":"eve","role":null}]'
+    rule = ignore_rules.add_rule(conn, ignore_rules.NewRule("prod", "**", sch.drift_path_parse(path)), "t")
+    [(steps, element, shown)] = conn.execute("SELECT path_steps, path_element, path FROM drift_ignore_rules WHERE id = %s",
+                                             (rule,)).fetchall()
+    assert (steps, element, shown) == (["member"], {"name": "eve", "role": None}, path)

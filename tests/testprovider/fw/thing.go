@@ -91,6 +91,11 @@ func (r *thing) Schema(_ context.Context, _ resource.SchemaRequest, resp *resour
 				"name": schema.StringAttribute{Required: true},
 				"role": schema.StringAttribute{Optional: true},
 			}}},
+			// A single nested block: drift shows settings.level, as for an object.
+			"settings": schema.SingleNestedBlock{Attributes: map[string]schema.Attribute{
+				"mode":  schema.StringAttribute{Optional: true},
+				"level": schema.NumberAttribute{Optional: true},
+			}},
 		},
 	}
 }
