@@ -298,3 +298,27 @@ def test_pooled_workers_obey_sigterm_while_the_database_is_unreachable(pooled_cl
     assert_no_overlap(url)
     for n in range(4):
         assert version_problems(url, f"slow/s{n}") == [] and reindex_mismatches(url, f"slow/s{n}") == []
+
+
+def test_a_connection_broken_inside_a_transaction_behind_the_pooler_counts_as_lost(bouncer, db_url):
+    """PgBouncer tells a client whose server connection died mid-transaction so and closes: psycopg's
+    next own command (here SAVEPOINT) reads that error and the end of the stream at once and raises
+    InternalError("received 2 results ..."), not OperationalError. kl must take it for a lost
+    connection (a worker retries), not for a bug (it ended a worker with an internal error)."""
+    from kilolock.store import db
+
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    with psycopg.connect(bouncer.format(dbname=dbname), autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("BEGIN")
+        server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert server_pid is not None
+        q(db_url, "SELECT pg_terminate_backend(%s)", server_pid)
+        time.sleep(0.5)
+        with pytest.raises(psycopg.Error) as caught, conn.transaction():
+            conn.execute("SELECT 1")
+        assert isinstance(caught.value, psycopg.InternalError) and "results from command" in str(caught.value)
+        assert conn.broken and db.lost(caught.value, conn)
+    with psycopg.connect(db_url, autocommit=True) as healthy:  # a query's own error is not a lost connection
+        with pytest.raises(psycopg.Error) as failed:
+            healthy.execute("SELECT 1/0")
+        assert not db.lost(failed.value, healthy)
