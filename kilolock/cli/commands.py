@@ -111,7 +111,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("worker", "claim due refreshes from the fleet's queue and run them (any number, on any hosts)",
             "kilolock.cli.workercmd", example="kl worker --parallel-states 4"),
     Command("fleet", "the fleet: workers, queue, lag, errors", actions=(
-        Command("status", "live workers and what each runs, queue depth, lag behind schedule, last errors",
+        Command("status", "live workers and what each runs, queue depth, lag behind schedule, last errors, provider limits",
                 "kilolock.cli.fleetcmd", "status", example="kl fleet status --format json"),
     )),
     _group("access", "who may do what to which state through kl serve: grants of a role on a state glob",

@@ -19,6 +19,16 @@ def _seconds(v: Any) -> str:
     return "-" if v is None else format_duration(max(0.0, float(v)))
 
 
+def _holders(holders: list[dict[str, Any]]) -> str:
+    """"w1 2, w2 1 (1 waiting)": the worker (or, for another kl process, host:pid) and its slots."""
+    def one(h: dict[str, Any]) -> str:
+        who = h["worker"] or ":".join(h["holder"].split(":")[:2])
+        waiting = h["wanted"] - h["slots"]
+        return f"{who} {h['slots']}" + (f" ({waiting} waiting)" if waiting > 0 else "")
+
+    return ", ".join(one(h) for h in holders) or "-"
+
+
 def run_status(args: argparse.Namespace) -> int:
     from kilolock.store import db, fleet
 
@@ -31,7 +41,8 @@ def run_status(args: argparse.Namespace) -> int:
                           "workers": [{k: w[k] for k in ("id", "name", "host", "pid", "state", "status", "parallel_states",
                                                          "lease_s", "started_at", "heartbeat_at", "running")}
                                       for w in workers],
-                          "errors": doc["errors"]})
+                          "errors": doc["errors"],
+                          "provider_limits": [{**lim, "alias": lim["alias"] or None} for lim in doc["provider_limits"]]})
         return 0
     q = doc["queue"]
     render.key_values([
@@ -48,6 +59,11 @@ def run_status(args: argparse.Namespace) -> int:
         render.table(["worker", "host", "pid", "state", "heartbeat", "running"],
                      [(w["name"], w["host"], w["pid"], w["state"] if w["status"] != "draining" else "draining",
                        w["heartbeat_at"], ", ".join(r["state"] for r in w["running"]) or "-") for w in workers])
+    if doc["provider_limits"]:
+        print()
+        render.table(["provider limit", "alias", "max in flight", "leased now", "held by"],
+                     [(lim["source"], lim["alias"] or "-", lim["max_in_flight"], lim["leased"], _holders(lim["holders"]))
+                      for lim in doc["provider_limits"]])
     if doc["errors"]:
         print("\nlast errors:")
         for e in doc["errors"]:

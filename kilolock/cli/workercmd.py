@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from typing import Any
 
 from kilolock.cli import args as cli_args
@@ -84,10 +85,22 @@ def run(args: argparse.Namespace) -> int:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         sender.start()
         try:
-            return worker.run()
+            code = worker.run()
         finally:
             sender.stop()
             if not args.once:  # a long-lived worker's thread did the sending; --once sends at exit, as kl refresh
                 notify.hand_over()
             for s, h in previous.items():
                 signal.signal(s, h)
+        if worker.abandoned:
+            # Threads stuck on a database that stopped answering hold their connections (closing
+            # the store's would wait for one) and the interpreter's exit would wait for some of
+            # them (thread pools are joined at exit). SIGTERM was asked for: providers are killed,
+            # output flushed, and the process ends here.
+            from kilolock.provider.process import kill_all
+
+            kill_all()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code

@@ -75,7 +75,9 @@ def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, 
         raise  # not a failed run: none began; the caller waits, retries or reports it
     except KlError as exc:
         return _failed(name, str(exc))
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
+        if not db.lost(exc, conn):
+            raise
         return _failed(name, f"lost the database connection ({first_line(exc)}); nothing was refreshed")
 
 
@@ -128,6 +130,18 @@ def next_run(schedule: fleet.Schedule, now: datetime) -> datetime:
 
 # ---------------------------------------------------------------- kl worker
 
+# After the database failed, the worker tries again after its poll interval, doubled at each
+# failure in a row up to this: hundreds of workers do not hammer a server (or a pooler refusing
+# logins for its server_login_retry) that is coming back, and each goes on at most this long after
+# the database answers again.
+DB_RETRY_MAX_S = 5.0
+# After SIGTERM and the grace period, how long cancelled runs and the worker's own bookkeeping
+# (recording its stop, giving back fleet slots) may take: with the database unreachable or hung
+# they cannot finish, and the process exits anyway (their leases run out; another worker takes
+# their jobs over and records their runs as failed).
+EXIT_BUDGET_S = 10.0
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     name: str | None = None
@@ -171,21 +185,82 @@ class Worker:
         self.completed = 0
         self.failed = 0
         self.warm = WarmProviders(config.warm_providers, config.warm_idle_s)
+        self._stop_at: float | None = None  # time.monotonic() of stop()
+        self._db_failures = 0  # database errors in a row in the claiming loop
+        self.abandoned = 0  # threads still stuck (on a hung database) when the worker gave up on them
 
     def stop(self, why: str = "SIGTERM") -> None:
         if not self._stopping.is_set():
+            self._stop_at = time.monotonic()
             self.say(f"kl worker {self.name}: {why}: claiming nothing more; waiting up to "
                      f"{self.config.grace_s:g}s for {len(self._inflight)} run(s)")
         self._stopping.set()
         self._wake.set()
 
     def run(self) -> int:
+        """Claim and run jobs until stop() (or, with --once, until nothing is due). The calling
+        (main) thread only supervises: the claiming loop runs on a thread of its own, so that after
+        stop() the worker returns within grace + EXIT_BUDGET_S even when a database call hangs (a
+        pooler that stopped answering, a network cut without a reset). Threads still stuck then
+        are left behind (daemon threads: they end with the process); ``abandoned`` counts them."""
         cfg = self.config
         self.worker_id, self.name = fleet.register_worker(self.conn, cfg.name, cfg.parallel_states, cfg.lease_s)
         self.say(f"kl worker {self.name}: started (id {self.worker_id}, {cfg.parallel_states} state(s) at once, "
                  f"lease {cfg.lease_s:g}s)")
         beats = threading.Thread(target=self._heartbeats, name="kl-heartbeat", daemon=True)
         beats.start()
+        errors: list[BaseException] = []
+        claiming = threading.Thread(target=self._claiming, args=(errors,), name="kl-claiming", daemon=True)
+        claiming.start()
+        while claiming.is_alive():
+            # A bounded join: the main thread must come back to run the SIGTERM handler.
+            claiming.join(0.2 if self._stop_at is None else max(0.0, min(0.2, self._exit_deadline() - time.monotonic())))
+            if self._stop_at is not None and time.monotonic() >= self._exit_deadline():
+                break
+        self._stopping.set()
+        self.warm.close()
+        stuck = [t for t in [claiming, *self._flight_threads()] if t.is_alive()]
+        if stuck:
+            self.abandoned = len(stuck)
+            self.say(f"kl worker {self.name}: the database did not answer: leaving {len(stuck)} thread(s) behind; "
+                     "their jobs go to another worker when their leases run out")
+        else:
+            beats.join(timeout=max(0.1, self._exit_deadline() - time.monotonic()) if self._stop_at is not None else 5)
+            if not self._bounded(lambda: fleet.stop_worker(self.conn, self.worker_id), "recording the worker's stop"):
+                self.abandoned += 1
+        if errors:
+            raise errors[0]
+        self.say(f"kl worker {self.name}: stopped ({self.completed} run(s) succeeded, {self.failed} not)")
+        return 1 if cfg.once and self.failed else 0
+
+    def _exit_deadline(self) -> float:
+        assert self._stop_at is not None
+        return self._stop_at + self.config.grace_s + EXIT_BUDGET_S
+
+    def _flight_threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return [f.thread for f in self._inflight.values() if f.thread is not None]
+
+    def _bounded(self, call: Callable[[], object], what: str) -> bool:
+        """CALL (a database write) on a thread of its own, waited for until the exit deadline (or
+        EXIT_BUDGET_S): False when it failed or did not return in time."""
+        failed: list[str] = []
+
+        def attempt() -> None:
+            try:
+                call()
+            except (KlError, psycopg.Error) as exc:
+                failed.append(first_line(exc))
+
+        t = threading.Thread(target=attempt, name="kl-exit", daemon=True)
+        t.start()
+        t.join(max(0.1, self._exit_deadline() - time.monotonic()) if self._stop_at is not None else EXIT_BUDGET_S)
+        if t.is_alive() or failed:
+            log.warning("%s: %s", what, failed[0] if failed else "the database did not answer")
+            return False
+        return True
+
+    def _claiming(self, errors: list[BaseException]) -> None:
         given = self.options_for
         try:
             # One FleetSlots for all of this worker's runs: the slots it leases serve whichever run needs them.
@@ -193,17 +268,19 @@ class Worker:
                 self.options_for = lambda stored: dataclasses.replace(given(stored), provider_slots=fleet_slots)
                 self._loop()
                 self._drain()
+        except BaseException as exc:  # noqa: BLE001 - handed to run(), on the main thread
+            errors.append(exc)
         finally:
             self.options_for = given
             self._stopping.set()
-            self.warm.close()
-            beats.join(timeout=5)
-            try:
-                fleet.stop_worker(self.conn, self.worker_id)
-            except psycopg.OperationalError as exc:
-                log.warning("could not record the worker's stop: %s", first_line(exc))
-        self.say(f"kl worker {self.name}: stopped ({self.completed} run(s) succeeded, {self.failed} not)")
-        return 1 if cfg.once and self.failed else 0
+
+    def _retry_delay(self) -> float:
+        """How long to wait before the next look at the queue: the poll interval, or after database
+        errors in a row, that doubled per error up to DB_RETRY_MAX_S."""
+        poll = self.config.poll_s
+        if not self._db_failures:
+            return poll
+        return max(poll, min(DB_RETRY_MAX_S, poll * 2.0 ** (self._db_failures - 1)))
 
     def _loop(self) -> None:
         cfg = self.config
@@ -225,20 +302,25 @@ class Worker:
                         claimed += 1
                 fleet.prune(self.conn)
                 self.warm.reap()
-            except psycopg.OperationalError as exc:
-                # The database went away: runs in flight report their own; keep trying.
+                self._db_failures = 0
+            except psycopg.Error as exc:
+                if not db.lost(exc, self.conn):
+                    raise
+                # The database went away: runs in flight report their own; keep trying, backing off.
+                self._db_failures += 1
                 log.warning("kl worker: database error: %s", first_line(exc))
                 self._reconnect()
             if cfg.once and not claimed and looked_with_all_free and self._running() == 0:
                 return
-            self._wake.wait(cfg.poll_s)
+            self._wake.wait(self._retry_delay())
             self._wake.clear()
 
     def _reconnect(self) -> None:
         try:
             fresh = db.reconnect(self.conn)
-        except KlError:
-            return
+        except KlError as exc:
+            log.warning("kl worker: %s", exc)
+            return  # the next look fails fast on the closed connection and tries again
         self.conn.close()
         self.conn = fresh
 
@@ -257,6 +339,7 @@ class Worker:
 
     def _run_job(self, flight: _InFlight) -> None:
         job = flight.job
+        conn: psycopg.Connection | None = None
         try:
             with db.reconnect(self.conn) as conn:
                 refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
@@ -280,16 +363,22 @@ class Worker:
                          + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
                          + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
                          + ("" if kept else " (the job's lease had been taken over)"))
-        except (KlError, psycopg.OperationalError) as exc:
-            # No database to record it in: the lease runs out and another worker takes the job.
-            self.failed += 1
-            self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
-        except Exception as exc:  # a bug: the run's audit row is finished; record it on the job, keep working
-            log.exception("kl worker: refreshing %s", job.state)
-            self.failed += 1
-            self._record_internal_error(job, f"internal error: {type(exc).__name__}: {exc}")
+        except (KlError, psycopg.Error) as exc:
+            if isinstance(exc, psycopg.Error) and not db.lost(exc, conn):
+                self._internal_error(job, exc)
+            else:  # no database to record it in: the lease runs out and another worker takes the job
+                self.failed += 1
+                self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
+        except Exception as exc:  # noqa: BLE001 - a bug: logged and recorded on the job by _internal_error
+            self._internal_error(job, exc)
         finally:
             self._wake.set()
+
+    def _internal_error(self, job: fleet.Job, exc: Exception) -> None:
+        """A bug: the run's audit row is finished; record it on the job, keep working."""
+        log.exception("kl worker: refreshing %s", job.state, exc_info=exc)
+        self.failed += 1
+        self._record_internal_error(job, f"internal error: {type(exc).__name__}: {exc}")
 
     def _record_internal_error(self, job: fleet.Job, message: str) -> None:
         try:
@@ -315,7 +404,7 @@ class Worker:
                 for job_id, flight in flights.items():
                     if job_id not in kept and flight.thread is not None and flight.thread.is_alive():
                         flight.cancel.cancel(f"worker {self.name} lost the lease of job {job_id}")
-            except (KlError, psycopg.OperationalError) as exc:
+            except (KlError, psycopg.Error) as exc:  # whatever it was, this thread must go on beating
                 log.warning("kl worker: heartbeat failed: %s", first_line(exc))
                 if conn is not None:
                     conn.close()
@@ -331,8 +420,8 @@ class Worker:
 
     def _drain(self) -> None:
         """Let runs in flight finish; after the grace period cancel them (their jobs go back to the
-        queue, due now, for another worker)."""
-        deadline = time.monotonic() + self.config.grace_s
+        queue, due now, for another worker). The grace period counts from stop()."""
+        deadline = (self._stop_at or time.monotonic()) + self.config.grace_s
         while self._running():
             if time.monotonic() >= deadline:
                 with self._lock:
@@ -340,9 +429,11 @@ class Worker:
                 for f in flights:
                     f.shutdown = True
                     f.cancel.cancel(f"worker {self.name} stopping (grace period of {self.config.grace_s:g}s over)")
+                # A cancelled run still records its end; on a hung database it cannot, and run()
+                # stops waiting for it at the exit deadline.
                 for f in flights:
                     if f.thread is not None:
-                        f.thread.join()
+                        f.thread.join(max(0.0, self._exit_deadline() - time.monotonic()) if self._stop_at else None)
                 return
             time.sleep(0.05)
 

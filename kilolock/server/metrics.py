@@ -69,7 +69,28 @@ class StoreCollector(Collector):
                                        labels=["channel", "status"])
         for channel, status, n in figures.deliveries:
             deliveries.add_metric([channel, status], n)
-        yield from (drift, last, runs, durations, queue, lag, workers, deliveries)
+        # Fleet-wide provider limits, by provider: the cap and what all processes lease of it now.
+        # Which process holds how many is `kl fleet status`'s: a holder (host:pid) label would add
+        # series with every worker restart.
+        cap = GaugeMetricFamily("kilolock_fleet_provider_limit_max_in_flight",
+                                "Fleet-wide cap on a provider's calls in flight (kl provider limit)",
+                                labels=["source", "alias"])
+        leased = GaugeMetricFamily("kilolock_fleet_provider_slots_leased",
+                                   "Slots of a provider limit leased now by all kl processes together",
+                                   labels=["source", "alias"])
+        wanted = GaugeMetricFamily("kilolock_fleet_provider_slots_wanted",
+                                   "Provider calls in flight or waiting for a slot in all kl processes together",
+                                   labels=["source", "alias"])
+        holders = GaugeMetricFamily("kilolock_fleet_provider_slot_holders",
+                                    "kl processes holding or waiting for slots of a provider limit now",
+                                    labels=["source", "alias"])
+        for lim in figures.provider_limits:
+            labels = [lim.source, lim.alias]
+            cap.add_metric(labels, lim.max_in_flight)
+            leased.add_metric(labels, lim.held)
+            wanted.add_metric(labels, lim.wanted)
+            holders.add_metric(labels, lim.holders)
+        yield from (drift, last, runs, durations, queue, lag, workers, deliveries, cap, leased, wanted, holders)
 
 
 def _le(bound: float) -> str:

@@ -100,12 +100,48 @@ def connect(url: str) -> psycopg.Connection:
         _pooler["transaction"] = True  # every connection of this process goes through it (reconnects too)
     try:
         if transaction_pooled():
-            return psycopg.connect(url, application_name="kilolock", autocommit=True, prepare_threshold=None)
-        return psycopg.connect(url, application_name="kilolock", autocommit=True)
+            return psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True,
+                                   prepare_threshold=None)
+        return psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True)
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None
     except psycopg.ProgrammingError as exc:  # a malformed connection string: the user's to fix
         raise DatabaseError(f"the database connection string (KL_DATABASE_URL) is malformed: {_without_quoted_fragments(first_line(exc))}") from None
+
+
+# ---------------------------------------------------------------- liveness
+# A database that is gone must cost a bounded wait, never a hang: a long-lived process (kl worker,
+# kl serve) retries, and must still obey SIGTERM. libpq waits for a connection as long as
+# connect_timeout says (psycopg's default is 130 s) and, on TCP, notices a peer that vanished
+# without a word (a host lost, a network cut) only through keepalives. Both are set unless the
+# connection string (or libpq's environment) says otherwise.
+CONNECT_TIMEOUT_S = 10
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 15, "keepalives_interval": 5, "keepalives_count": 3}
+
+
+def _with_liveness(url: str) -> str:
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return url  # malformed: connect reports it
+    extra: dict[str, int] = {}
+    if "connect_timeout" not in given and not os.environ.get("PGCONNECT_TIMEOUT"):
+        extra["connect_timeout"] = CONNECT_TIMEOUT_S
+    if not any(k.startswith("keepalives") for k in given):
+        extra.update(_KEEPALIVES)
+    return psycopg.conninfo.make_conninfo(url, **extra) if extra else url
+
+
+def lost(exc: BaseException, conn: psycopg.Connection | None = None) -> bool:
+    """Whether EXC means the connection is gone (a fault of the environment, to retry on a new
+    one) rather than a query that failed. Beside OperationalError: a connection that broke inside
+    a transaction behind PgBouncer answers psycopg's own BEGIN/SAVEPOINT/COMMIT with the pooler's
+    error and the end of the stream at once, which psycopg reports as an InternalError ("received
+    2 results from command ...") with no SQLSTATE, on a connection it has marked broken."""
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    return (isinstance(exc, psycopg.Error) and exc.sqlstate is None and conn is not None
+            and (conn.broken or conn.closed))
 
 
 def reconnect(conn: psycopg.Connection) -> psycopg.Connection:

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 
 from kilolock.globs import sql_regex
-from kilolock.store import locks, refresh_runs
+from kilolock.store import locks, provider_limits, refresh_runs
 
 
 @dataclass(frozen=True)
@@ -342,10 +342,22 @@ def queue_figures(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:
-    cur = conn.cursor(row_factory=dict_row)
-    workers = cur.execute(_WORKERS).fetchall()
-    queue = queue_figures(conn)
-    last_errors = cur.execute(_ERRORS, (errors,)).fetchall()
-    now_row = conn.execute("SELECT now()").fetchone()
+    """What `kl fleet status` shows, from one snapshot: workers, queue, last errors, and each
+    fleet-wide provider limit with the slots leased now and by whom."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        cur = conn.cursor(row_factory=dict_row)
+        workers = cur.execute(_WORKERS).fetchall()
+        queue = queue_figures(conn)
+        last_errors = cur.execute(_ERRORS, (errors,)).fetchall()
+        now_row = conn.execute("SELECT now()").fetchone()
+        usage = provider_limits.usage(conn)
+        held = provider_limits.holders(conn)
     assert now_row is not None
-    return {"now": now_row[0], "workers": workers, "queue": queue, "errors": last_errors}
+    limits = [{"source": u.source, "alias": u.alias, "max_in_flight": u.max_in_flight, "leased": u.held,
+               "wanted": u.wanted,
+               "holders": [{"holder": h.holder, "worker": h.worker, "slots": h.slots, "wanted": h.wanted,
+                            "expires_at": h.expires_at}
+                           for h in held if (h.source, h.alias) == (u.source, u.alias)]}
+              for u in usage]
+    return {"now": now_row[0], "workers": workers, "queue": queue, "errors": last_errors, "provider_limits": limits}

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kilolock.store import fleet
+from kilolock.store import fleet, provider_limits
+from kilolock.store.provider_limits import LimitUse
 
 # Upper bounds (seconds) of the refresh-duration histogram: a small state refreshes in well under a
 # second, a large one against a slow cloud API in minutes.
@@ -93,10 +94,12 @@ class StoreFigures:
     durations: list[DurationFigures]
     fleet: FleetFigures
     deliveries: list[tuple[str, str, int]]  # (channel, status, deliveries)
+    provider_limits: list[LimitUse]  # fleet-wide limits: not about any state, so never filtered by one
 
     def only_states(self, keep: Callable[[str], bool]) -> StoreFigures:
         return StoreFigures([s for s in self.states if keep(s.name)], [r for r in self.runs if keep(r[0])],
-                            [d for d in self.durations if keep(d.name)], self.fleet, self.deliveries)
+                            [d for d in self.durations if keep(d.name)], self.fleet, self.deliveries,
+                            self.provider_limits)
 
 
 def store_figures(conn: psycopg.Connection) -> StoreFigures:
@@ -111,9 +114,10 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
         queue = fleet.queue_figures(conn)
         alive = conn.execute(_WORKERS_ALIVE).fetchone()
         deliveries = [(r["name"], r["status"], r["deliveries"]) for r in cur.execute(_DELIVERIES)]
+        limits = provider_limits.usage(conn)
     figures = FleetFigures(queue["due"], queue["upcoming"], queue["running"], queue["lag_s"] or 0.0,
                            alive[0] if alive else 0)
-    return StoreFigures(states, runs, _histograms(rows), figures, deliveries)
+    return StoreFigures(states, runs, _histograms(rows), figures, deliveries, limits)
 
 
 def _histograms(rows: list[dict[str, Any]]) -> list[DurationFigures]:

@@ -37,6 +37,20 @@ class LimitUse:
     created_by: str | None
 
 
+@dataclass(frozen=True)
+class SlotHolder:
+    """One process's live lease of a limit (kl fleet status): WORKER is the name of the kl worker
+    whose process it is, None for another kl process (kl refresh, kl refresh --all)."""
+
+    source: str
+    alias: str
+    holder: str  # host:pid:random
+    worker: str | None
+    slots: int
+    wanted: int
+    expires_at: datetime
+
+
 _SET = """
 INSERT INTO provider_limits (source, alias, max_in_flight, created_by) VALUES (%s, %s, %s, %s)
 ON CONFLICT (source, alias) DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight,
@@ -51,6 +65,18 @@ SELECT l.source, l.alias, l.max_in_flight,
        l.created_at, l.created_by
 FROM provider_limits l LEFT JOIN provider_slot_leases s ON s.source = l.source AND s.alias = l.alias
 GROUP BY l.source, l.alias ORDER BY l.source, l.alias
+"""
+
+# A holder is "host:pid:random" (kilolock.refresh.slots): the worker of that host and pid, if any.
+_HOLDERS = """
+SELECT s.source, s.alias, s.holder,
+       (SELECT w.name FROM fleet_workers w
+        WHERE w.status <> 'stopped' AND left(s.holder, length(w.host) + length(w.pid::text) + 2) = w.host || ':' || w.pid || ':'
+        ORDER BY w.started_at DESC LIMIT 1) AS worker,
+       s.slots, s.wanted, s.expires_at
+FROM provider_slot_leases s
+WHERE s.expires_at > now() AND (s.slots > 0 OR s.wanted > 0)
+ORDER BY s.source, s.alias, s.slots DESC, s.holder
 """
 
 _OTHERS = """
@@ -85,6 +111,11 @@ def all_limits(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
 
 def usage(conn: psycopg.Connection) -> list[LimitUse]:
     return conn.cursor(row_factory=class_row(LimitUse)).execute(_USE).fetchall()
+
+
+def holders(conn: psycopg.Connection) -> list[SlotHolder]:
+    """The live leases, each with the worker that holds it (counted as ``usage`` counts them)."""
+    return conn.cursor(row_factory=class_row(SlotHolder)).execute(_HOLDERS).fetchall()
 
 
 def sync(conn: psycopg.Connection, source: str, alias: str, holder: str, want: int, in_use: int,

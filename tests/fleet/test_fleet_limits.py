@@ -171,3 +171,83 @@ def test_sigkilled_worker_slots_come_back_after_the_lease(db_url, tmp_path):
         assert provider_limits.sync(c, FAKE_SOURCE, "", "next", want=2, in_use=0, lease_s=30) == 0
         wait_for("the dead worker's lease to run out", lambda: provider_limits.sync(
             c, FAKE_SOURCE, "", "next", want=2, in_use=0, lease_s=30) == 2, timeout=20, every=0.5)
+
+
+# ---------------------------------------------------------------- seen from outside: kl fleet status, /metrics
+
+def _metrics(db_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics of a kl serve over DB_URL (in a thread), parsed by prometheus-client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kilolock.server.auth import Authenticator
+    from kilolock.server.http import KilolockHTTPServer, ServerConfig, serve_in_thread
+    from kilolock.store import db
+    from kit.httpclient import Client
+
+    server = KilolockHTTPServer(("127.0.0.1", 0), ServerConfig(), Authenticator(token="t"), lambda: db.connect(db_url), None)
+    serve_in_thread(server)
+    try:
+        reply = Client(server.url, server=server).with_auth("Bearer t").request("GET", "/metrics")
+        assert reply.status == 200
+        text = reply.body.decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_fleet_status_and_metrics_show_each_limit_and_who_holds_its_slots(run_kl, db_url, tmp_path):
+    """Two workers each run a state whose two reads take a while, under a limit of 3: the slots are
+    leased by both, and `kl fleet status` (table and JSON) and /metrics say so."""
+    cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="8")
+    add_slow_states(db_url, ["held/a", "held/b"], cache, reads=2)
+    assert run_kl("provider", "limit", "hashicorp/fake", "--max-in-flight", "3").returncode == 0
+    assert run_kl("provider", "limit", "hashicorp/aws", "--alias", "prod", "--max-in-flight", "40").returncode == 0
+    workers = [start_worker(db_url, name) for name in ("w1", "w2")]
+    try:
+        assert run_kl("schedule", "run-now", "--states", "held/*").returncode == 0
+
+        def status() -> dict:
+            r = run_kl("fleet", "status", "--format", "json")
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)
+
+        def both_hold() -> dict | None:
+            doc = status()
+            fake = next(x for x in doc["provider_limits"] if x["source"] == FAKE_SOURCE)
+            return doc if fake["leased"] == 3 and {h["worker"] for h in fake["holders"]} == {"w1", "w2"} else None
+
+        doc = wait_for("both workers to hold slots of the limit", both_hold, timeout=60, every=0.3)
+        aws, fake = doc["provider_limits"]
+        assert aws == {"source": "registry.terraform.io/hashicorp/aws", "alias": "prod", "max_in_flight": 40,
+                       "leased": 0, "wanted": 0, "holders": []}
+        assert (fake["source"], fake["alias"], fake["max_in_flight"]) == (FAKE_SOURCE, None, 3)
+        assert sum(h["slots"] for h in fake["holders"]) == fake["leased"] == 3
+        assert fake["wanted"] == 4  # two reads in each run
+        assert all(set(h) == {"holder", "worker", "slots", "wanted", "expires_at"} for h in fake["holders"])
+        assert all(h["holder"].startswith(f"{w['host']}:{w['pid']}:") for h in fake["holders"]
+                   for w in doc["workers"] if w["name"] == h["worker"])
+
+        text = run_kl("fleet", "status").stdout.decode()
+        row = next(line for line in text.splitlines() if line.startswith(FAKE_SOURCE))
+        held = {h["worker"]: h["slots"] for h in fake["holders"]}
+        assert " 3 " in row and all(f"{w} {n}" in row for w, n in held.items()), text
+        assert "PROVIDER LIMIT" in text and "LEASED NOW" in text, text
+
+        def metrics_agree() -> bool:
+            m = _metrics(db_url)
+            labels = (("alias", ""), ("source", FAKE_SOURCE))
+            return (m[("kilolock_fleet_provider_limit_max_in_flight", labels)] == 3
+                    and m[("kilolock_fleet_provider_slots_leased", labels)] == 3
+                    and m[("kilolock_fleet_provider_slots_wanted", labels)] == 4
+                    and m[("kilolock_fleet_provider_slot_holders", labels)] == 2
+                    and m[("kilolock_fleet_provider_slots_leased",
+                           (("alias", "prod"), ("source", "registry.terraform.io/hashicorp/aws")))] == 0)
+        wait_for("/metrics to show the same", metrics_agree, timeout=30, every=0.3)
+    finally:
+        outputs = [stop(w)[1] for w in workers]
+    # Once the workers are gone, nothing is leased and nobody holds anything.
+    doc = json.loads(run_kl("fleet", "status", "--format", "json").stdout)
+    fake = next(x for x in doc["provider_limits"] if x["source"] == FAKE_SOURCE)
+    assert fake["leased"] == 0 and fake["holders"] == [], outputs

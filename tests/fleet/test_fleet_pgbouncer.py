@@ -4,11 +4,14 @@ relied on; a run's liveness is its heartbeat. Three pooled server connections fo
 so consecutive transactions of one kl process land on different server connections."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -171,22 +174,33 @@ def pooled_cluster() -> Iterator[tuple[object, str]]:
         yield cluster_and_url
 
 
-def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster):
+def _restart(cluster: Any) -> None:
     from kilolock.store.embedded import find_pg_bin
+
+    cluster._run([str(find_pg_bin() / "pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.log_file),
+                  "-m", "fast", "-w", "-t", "60", "restart"], "restart")
+
+
+def _output(logs: list[Path]) -> list[str]:
+    return [p.read_text(errors="replace") for p in logs]
+
+
+def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster, tmp_path):
+    """With PgBouncer's default server_login_retry (15 s): a server login fails while PostgreSQL
+    restarts, and PgBouncer then refuses every client for 15 s. Each worker goes on within that
+    window plus its retry backoff's cap once PostgreSQL is back."""
+    from kilolock.refresh.fleet import DB_RETRY_MAX_S
 
     cluster, url = pooled_cluster
     if not pgbouncer.available():
         pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
     names = [f"rs/s{n}" for n in range(10)]
     add_states(url, names, instances=3)
-    outputs: list[str] = []
-    # PgBouncer refuses every client for server_login_retry after a server login failed (as they do
-    # while the server restarts); 1s keeps the wait short. With its 15s default, the workers here were
-    # still refused 60s after the restart: see the branch's report (issue 13).
-    with pgbouncer.pgbouncer(url, server_login_retry=1) as template:
+    logs = [tmp_path / f"w{n}.log" for n in (1, 2, 3)]
+    with pgbouncer.pgbouncer(url) as template:
         pooled = template.format(dbname="fleet") + " kl_pooler=transaction"
         assert kl_pooled(pooled, "schedule", "set", "--states", "rs/*", "--every", "3s").returncode == 0
-        workers = [start_worker(pooled, f"w{n}", "--parallel-states", "2") for n in (1, 2, 3)]
+        workers = [start_worker(pooled, log.stem, "--parallel-states", "2", log=log) for log in logs]
         try:
             def refreshed_since(since: datetime) -> bool:
                 rows = q(url, "SELECT count(DISTINCT state_id) FROM refresh_runs WHERE status = 'succeeded' "
@@ -196,18 +210,115 @@ def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster):
             # Mid-fleet: runs are open and PgBouncer's server connections all die under it.
             wait_for("a run in flight", lambda: q(url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'")[0][0] > 0,
                      timeout=20, every=0.02)
-            cluster._run([str(find_pg_bin() / "pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.log_file),
-                          "-m", "fast", "-w", "-t", "60", "restart"], "restart")
+            _restart(cluster)
             back = datetime.now(timezone.utc)
+            # Every worker claims and finishes a job again: the pooler's refusal window, the
+            # backoff's cap, and room for a run or two on a busy machine (not a measurement).
+            bound = pgbouncer.DEFAULT_SERVER_LOGIN_RETRY + DB_RETRY_MAX_S + 20
+            wait_for("every worker to finish a job again", lambda: q(
+                url, "SELECT count(DISTINCT claimed_by) FROM fleet_jobs WHERE status = 'succeeded' AND claimed_at > %s",
+                (back,))[0][0] == len(workers), timeout=bound, every=0.3)
             wait_for("every state refreshed again after the restart", lambda: refreshed_since(back), timeout=60, every=0.3)
             assert all(w.poll() is None for w in workers), "a worker exited on the restart"
         finally:
-            for w in workers:
-                outputs.append(stop(w, signal.SIGTERM)[1])
-    assert all(w.returncode == 0 for w in workers), outputs
+            codes = [stop(w, signal.SIGTERM)[0] for w in workers]
+    outputs = _output(logs)
+    assert codes == [0, 0, 0], outputs
     assert not any("Traceback" in out or "internal error" in out for out in outputs), outputs
     assert q(url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'") == [(0,)], outputs
     assert q(url, "SELECT count(*) FROM fleet_jobs WHERE status = 'running'") == [(0,)], outputs
     assert_no_overlap(url)
     for name in names:  # nothing half-written: every version parses and the lifecycle index matches it
         assert version_problems(url, name) == [] and reindex_mismatches(url, name) == []
+
+
+@pytest.mark.parametrize("outage", ["postgresql stopped", "pooler hung"])
+def test_pooled_workers_obey_sigterm_while_the_database_is_unreachable(pooled_cluster, tmp_path, outage):
+    """SIGTERM with runs in flight and no database: PostgreSQL stopped (PgBouncer refuses every
+    client), or PgBouncer itself not answering (SIGSTOP: what a network cut without a reset looks
+    like; every database call hangs). Each worker exits 0 within its grace period plus the
+    worker's exit budget; its runs are found dead and finished as failed once the database is back."""
+    from kilolock.refresh.fleet import EXIT_BUDGET_S
+
+    cluster, url = pooled_cluster
+    if not pgbouncer.available():
+        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="6")
+    for n in range(4):
+        add_fake_state(url, f"slow/s{n}", cache)
+    grace = 2.0
+    logs = [tmp_path / f"w{n}.log" for n in (1, 2)]
+    with pgbouncer.pgbouncer(url) as template:
+        pooled = template.format(dbname="fleet") + " kl_pooler=transaction"
+        workers = [start_worker(pooled, log.stem, "--parallel-states", "2", "--grace", f"{grace:g}s", log=log)
+                   for log in logs]
+        stopped_pooler = False
+        try:
+            assert kl_pooled(pooled, "schedule", "run-now", "--states", "slow/*").returncode == 0
+            wait_for("a run in flight on each worker", lambda: q(
+                url, "SELECT count(DISTINCT claimed_by) FROM fleet_jobs WHERE status = 'running' "
+                     "AND refresh_run_id IS NOT NULL")[0][0] == 2, timeout=60)
+            if outage == "pooler hung":
+                os.kill(pgbouncer.pid(template), signal.SIGSTOP)
+                stopped_pooler = True
+            else:
+                cluster.stop()
+            time.sleep(1.0)  # the workers' next calls meet the outage
+            sent = time.monotonic()
+            for w in workers:
+                w.send_signal(signal.SIGTERM)
+            codes = []
+            for w in workers:  # a bound, not a measurement: a busy machine gets 20 s more
+                codes.append(w.wait(timeout=max(1.0, sent + grace + EXIT_BUDGET_S + 20 - time.monotonic())))
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    w.kill()
+                    w.wait()
+            if stopped_pooler:
+                os.kill(pgbouncer.pid(template), signal.SIGCONT)
+    outputs = _output(logs)
+    assert codes == [0, 0], outputs
+    assert not any("Traceback" in out or "internal error" in out for out in outputs), outputs
+    assert all("stopped (" in out for out in outputs), outputs
+    if outage == "pooler hung":
+        assert all("the database did not answer" in out for out in outputs), outputs
+    if outage == "postgresql stopped":
+        cluster.ensure_running()
+    # Nothing half-written: the next worker finds the runs dead (their jobs' leases ran out) and
+    # finishes them as failed, then refreshes the states again.
+    cleaner = start_worker(url, "cleaner", "--parallel-states", "4")
+    try:
+        wait_for("the abandoned runs to be finished and the states refreshed", lambda: q(
+            url, "SELECT count(*) FILTER (WHERE status = 'running'), count(DISTINCT state_id) "
+                 "FILTER (WHERE status = 'succeeded') FROM refresh_runs") == [(0, 4)], timeout=90, every=0.3)
+    finally:
+        code, out = stop(cleaner)
+    assert code == 0, out
+    assert_no_overlap(url)
+    for n in range(4):
+        assert version_problems(url, f"slow/s{n}") == [] and reindex_mismatches(url, f"slow/s{n}") == []
+
+
+def test_a_connection_broken_inside_a_transaction_behind_the_pooler_counts_as_lost(bouncer, db_url):
+    """PgBouncer tells a client whose server connection died mid-transaction so and closes: psycopg's
+    next own command (here SAVEPOINT) reads that error and the end of the stream at once and raises
+    InternalError("received 2 results ..."), not OperationalError. kl must take it for a lost
+    connection (a worker retries), not for a bug (it ended a worker with an internal error)."""
+    from kilolock.store import db
+
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    with psycopg.connect(bouncer.format(dbname=dbname), autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("BEGIN")
+        server_pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert server_pid is not None
+        q(db_url, "SELECT pg_terminate_backend(%s)", server_pid)
+        time.sleep(0.5)
+        with pytest.raises(psycopg.Error) as caught, conn.transaction():
+            conn.execute("SELECT 1")
+        assert isinstance(caught.value, psycopg.InternalError) and "results from command" in str(caught.value)
+        assert conn.broken and db.lost(caught.value, conn)
+    with psycopg.connect(db_url, autocommit=True) as healthy:  # a query's own error is not a lost connection
+        with pytest.raises(psycopg.Error) as failed:
+            healthy.execute("SELECT 1/0")
+        assert not db.lost(failed.value, healthy)

@@ -79,17 +79,23 @@ def wait_for(what: str, check: Any, timeout: float = 40.0, every: float = 0.1) -
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def start_worker(db_url: str, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(kl_cmd("worker", "--name", name, "--lease", f"{LEASE:g}s", "--poll", POLL, *extra),
-                            env=kl_env(KL_DATABASE_URL=db_url, **(env or {})), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+def start_worker(db_url: str, name: str, *extra: str, env: dict[str, str] | None = None,
+                 log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A `kl worker` process. LOG: its output goes to that file rather than to a pipe read only when
+    it stops: a worker that logs a retry every few hundred milliseconds through a long outage would
+    fill the pipe (64 KiB) and block in write(), which looks like a worker that never recovers."""
+    with open(log, "wb") if log is not None else contextlib.nullcontext() as out:
+        return subprocess.Popen(kl_cmd("worker", "--name", name, "--lease", f"{LEASE:g}s", "--poll", POLL, *extra),
+                                env=kl_env(KL_DATABASE_URL=db_url, **(env or {})),
+                                stdout=out if out is not None else subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str]:
+    """Signal PROC and wait for it: (exit code, its output; "" when it went to a file)."""
     if proc.poll() is None:
         proc.send_signal(sig)
     out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out.decode()
+    return proc.returncode, (out or b"").decode()
 
 
 @contextlib.contextmanager

@@ -17,8 +17,20 @@ from pathlib import Path
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
 
+# PgBouncer's own default: how long it refuses every client after a server login failed.
+DEFAULT_SERVER_LOGIN_RETRY = 15.0
+
+
 def available() -> bool:
     return os.access(PGBOUNCER, os.X_OK)
+
+
+def pid(template: str) -> int:
+    """The process id of the PgBouncer that TEMPLATE (what pgbouncer() yields) connects to."""
+    import psycopg.conninfo
+
+    base = Path(str(psycopg.conninfo.conninfo_to_dict(template.format(dbname="x"))["host"]))
+    return int((base / "pgbouncer.pid").read_text().split()[0])
 
 
 def _free_port() -> int:
@@ -28,7 +40,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def pgbouncer(server_url: str, pool_mode: str = "transaction", pool_size: int = 3, server_login_retry: float = 15) -> Iterator[str]:
+def pgbouncer(server_url: str, pool_mode: str = "transaction", pool_size: int = 3, server_login_retry: float = DEFAULT_SERVER_LOGIN_RETRY) -> Iterator[str]:
     """Start PgBouncer in front of SERVER_URL's server; yields a libpq URL template
     ("host=DIR port=PORT user=U dbname={dbname}") to format with a database name.
     SERVER_LOGIN_RETRY: how long PgBouncer refuses every client after a failed server login
@@ -68,13 +80,17 @@ logfile = {base}/pgbouncer.log
 pidfile = {base}/pgbouncer.pid
 {f"user = {run_as}" if run_as else ""}
 """)
-    proc = subprocess.Popen([PGBOUNCER, str(base / "pgbouncer.ini")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Its console output goes to a file, never to a pipe nobody reads: PgBouncer logs every refused
+    # client there too, and once 64 KiB of that filled a pipe it blocked in write() and stopped
+    # answering anyone (what made a restart behind it look like kl never recovering).
+    console = open(base / "console.log", "wb")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen([PGBOUNCER, str(base / "pgbouncer.ini")], stdout=console, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
         while not (base / f".s.PGSQL.{port}").exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 log = (base / "pgbouncer.log").read_text() if (base / "pgbouncer.log").exists() else ""
-                raise RuntimeError(f"pgbouncer did not start: {proc.stdout.read().decode() if proc.stdout else ''}{log}")
+                raise RuntimeError(f"pgbouncer did not start: {(base / 'console.log').read_text()}{log}")
             time.sleep(0.05)
         yield f"host={base} port={port} user={user} dbname={{dbname}}"
     finally:
@@ -84,4 +100,5 @@ pidfile = {base}/pgbouncer.pid
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        console.close()
         shutil.rmtree(base, ignore_errors=True)
