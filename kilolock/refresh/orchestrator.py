@@ -125,9 +125,13 @@ class _Entry:
 def group_instances(state: tfstate.State) -> dict[GroupKey, list[tfstate.Instance]]:
     """Managed instances (current and deposed) by provider configuration; data sources are skipped."""
     groups: dict[GroupKey, list[tfstate.Instance]] = defaultdict(list)
+    keys: dict[str, GroupKey] = {}  # a state names few providers: parse each address once, not per instance
     for inst in state.managed():
-        ref = tfstate.parse_provider(inst.provider)
-        groups[(ref.source, ref.alias)].append(inst)
+        key = keys.get(inst.provider)
+        if key is None:
+            ref = tfstate.parse_provider(inst.provider)
+            key = keys[inst.provider] = (ref.source, ref.alias)
+        groups[key].append(inst)
     return dict(sorted(groups.items()))
 
 
