@@ -31,7 +31,9 @@ DEFAULT_TERRAFORM_VERSION = "1.8.5"
 _SENSITIVE_PATHS_FIELD = 6
 
 
-@dataclass(frozen=True)
+# Slotted rather than frozen, as ReadOutcome: one is made per instance read, and a frozen
+# dataclass's __init__ (object.__setattr__ per field) costs three times as much.
+@dataclass(slots=True)
 class ReadResult:
     new_state: bytes | None  # cty msgpack; None when the object no longer exists
     private: bytes

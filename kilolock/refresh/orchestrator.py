@@ -125,9 +125,13 @@ class _Entry:
 def group_instances(state: tfstate.State) -> dict[GroupKey, list[tfstate.Instance]]:
     """Managed instances (current and deposed) by provider configuration; data sources are skipped."""
     groups: dict[GroupKey, list[tfstate.Instance]] = defaultdict(list)
+    keys: dict[str, GroupKey] = {}  # a state names few providers: parse each address once, not per instance
     for inst in state.managed():
-        ref = tfstate.parse_provider(inst.provider)
-        groups[(ref.source, ref.alias)].append(inst)
+        key = keys.get(inst.provider)
+        if key is None:
+            ref = tfstate.parse_provider(inst.provider)
+            key = keys[inst.provider] = (ref.source, ref.alias)
+        groups[key].append(inst)
     return dict(sorted(groups.items()))
 
 
@@ -407,31 +411,43 @@ class _Run:
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
         threads: list[threading.Thread] = []
+        live = [0]  # workers started and not yet retired (threads holds every one ever started, to join)
         prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
 
         def add_workers() -> None:
-            # A thread per slot, started when the limit first reaches it (auto grows from 10).
+            # A thread per slot, started when the limit reaches it (auto grows from 10).
             with lock:
-                while len(threads) < min(gate.limit, total):
+                while live[0] < min(gate.limit, total - counter["done"]):
                     t = threading.Thread(target=worker, name=f"{prefix}-{len(threads)}", daemon=True)
                     threads.append(t)
+                    live[0] += 1
                     t.start()
 
         def worker() -> None:
             # Workers pull the next instance until none is left: cheaper per instance than a Future each.
             while not self.cancel.cancelled:
                 with lock:
+                    # More workers than the limit allows in flight (auto shrank, or levelled off
+                    # below where a probe took it): this one retires. Kept, the extra threads would
+                    # queue at the gate and every answer would hand the slot to another thread,
+                    # a wake-up and a context switch per read that a fixed limit never pays.
+                    if live[0] > gate.limit:
+                        live[0] -= 1
+                        return
                     entry = next(pending, None)
-                if entry is None:
-                    return
+                    if entry is None:
+                        live[0] -= 1
+                        return
                 self.read_with_retries(client, entry, gate, rng)
                 with lock:
                     counter["done"] += 1
                     done = counter["done"]
                 if self.progress:
                     self.progress(label, done, total)
-                if len(threads) < gate.limit:
+                if live[0] < gate.limit:
                     add_workers()
+            with lock:
+                live[0] -= 1
 
         try:
             add_workers()

@@ -13,7 +13,7 @@ from kilolock import tfstate
 from kilolock.durations import parse_duration
 from kilolock.errors import KlError
 from kilolock.redact import MASK, Redactor
-from kilolock.refresh import orchestrator
+from kilolock.refresh import inflight, orchestrator
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
 from kilolock.refresh.options import RefreshOptions
 from kilolock.store import locks, versions
@@ -257,6 +257,36 @@ def test_auto_is_the_default_and_a_provider_cap_bounds_it(conn, make_state):
         f.delay = 0.01
         res = run(conn, f, provider_parallelism=parallelism, provider_caps={NULL: 3})
         assert res.status == "succeeded" and f.max_in_flight == 3 and res.concurrency[0]["max"] == 3, parallelism
+
+
+def test_reader_threads_beyond_a_lowered_limit_retire(conn, make_state, monkeypatch):
+    # Kept alive, threads above the limit queue at the gate and every answer hands the slot to
+    # another thread (a wake-up and a context switch per read): auto levelling off below a probe's
+    # peak cost a 20,000-instance refresh 12% against a fixed 10.
+    seed(conn, make_state, attrs(80))
+    f = FakeFactory()
+    f.delay = 0.003
+    controllers: list[inflight.FixedLimit] = []
+
+    def controller_for(parallelism, ceiling=None):
+        controllers.append(inflight.FixedLimit(8))
+        return controllers[-1]
+
+    monkeypatch.setattr(orchestrator.inflight, "controller_for", controller_for)
+    readers_alive: list[int] = []
+
+    def on_read(ident):
+        reads = len(f.reads())
+        if reads == 16:
+            controllers[0].set_ceiling(2)  # as auto cutting from 8 to 2
+        elif reads > 50:
+            readers_alive.append(sum(1 for t in threading.enumerate() if t.name.startswith("kl-read-") and t.is_alive()))
+
+    f.on_read = on_read
+    res = run(conn, f, dry_run=True)
+    assert res.status == "succeeded" and res.checked == 80
+    # 2 readers, and at most one more on its way out (it has returned, the thread not quite ended).
+    assert readers_alive and max(readers_alive[-10:]) <= 3, readers_alive
 
 
 def test_throttled_reads_are_retried_until_the_rpc_timeout(conn, make_state):
