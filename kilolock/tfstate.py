@@ -765,8 +765,13 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         out.append(json.dumps(v))
 
 
+_EXACT_DECODER = json.JSONDecoder(parse_float=_Number)
+
+
 def loads_exact(text: str | bytes) -> Any:
     """Parse JSON keeping every non-integer number as its text (integers are exact in Python)."""
+    if isinstance(text, str) and not text.startswith("\ufeff"):
+        return _EXACT_DECODER.decode(text)  # json.loads would build a decoder per call (the pull makes one per instance)
     return json.loads(text, parse_float=_Number)
 
 
@@ -777,6 +782,9 @@ class ExactJSON:
 
     def __init__(self) -> None:
         self.raw_numbers = False
+        # One decoder for the document's life: json.loads with parse_float builds a new one per
+        # call, which cost more than the parsing when a state is read a piece at a time.
+        self._decoder = json.JSONDecoder(parse_float=self._float)
 
     def _float(self, text: str) -> Any:
         f = float(text)
@@ -786,7 +794,9 @@ class ExactJSON:
         return _Number(text)
 
     def loads(self, text: str | bytes) -> Any:
-        return json.loads(text, parse_float=self._float)
+        if isinstance(text, str) and not text.startswith("\ufeff"):
+            return self._decoder.decode(text)
+        return json.loads(text, parse_float=self._float)  # its checks and encoding detection, as before
 
     def dumps_compact(self, v: Any) -> str:
         if self.raw_numbers:

@@ -333,6 +333,73 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
             tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
 
 
+def load_document(conn: psycopg.Connection, name: str, serial: int, loads: Callable[[str], Any]) -> Any:
+    """Version SERIAL of state NAME parsed with LOADS: the very value LOADS makes of its
+    raw_state_text (keys in jsonb's order), but read a piece at a time, as the pull reads it, so
+    neither the server builds nor this process holds the whole text next to the parsed document
+    (a refresh of 100,000 instances spent more time on that text than on parsing it)."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = conn.execute(_PIECES_HEAD, (state_id(conn, name), serial)).fetchone()
+        if row is None:
+            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
+        _vid, head, has_resources, _count, streamable, encrypted, layout = row
+        if encrypted or head is None or (has_resources and not streamable):
+            return loads(raw_state_text(conn, name, serial))
+        doc = loads(head)
+        if not has_resources:
+            return doc
+        resources: list[Any] = []
+        with conn.cursor(name="kl_load") as rows:
+            rows.itersize = 2000
+            if layout is not None:
+                rows.execute(_PIECES_FROM_LAYOUT, (layout,))
+            else:
+                rows.execute(_PIECES, (_vid,))
+            for res_head, _n, instances in _resources(iter(rows)):
+                resources.append(_with_key(loads(res_head), "instances", _load_batched(instances, loads)))
+        return _with_key(doc, "resources", resources)
+
+
+_LOAD_BATCH = 1000
+
+
+def _load_batched(texts: Iterator[str], loads: Callable[[str], Any]) -> list[Any]:
+    """The JSON TEXTS parsed, a batch of them as one array: the parser shares the key strings
+    within one call only, and each instance's own copies of its keys were a third of a big
+    document's memory (and a call per instance its time)."""
+    out: list[Any] = []
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == _LOAD_BATCH:
+            out.extend(loads("[" + ",".join(batch) + "]"))
+            batch.clear()
+    if batch:
+        out.extend(loads("[" + ",".join(batch) + "]"))
+    return out
+
+
+def _jsonb_key_order(key: str) -> tuple[int, bytes]:
+    encoded = key.encode("utf-8", "surrogatepass")
+    return len(encoded), encoded
+
+
+def _with_key(obj: Any, key: str, value: Any) -> Any:
+    """OBJ (parsed from jsonb text, so its keys in jsonb's order: shorter first, then bytewise)
+    with KEY, which it lacks, put where jsonb's text of the whole would have it."""
+    if not isinstance(obj, dict):
+        raise KlError("stored state: a piece of it is not a JSON object")
+    rank = _jsonb_key_order(key)
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if key not in out and _jsonb_key_order(k) > rank:
+            out[key] = value
+        out[k] = v
+    out.setdefault(key, value)
+    return out
+
+
 def _resources(rows: Iterator[tuple[Any, ...]]) -> Iterator[tfstate.StreamedResource]:
     """The resources of _PIECES rows, each with an iterator of its instances' texts, which must be
     consumed before the next resource is asked for (write_terraform_streamed does)."""
@@ -375,12 +442,16 @@ def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str],
     The open lifecycle rows hold exactly the current version's objects (written in the same
     transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
     """
-    # Rows as they arrive, not fetchall(): the rows of a 100,000-instance state, held at once next to
-    # the bytes made from them, were a second full copy of its attributes.
+    # A few thousand rows at a time, not fetchall(): the rows of a 100,000-instance state, held at
+    # once next to the bytes made from them, were a second full copy of its attributes; nor one at a
+    # time (stream()), which spent more on each row's round of libpq calls than on its data.
     out: dict[tuple[str, str], bytes] = {}
-    for address, deposed, attributes in conn.cursor().stream(_OPEN_ATTRIBUTES, (sid,)):
-        if attributes is not None:
-            out[(address, deposed)] = attributes.encode()
+    with conn.transaction(), conn.cursor(name="kl_open_attributes") as rows:
+        rows.itersize = 2000
+        rows.execute(_OPEN_ATTRIBUTES, (sid,))
+        for address, deposed, attributes in rows:
+            if attributes is not None:
+                out[(address, deposed)] = attributes.encode()
     return out
 
 
@@ -510,10 +581,17 @@ VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
 # pieces its state does not hold yet are stored.
 
 _DOC_TABLE = "CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP"
+# Uncompressed: the document lives for one transaction, and every statement that looks into it
+# reads it whole again; compressing a big one, then decompressing it once per statement, cost more
+# than the space it saved.
+_DOC_UNCOMPRESSED = "ALTER TABLE kl_doc ALTER COLUMN doc SET STORAGE EXTERNAL"
 _DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
 
 # What the pieces can rebuild: an object whose resources (if any) are all objects with an
 # "instances" array. Anything else is stored whole. Also the document's serial, as text.
+# (write_version is given the document parsed and validated by tfstate.parse_state, which holds it
+# to that shape; the check stays as the rule the pieces depend on, and is one pass over the
+# resources, not their instances.)
 _DOC_SHAPE = """
 SELECT jsonb_typeof(doc) = 'object' AND CASE
            WHEN NOT doc ? 'resources' THEN true
@@ -719,6 +797,7 @@ def write_version(
                 ).fetchone()
             else:
                 cur_versions.execute(_DOC_TABLE)
+                cur_versions.execute(_DOC_UNCOMPRESSED)
                 cur_versions.execute(_DOC_INSERT, (_JsonbText(raw),))
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None

@@ -52,6 +52,9 @@ def test_streamed_pull_is_byte_identical_to_the_whole_document_layout(conn, shap
     raw = json.dumps(SHAPES[shape]).encode()
     versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+    # What a refresh loads, a piece at a time: the text's parse, its keys in the same order.
+    loaded = versions.load_document(conn, "s", 1, tfstate.loads_exact)
+    assert tfstate.dumps_compact(loaded) == tfstate.dumps_compact(tfstate.loads_exact(versions.raw_state_text(conn, "s")))
 
 
 @pytest.mark.parametrize("fixture", ["varied.tfstate", "big2000-v1.tfstate"])
@@ -65,6 +68,7 @@ def test_encrypted_envelope_is_pulled_whole_as_before(conn):
     raw = json.dumps({"meta": {"k": "e30="}, "encrypted_data": "AAAA", "encryption_version": "v0"}).encode()
     versions.write_version(conn, "s", None, raw, source="apply", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+    assert versions.load_document(conn, "s", 1, json.loads) == json.loads(versions.raw_state_text(conn, "s"))
 
 
 def test_write_sends_the_bytes_as_they_are_and_refuses_what_jsonb_cannot_hold(conn, make_state):
