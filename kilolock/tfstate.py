@@ -533,7 +533,8 @@ def _sorted_deep(v: Any) -> Any:
             # terraform_remote_state's outputs) value-first; below it the type is concrete, so
             # nothing inside is such a wrapper.
             return {"value": _sorted_plain(v["value"]), "type": _sorted_plain(v["type"])}
-        return {k: _sorted_deep(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+        # Code point order is UTF-8's byte order (Go sorts map keys by their bytes): no key function.
+        return {k: _sorted_deep(v[k]) for k in sorted(v)}
     if isinstance(v, list):
         return [_sorted_deep(x) for x in v]
     return v
@@ -541,7 +542,7 @@ def _sorted_deep(v: Any) -> Any:
 
 def _sorted_plain(v: Any) -> Any:
     if isinstance(v, dict):
-        return {k: _sorted_plain(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+        return {k: _sorted_plain(v[k]) for k in sorted(v)}
     if isinstance(v, list):
         return [_sorted_plain(x) for x in v]
     return v
@@ -646,12 +647,26 @@ def _step_layout(step: Any) -> Any:
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
+# What json.dumps(s, ensure_ascii=False) gives for a str, without building an encoder per call
+# (which was most of a big pull's time: it writes every key and string value this way).
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _go_string(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False).translate(_GO_ESCAPES)
+    return _encode_string(s).translate(_GO_ESCAPES)
+
+
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+
+
+def _go_escaped(text: str) -> str:
+    """JSON text with Go's escapes of what only a string can hold (so the whole text at once, not
+    string by string: a translate per string was a fifth of a big pull's time)."""
+    return text.translate(_GO_ESCAPES) if _GO_ESCAPED.search(text) else text
 
 
 def _py_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    return _encode_string(text)
 
 
 def _write_compact(v: Any, out: list[str], quote: Callable[[str], str] = _py_string) -> None:
@@ -733,6 +748,8 @@ _FLUSH_PIECES = 8192
 
 
 def _write(v: Any, indent: str, out: list[str]) -> None:
+    """Terraform's layout of V onto OUT, strings with Python's escapes: the text joined from OUT
+    takes Go's (_go_escaped) before it is written."""
     if isinstance(v, _Streamed):
         v.write(indent, out)
     elif isinstance(v, dict):
@@ -742,7 +759,7 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         inner = indent + "  "
         out.append("{\n")
         for n, (k, item) in enumerate(v.items()):
-            out.append(f"{inner}{_go_string(k)}: ")
+            out.append(f"{inner}{_encode_string(k)}: ")  # Go's escapes: _go_escaped, over the whole text
             _write(item, inner, out)
             out.append(",\n" if n < len(v) - 1 else "\n")
         out.append(indent + "}")
@@ -760,7 +777,11 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
     elif isinstance(v, _Number):
         out.append(str.__str__(v))
     elif isinstance(v, str):
-        out.append(_go_string(v))
+        out.append(_encode_string(v))
+    elif v is None or v is True or v is False:
+        out.append("null" if v is None else "true" if v else "false")
+    elif type(v) is int:
+        out.append(int.__repr__(v))  # what json.dumps writes, without an encoder per number
     else:
         out.append(json.dumps(v))
 
@@ -809,7 +830,7 @@ def dumps_terraform(doc: dict[str, Any]) -> str:
     out: list[str] = []
     _write(_terraform_layout(doc), "", out)
     out.append("\n")
-    return "".join(out)
+    return _go_escaped("".join(out))
 
 
 # A resource of write_terraform_streamed: the resource without its instances (JSON text), how many
@@ -828,7 +849,7 @@ def write_terraform_streamed(head: str, resources: tuple[int, Iterator[StreamedR
         raise StateError("stored state is not a JSON object")
 
     def flush(out: list[str]) -> None:
-        write("".join(out))
+        write(_go_escaped("".join(out)))
         out.clear()
 
     def resource(text: str, count: int, instances: Iterator[str]) -> Any:

@@ -580,11 +580,15 @@ VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
 # The document goes to a temporary table (no WAL, dropped at commit) and is split there; only the
 # pieces its state does not hold yet are stored.
 
-_DOC_TABLE = "CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP"
-# Uncompressed: the document lives for one transaction, and every statement that looks into it
-# reads it whole again; compressing a big one, then decompressing it once per statement, cost more
-# than the space it saved.
-_DOC_UNCOMPRESSED = "ALTER TABLE kl_doc ALTER COLUMN doc SET STORAGE EXTERNAL"
+# Uncompressed (STORAGE EXTERNAL): the document lives for one transaction, and every statement
+# that looks into it reads it whole again; compressing a big one, then decompressing it once per
+# statement, cost more than the space it saved. work_mem for this transaction only: sorting and
+# hashing a big state's pieces spilled to disk at the default 4 MB.
+_DOC_TABLE = """
+CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP;
+ALTER TABLE kl_doc ALTER COLUMN doc SET STORAGE EXTERNAL;
+SET LOCAL work_mem = '64MB'
+"""
 _DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
 
 # What the pieces can rebuild: an object whose resources (if any) are all objects with an
@@ -797,7 +801,6 @@ def write_version(
                 ).fetchone()
             else:
                 cur_versions.execute(_DOC_TABLE)
-                cur_versions.execute(_DOC_UNCOMPRESSED)
                 cur_versions.execute(_DOC_INSERT, (_JsonbText(raw),))
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
