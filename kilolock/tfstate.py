@@ -413,6 +413,22 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state", *, ke
             f"{origin}: this is Terraform's backend settings file (.terraform/terraform.tfstate, for {kind}), not a "
             "state: the state is kept by that backend; `terraform state pull > FILE` writes it to a file kl can import"
         )
+    _check_top(doc, origin)
+    resources = doc.get("resources", [])
+    _expect_type(resources, list, f"{origin}.resources", "an array")
+
+    index = _InstanceIndex(keep_objects)
+    for ri, res in enumerate(resources):
+        rpath = f"{origin}.resources[{ri}]"
+        _check_resource(res, rpath)
+        for ii, obj in enumerate(res["instances"]):
+            index.add(res, ri, ii, obj, f"{rpath}.instances[{ii}]")
+    if not keep_objects:
+        return State(raw={k: v for k, v in doc.items() if k != "resources"}, instances=index.instances)
+    return State(raw=doc, instances=index.instances)
+
+
+def _check_top(doc: dict[str, Any], origin: str) -> None:
     version = doc.get("version")
     _expect("version" in doc, f"{origin}.version", "missing; not a Terraform state file")
     _expect_type(version, int, f"{origin}.version", "a number")
@@ -432,64 +448,191 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state", *, ke
         for oname, out in doc["outputs"].items():
             _expect_type(out, dict, f"{origin}.outputs.{oname}", "an object")
             _expect("value" in out, f"{origin}.outputs.{oname}", "missing value")
-    resources = doc.get("resources", [])
-    _expect_type(resources, list, f"{origin}.resources", "an array")
 
-    instances: list[Instance] = []
-    seen: set[str | tuple[str, str]] = set()  # an address alone for a current object: half the memory
-    owned = _Owned()
-    for ri, res in enumerate(resources):
+
+def _check_resource(res: Any, rpath: str) -> None:
+    """A resource's own fields (its instances are checked one by one: _InstanceIndex.add)."""
+    _expect_type(res, dict, rpath, "an object")
+    for key in ("mode", "type", "name", "provider", "instances"):
+        _expect(key in res, f"{rpath}.{key}", "missing")
+    mode, type_, name = res["mode"], res["type"], res["name"]
+    _expect(mode in ("managed", "data"), f"{rpath}.mode", f"must be \"managed\" or \"data\", got {mode!r}")
+    _expect_type(type_, str, f"{rpath}.type", "a string")
+    _expect_type(name, str, f"{rpath}.name", "a string")
+    _expect(bool(type_) and bool(name), rpath, "type and name must not be empty")
+    _expect_type(res["provider"], str, f"{rpath}.provider", "a string")
+    parse_provider(res["provider"], f"{rpath}.provider")
+    module = res.get("module", "")
+    _expect_type(module, str, f"{rpath}.module", "a string")
+    _expect(module == "" or module.startswith("module."), f"{rpath}.module", f"{module!r} is not a module address")
+    _expect_type(res["instances"], list, f"{rpath}.instances", "an array")
+
+
+class _InstanceIndex:
+    """The instances of a state, checked and indexed one at a time."""
+
+    def __init__(self, keep_objects: bool) -> None:
+        self.keep_objects = keep_objects
+        self.instances: list[Instance] = []
+        self.seen: set[str | tuple[str, str]] = set()  # an address alone for a current object: half the memory
+        self.owned = _Owned()
+
+    def add(self, res: dict[str, Any], ri: int, ii: int, obj: Any, ipath: str) -> None:
+        _expect_type(obj, dict, ipath, "an object")
+        if "attributes" in obj or "attributes_flat" not in obj:
+            _expect("attributes" in obj, f"{ipath}.attributes", "missing")
+            _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
+        else:
+            # Flatmap (the pre-0.12 form, still written by tools such as Terraformer): the
+            # provider's UpgradeResourceState turns it into an object at the first refresh.
+            flat = obj["attributes_flat"]
+            _expect_type(flat, dict, f"{ipath}.attributes_flat", "an object")
+            for fkey, fvalue in flat.items():
+                _expect_type(fvalue, str, f"{ipath}.attributes_flat.{fkey}", "a string")
+        if "schema_version" in obj:
+            _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
+        key = obj.get("index_key")
+        _expect(key is None or (isinstance(key, (int, str)) and not isinstance(key, bool)),
+                f"{ipath}.index_key", f"expected a number or a string, got {_kind(key)}")
+        deposed = obj.get("deposed", "")
+        _expect_type(deposed, str, f"{ipath}.deposed", "a string")
+        if "sensitive_attributes" in obj:
+            _expect_type(obj["sensitive_attributes"], list, f"{ipath}.sensitive_attributes", "an array")
+        if "status" in obj:
+            _expect(obj["status"] in ("tainted",), f"{ipath}.status", f"unknown status {obj['status']!r}")
+        mode, type_, name, module = res["mode"], res["type"], res["name"], res.get("module", "")
+        address = instance_address(module, mode, type_, name, key)
+        identity = (address, deposed) if deposed else address
+        _expect(identity not in self.seen, ipath, f"duplicate instance {address}" + (f" (deposed {deposed})" if deposed else ""))
+        self.seen.add(identity)
+        if self.keep_objects:
+            self.instances.append(Instance(address, deposed, module, mode, type_, name, key, res["provider"], ri, ii, obj))
+        else:
+            owned = self.owned
+            self.instances.append(Instance(address, owned(deposed), owned(module), owned(mode), owned(type_), owned(name),
+                                           owned(key), owned(res["provider"]), ri, ii, _NO_OBJECT))
+
+
+class _NotStreamable(Exception):
+    """The text is not laid out as index_state_text reads it (or has an error): parse it whole."""
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_STREAM_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def index_state_text(text: str, origin: str = "state") -> State | None:
+    """What ``parse_state(text, origin, keep_objects=False)`` gives, for a version-4 state whose
+    resources each list their "instances" last (as Terraform and OpenTofu write them), parsed one
+    instance at a time: the document is never held whole beside its text (an import's peak was the
+    two). None for any other text, including one with an error: the caller parses it whole, which
+    reports what is wrong exactly as before."""
+    try:
+        return _index_streamed(text, origin)
+    except (_NotStreamable, StateError, ValueError, RecursionError, IndexError):
+        return None
+
+
+def _index_streamed(text: str, origin: str) -> State:
+    scan = _STREAM_DECODER.raw_decode
+    index = _InstanceIndex(keep_objects=False)
+
+    def space(text: str, i: int) -> re.Match[str]:
+        found = _JSON_SPACE.match(text, i)
+        assert found is not None  # the pattern matches the empty string
+        return found
+
+    def value(i: int, depth: int) -> tuple[Any, int]:
+        v, i = scan(text, i)
+        if _nested_deeper_than(v, MAX_NESTING - depth) if isinstance(v, (dict, list)) else False:
+            raise _NotStreamable
+        return v, i
+
+    def members(i: int, on_key: Callable[[str, int], int]) -> int:
+        """An object's members from just after its "{": ON_KEY(key, index of the value) reads
+        each value and returns where it ends; returns where the object ends."""
+        i = space(text, i).end()
+        if text[i] == "}":
+            return i + 1
+        while True:
+            if text[i] != '"':
+                raise _NotStreamable
+            key, i = scan(text, i)
+            i = space(text, i).end()
+            if text[i] != ":":
+                raise _NotStreamable
+            i = on_key(key, space(text, i + 1).end())
+            i = space(text, i).end()
+            if text[i] == "}":
+                return i + 1
+            if text[i] != ",":
+                raise _NotStreamable
+            i = space(text, i + 1).end()
+
+    def elements(i: int, on_item: Callable[[int, int], int]) -> int:
+        """An array's elements from just after its "[": ON_ITEM(n, index) reads element n."""
+        i = space(text, i).end()
+        if text[i] == "]":
+            return i + 1
+        n = 0
+        while True:
+            i = space(text, on_item(n, i)).end()
+            if text[i] == "]":
+                return i + 1
+            if text[i] != ",":
+                raise _NotStreamable
+            i = space(text, i + 1).end()
+            n += 1
+
+    def resource(ri: int, i: int) -> int:
+        if text[i] != "{":
+            raise _NotStreamable
+        res: dict[str, Any] = {}
         rpath = f"{origin}.resources[{ri}]"
-        _expect_type(res, dict, rpath, "an object")
-        for key in ("mode", "type", "name", "provider", "instances"):
-            _expect(key in res, f"{rpath}.{key}", "missing")
-        mode, type_, name = res["mode"], res["type"], res["name"]
-        _expect(mode in ("managed", "data"), f"{rpath}.mode", f"must be \"managed\" or \"data\", got {mode!r}")
-        _expect_type(type_, str, f"{rpath}.type", "a string")
-        _expect_type(name, str, f"{rpath}.name", "a string")
-        _expect(bool(type_) and bool(name), rpath, "type and name must not be empty")
-        _expect_type(res["provider"], str, f"{rpath}.provider", "a string")
-        parse_provider(res["provider"], f"{rpath}.provider")
-        module = res.get("module", "")
-        _expect_type(module, str, f"{rpath}.module", "a string")
-        _expect(module == "" or module.startswith("module."), f"{rpath}.module", f"{module!r} is not a module address")
-        _expect_type(res["instances"], list, f"{rpath}.instances", "an array")
-        for ii, obj in enumerate(res["instances"]):
-            ipath = f"{rpath}.instances[{ii}]"
-            _expect_type(obj, dict, ipath, "an object")
-            if "attributes" in obj or "attributes_flat" not in obj:
-                _expect("attributes" in obj, f"{ipath}.attributes", "missing")
-                _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
-            else:
-                # Flatmap (the pre-0.12 form, still written by tools such as Terraformer): the
-                # provider's UpgradeResourceState turns it into an object at the first refresh.
-                flat = obj["attributes_flat"]
-                _expect_type(flat, dict, f"{ipath}.attributes_flat", "an object")
-                for fkey, fvalue in flat.items():
-                    _expect_type(fvalue, str, f"{ipath}.attributes_flat.{fkey}", "a string")
-            if "schema_version" in obj:
-                _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
-            key = obj.get("index_key")
-            _expect(key is None or (isinstance(key, (int, str)) and not isinstance(key, bool)),
-                    f"{ipath}.index_key", f"expected a number or a string, got {_kind(key)}")
-            deposed = obj.get("deposed", "")
-            _expect_type(deposed, str, f"{ipath}.deposed", "a string")
-            if "sensitive_attributes" in obj:
-                _expect_type(obj["sensitive_attributes"], list, f"{ipath}.sensitive_attributes", "an array")
-            if "status" in obj:
-                _expect(obj["status"] in ("tainted",), f"{ipath}.status", f"unknown status {obj['status']!r}")
-            address = instance_address(module, mode, type_, name, key)
-            identity = (address, deposed) if deposed else address
-            _expect(identity not in seen, ipath, f"duplicate instance {address}" + (f" (deposed {deposed})" if deposed else ""))
-            seen.add(identity)
-            if keep_objects:
-                instances.append(Instance(address, deposed, module, mode, type_, name, key, res["provider"], ri, ii, obj))
-            else:
-                instances.append(Instance(address, owned(deposed), owned(module), owned(mode), owned(type_), owned(name),
-                                          owned(key), owned(res["provider"]), ri, ii, _NO_OBJECT))
-    if not keep_objects:
-        return State(raw={k: v for k, v in doc.items() if k != "resources"}, instances=instances)
-    return State(raw=doc, instances=instances)
+
+        def on_key(key: str, j: int) -> int:
+            if "instances" in res:  # a field after the instances: they were indexed without it
+                raise _NotStreamable
+            if key != "instances":
+                res[key], j = value(j, 4)
+                return j
+            if text[j] != "[":
+                raise _NotStreamable
+            res["instances"] = []
+            _check_resource(res, rpath)
+
+            def on_item(ii: int, k: int) -> int:
+                obj, k = value(k, 5)
+                index.add(res, ri, ii, obj, f"{rpath}.instances[{ii}]")
+                return k
+
+            return elements(j + 1, on_item)
+
+        i = members(i + 1, on_key)
+        if "instances" not in res:
+            raise _NotStreamable
+        return i
+
+    top: dict[str, Any] = {}
+    streamed = [False]
+
+    def on_top_key(key: str, j: int) -> int:
+        if key != "resources":
+            top[key], j = value(j, 2)
+            return j
+        if streamed[0] or text[j] != "[":  # a second "resources" replaces the first in a parse
+            raise _NotStreamable
+        streamed[0] = True
+        return elements(j + 1, resource)
+
+    i = space(text, 0).end()
+    if text[i] != "{":
+        raise _NotStreamable
+    i = members(i + 1, on_top_key)
+    if space(text, i).end() != len(text) or top.get("version") != 4 or is_encrypted_envelope(top) or is_backend_settings(top):
+        raise _NotStreamable
+    _check_top(top, origin)
+    return State(raw=top, instances=index.instances)
 
 
 # Terraform writes keys in these orders (statefile/version4.go); `kl state pull` restores them,
