@@ -102,6 +102,13 @@ def _status_kib(pid: int) -> int:
     return 0
 
 
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
 def _tree(pid: int) -> list[int]:
     out, todo = [pid], [pid]
     while todo:
@@ -126,8 +133,11 @@ def run_measured(cmd: list[str], env: dict[str, str], stdout_path: Path | None =
         done, peak = threading.Event(), [0]
 
         def sample() -> None:
+            root_exe = _exe(proc.pid)
             while not done.is_set():
-                peak[0] = max(peak[0], sum(_status_kib(p) for p in _tree(proc.pid)))
+                # A child not yet exec'd (between fork or vfork and exec) shows the parent's resident
+                # pages as its own: counted, a provider launch once read as 382 MiB for a 247 MiB tree.
+                peak[0] = max(peak[0], sum(_status_kib(p) for p in _tree(proc.pid) if p == proc.pid or _exe(p) != root_exe))
                 done.wait(0.005)
 
         sampler = threading.Thread(target=sample, daemon=True)
