@@ -413,6 +413,22 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state", *, ke
             f"{origin}: this is Terraform's backend settings file (.terraform/terraform.tfstate, for {kind}), not a "
             "state: the state is kept by that backend; `terraform state pull > FILE` writes it to a file kl can import"
         )
+    _check_top(doc, origin)
+    resources = doc.get("resources", [])
+    _expect_type(resources, list, f"{origin}.resources", "an array")
+
+    index = _InstanceIndex(keep_objects)
+    for ri, res in enumerate(resources):
+        rpath = f"{origin}.resources[{ri}]"
+        _check_resource(res, rpath)
+        for ii, obj in enumerate(res["instances"]):
+            index.add(res, ri, ii, obj, f"{rpath}.instances[{ii}]")
+    if not keep_objects:
+        return State(raw={k: v for k, v in doc.items() if k != "resources"}, instances=index.instances)
+    return State(raw=doc, instances=index.instances)
+
+
+def _check_top(doc: dict[str, Any], origin: str) -> None:
     version = doc.get("version")
     _expect("version" in doc, f"{origin}.version", "missing; not a Terraform state file")
     _expect_type(version, int, f"{origin}.version", "a number")
@@ -432,64 +448,191 @@ def parse_state(data: bytes | str | dict[str, Any], origin: str = "state", *, ke
         for oname, out in doc["outputs"].items():
             _expect_type(out, dict, f"{origin}.outputs.{oname}", "an object")
             _expect("value" in out, f"{origin}.outputs.{oname}", "missing value")
-    resources = doc.get("resources", [])
-    _expect_type(resources, list, f"{origin}.resources", "an array")
 
-    instances: list[Instance] = []
-    seen: set[str | tuple[str, str]] = set()  # an address alone for a current object: half the memory
-    owned = _Owned()
-    for ri, res in enumerate(resources):
+
+def _check_resource(res: Any, rpath: str) -> None:
+    """A resource's own fields (its instances are checked one by one: _InstanceIndex.add)."""
+    _expect_type(res, dict, rpath, "an object")
+    for key in ("mode", "type", "name", "provider", "instances"):
+        _expect(key in res, f"{rpath}.{key}", "missing")
+    mode, type_, name = res["mode"], res["type"], res["name"]
+    _expect(mode in ("managed", "data"), f"{rpath}.mode", f"must be \"managed\" or \"data\", got {mode!r}")
+    _expect_type(type_, str, f"{rpath}.type", "a string")
+    _expect_type(name, str, f"{rpath}.name", "a string")
+    _expect(bool(type_) and bool(name), rpath, "type and name must not be empty")
+    _expect_type(res["provider"], str, f"{rpath}.provider", "a string")
+    parse_provider(res["provider"], f"{rpath}.provider")
+    module = res.get("module", "")
+    _expect_type(module, str, f"{rpath}.module", "a string")
+    _expect(module == "" or module.startswith("module."), f"{rpath}.module", f"{module!r} is not a module address")
+    _expect_type(res["instances"], list, f"{rpath}.instances", "an array")
+
+
+class _InstanceIndex:
+    """The instances of a state, checked and indexed one at a time."""
+
+    def __init__(self, keep_objects: bool) -> None:
+        self.keep_objects = keep_objects
+        self.instances: list[Instance] = []
+        self.seen: set[str | tuple[str, str]] = set()  # an address alone for a current object: half the memory
+        self.owned = _Owned()
+
+    def add(self, res: dict[str, Any], ri: int, ii: int, obj: Any, ipath: str) -> None:
+        _expect_type(obj, dict, ipath, "an object")
+        if "attributes" in obj or "attributes_flat" not in obj:
+            _expect("attributes" in obj, f"{ipath}.attributes", "missing")
+            _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
+        else:
+            # Flatmap (the pre-0.12 form, still written by tools such as Terraformer): the
+            # provider's UpgradeResourceState turns it into an object at the first refresh.
+            flat = obj["attributes_flat"]
+            _expect_type(flat, dict, f"{ipath}.attributes_flat", "an object")
+            for fkey, fvalue in flat.items():
+                _expect_type(fvalue, str, f"{ipath}.attributes_flat.{fkey}", "a string")
+        if "schema_version" in obj:
+            _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
+        key = obj.get("index_key")
+        _expect(key is None or (isinstance(key, (int, str)) and not isinstance(key, bool)),
+                f"{ipath}.index_key", f"expected a number or a string, got {_kind(key)}")
+        deposed = obj.get("deposed", "")
+        _expect_type(deposed, str, f"{ipath}.deposed", "a string")
+        if "sensitive_attributes" in obj:
+            _expect_type(obj["sensitive_attributes"], list, f"{ipath}.sensitive_attributes", "an array")
+        if "status" in obj:
+            _expect(obj["status"] in ("tainted",), f"{ipath}.status", f"unknown status {obj['status']!r}")
+        mode, type_, name, module = res["mode"], res["type"], res["name"], res.get("module", "")
+        address = instance_address(module, mode, type_, name, key)
+        identity = (address, deposed) if deposed else address
+        _expect(identity not in self.seen, ipath, f"duplicate instance {address}" + (f" (deposed {deposed})" if deposed else ""))
+        self.seen.add(identity)
+        if self.keep_objects:
+            self.instances.append(Instance(address, deposed, module, mode, type_, name, key, res["provider"], ri, ii, obj))
+        else:
+            owned = self.owned
+            self.instances.append(Instance(address, owned(deposed), owned(module), owned(mode), owned(type_), owned(name),
+                                           owned(key), owned(res["provider"]), ri, ii, _NO_OBJECT))
+
+
+class _NotStreamable(Exception):
+    """The text is not laid out as index_state_text reads it (or has an error): parse it whole."""
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_STREAM_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def index_state_text(text: str, origin: str = "state") -> State | None:
+    """What ``parse_state(text, origin, keep_objects=False)`` gives, for a version-4 state whose
+    resources each list their "instances" last (as Terraform and OpenTofu write them), parsed one
+    instance at a time: the document is never held whole beside its text (an import's peak was the
+    two). None for any other text, including one with an error: the caller parses it whole, which
+    reports what is wrong exactly as before."""
+    try:
+        return _index_streamed(text, origin)
+    except (_NotStreamable, StateError, ValueError, RecursionError, IndexError):
+        return None
+
+
+def _index_streamed(text: str, origin: str) -> State:
+    scan = _STREAM_DECODER.raw_decode
+    index = _InstanceIndex(keep_objects=False)
+
+    def space(text: str, i: int) -> re.Match[str]:
+        found = _JSON_SPACE.match(text, i)
+        assert found is not None  # the pattern matches the empty string
+        return found
+
+    def value(i: int, depth: int) -> tuple[Any, int]:
+        v, i = scan(text, i)
+        if _nested_deeper_than(v, MAX_NESTING - depth) if isinstance(v, (dict, list)) else False:
+            raise _NotStreamable
+        return v, i
+
+    def members(i: int, on_key: Callable[[str, int], int]) -> int:
+        """An object's members from just after its "{": ON_KEY(key, index of the value) reads
+        each value and returns where it ends; returns where the object ends."""
+        i = space(text, i).end()
+        if text[i] == "}":
+            return i + 1
+        while True:
+            if text[i] != '"':
+                raise _NotStreamable
+            key, i = scan(text, i)
+            i = space(text, i).end()
+            if text[i] != ":":
+                raise _NotStreamable
+            i = on_key(key, space(text, i + 1).end())
+            i = space(text, i).end()
+            if text[i] == "}":
+                return i + 1
+            if text[i] != ",":
+                raise _NotStreamable
+            i = space(text, i + 1).end()
+
+    def elements(i: int, on_item: Callable[[int, int], int]) -> int:
+        """An array's elements from just after its "[": ON_ITEM(n, index) reads element n."""
+        i = space(text, i).end()
+        if text[i] == "]":
+            return i + 1
+        n = 0
+        while True:
+            i = space(text, on_item(n, i)).end()
+            if text[i] == "]":
+                return i + 1
+            if text[i] != ",":
+                raise _NotStreamable
+            i = space(text, i + 1).end()
+            n += 1
+
+    def resource(ri: int, i: int) -> int:
+        if text[i] != "{":
+            raise _NotStreamable
+        res: dict[str, Any] = {}
         rpath = f"{origin}.resources[{ri}]"
-        _expect_type(res, dict, rpath, "an object")
-        for key in ("mode", "type", "name", "provider", "instances"):
-            _expect(key in res, f"{rpath}.{key}", "missing")
-        mode, type_, name = res["mode"], res["type"], res["name"]
-        _expect(mode in ("managed", "data"), f"{rpath}.mode", f"must be \"managed\" or \"data\", got {mode!r}")
-        _expect_type(type_, str, f"{rpath}.type", "a string")
-        _expect_type(name, str, f"{rpath}.name", "a string")
-        _expect(bool(type_) and bool(name), rpath, "type and name must not be empty")
-        _expect_type(res["provider"], str, f"{rpath}.provider", "a string")
-        parse_provider(res["provider"], f"{rpath}.provider")
-        module = res.get("module", "")
-        _expect_type(module, str, f"{rpath}.module", "a string")
-        _expect(module == "" or module.startswith("module."), f"{rpath}.module", f"{module!r} is not a module address")
-        _expect_type(res["instances"], list, f"{rpath}.instances", "an array")
-        for ii, obj in enumerate(res["instances"]):
-            ipath = f"{rpath}.instances[{ii}]"
-            _expect_type(obj, dict, ipath, "an object")
-            if "attributes" in obj or "attributes_flat" not in obj:
-                _expect("attributes" in obj, f"{ipath}.attributes", "missing")
-                _expect_type(obj["attributes"], dict, f"{ipath}.attributes", "an object")
-            else:
-                # Flatmap (the pre-0.12 form, still written by tools such as Terraformer): the
-                # provider's UpgradeResourceState turns it into an object at the first refresh.
-                flat = obj["attributes_flat"]
-                _expect_type(flat, dict, f"{ipath}.attributes_flat", "an object")
-                for fkey, fvalue in flat.items():
-                    _expect_type(fvalue, str, f"{ipath}.attributes_flat.{fkey}", "a string")
-            if "schema_version" in obj:
-                _expect_type(obj["schema_version"], int, f"{ipath}.schema_version", "a number")
-            key = obj.get("index_key")
-            _expect(key is None or (isinstance(key, (int, str)) and not isinstance(key, bool)),
-                    f"{ipath}.index_key", f"expected a number or a string, got {_kind(key)}")
-            deposed = obj.get("deposed", "")
-            _expect_type(deposed, str, f"{ipath}.deposed", "a string")
-            if "sensitive_attributes" in obj:
-                _expect_type(obj["sensitive_attributes"], list, f"{ipath}.sensitive_attributes", "an array")
-            if "status" in obj:
-                _expect(obj["status"] in ("tainted",), f"{ipath}.status", f"unknown status {obj['status']!r}")
-            address = instance_address(module, mode, type_, name, key)
-            identity = (address, deposed) if deposed else address
-            _expect(identity not in seen, ipath, f"duplicate instance {address}" + (f" (deposed {deposed})" if deposed else ""))
-            seen.add(identity)
-            if keep_objects:
-                instances.append(Instance(address, deposed, module, mode, type_, name, key, res["provider"], ri, ii, obj))
-            else:
-                instances.append(Instance(address, owned(deposed), owned(module), owned(mode), owned(type_), owned(name),
-                                          owned(key), owned(res["provider"]), ri, ii, _NO_OBJECT))
-    if not keep_objects:
-        return State(raw={k: v for k, v in doc.items() if k != "resources"}, instances=instances)
-    return State(raw=doc, instances=instances)
+
+        def on_key(key: str, j: int) -> int:
+            if "instances" in res:  # a field after the instances: they were indexed without it
+                raise _NotStreamable
+            if key != "instances":
+                res[key], j = value(j, 4)
+                return j
+            if text[j] != "[":
+                raise _NotStreamable
+            res["instances"] = []
+            _check_resource(res, rpath)
+
+            def on_item(ii: int, k: int) -> int:
+                obj, k = value(k, 5)
+                index.add(res, ri, ii, obj, f"{rpath}.instances[{ii}]")
+                return k
+
+            return elements(j + 1, on_item)
+
+        i = members(i + 1, on_key)
+        if "instances" not in res:
+            raise _NotStreamable
+        return i
+
+    top: dict[str, Any] = {}
+    streamed = [False]
+
+    def on_top_key(key: str, j: int) -> int:
+        if key != "resources":
+            top[key], j = value(j, 2)
+            return j
+        if streamed[0] or text[j] != "[":  # a second "resources" replaces the first in a parse
+            raise _NotStreamable
+        streamed[0] = True
+        return elements(j + 1, resource)
+
+    i = space(text, 0).end()
+    if text[i] != "{":
+        raise _NotStreamable
+    i = members(i + 1, on_top_key)
+    if space(text, i).end() != len(text) or top.get("version") != 4 or is_encrypted_envelope(top) or is_backend_settings(top):
+        raise _NotStreamable
+    _check_top(top, origin)
+    return State(raw=top, instances=index.instances)
 
 
 # Terraform writes keys in these orders (statefile/version4.go); `kl state pull` restores them,
@@ -533,7 +676,8 @@ def _sorted_deep(v: Any) -> Any:
             # terraform_remote_state's outputs) value-first; below it the type is concrete, so
             # nothing inside is such a wrapper.
             return {"value": _sorted_plain(v["value"]), "type": _sorted_plain(v["type"])}
-        return {k: _sorted_deep(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+        # Code point order is UTF-8's byte order (Go sorts map keys by their bytes): no key function.
+        return {k: _sorted_deep(v[k]) for k in sorted(v)}
     if isinstance(v, list):
         return [_sorted_deep(x) for x in v]
     return v
@@ -541,7 +685,7 @@ def _sorted_deep(v: Any) -> Any:
 
 def _sorted_plain(v: Any) -> Any:
     if isinstance(v, dict):
-        return {k: _sorted_plain(v[k]) for k in sorted(v, key=lambda k: k.encode("utf-8"))}
+        return {k: _sorted_plain(v[k]) for k in sorted(v)}
     if isinstance(v, list):
         return [_sorted_plain(x) for x in v]
     return v
@@ -646,12 +790,26 @@ def _step_layout(step: Any) -> Any:
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
+# What json.dumps(s, ensure_ascii=False) gives for a str, without building an encoder per call
+# (which was most of a big pull's time: it writes every key and string value this way).
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _go_string(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False).translate(_GO_ESCAPES)
+    return _encode_string(s).translate(_GO_ESCAPES)
+
+
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+
+
+def _go_escaped(text: str) -> str:
+    """JSON text with Go's escapes of what only a string can hold (so the whole text at once, not
+    string by string: a translate per string was a fifth of a big pull's time)."""
+    return text.translate(_GO_ESCAPES) if _GO_ESCAPED.search(text) else text
 
 
 def _py_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    return _encode_string(text)
 
 
 def _write_compact(v: Any, out: list[str], quote: Callable[[str], str] = _py_string) -> None:
@@ -733,6 +891,8 @@ _FLUSH_PIECES = 8192
 
 
 def _write(v: Any, indent: str, out: list[str]) -> None:
+    """Terraform's layout of V onto OUT, strings with Python's escapes: the text joined from OUT
+    takes Go's (_go_escaped) before it is written."""
     if isinstance(v, _Streamed):
         v.write(indent, out)
     elif isinstance(v, dict):
@@ -742,7 +902,7 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
         inner = indent + "  "
         out.append("{\n")
         for n, (k, item) in enumerate(v.items()):
-            out.append(f"{inner}{_go_string(k)}: ")
+            out.append(f"{inner}{_encode_string(k)}: ")  # Go's escapes: _go_escaped, over the whole text
             _write(item, inner, out)
             out.append(",\n" if n < len(v) - 1 else "\n")
         out.append(indent + "}")
@@ -760,13 +920,22 @@ def _write(v: Any, indent: str, out: list[str]) -> None:
     elif isinstance(v, _Number):
         out.append(str.__str__(v))
     elif isinstance(v, str):
-        out.append(_go_string(v))
+        out.append(_encode_string(v))
+    elif v is None or v is True or v is False:
+        out.append("null" if v is None else "true" if v else "false")
+    elif type(v) is int:
+        out.append(int.__repr__(v))  # what json.dumps writes, without an encoder per number
     else:
         out.append(json.dumps(v))
 
 
+_EXACT_DECODER = json.JSONDecoder(parse_float=_Number)
+
+
 def loads_exact(text: str | bytes) -> Any:
     """Parse JSON keeping every non-integer number as its text (integers are exact in Python)."""
+    if isinstance(text, str) and not text.startswith("\ufeff"):
+        return _EXACT_DECODER.decode(text)  # json.loads would build a decoder per call (the pull makes one per instance)
     return json.loads(text, parse_float=_Number)
 
 
@@ -777,6 +946,9 @@ class ExactJSON:
 
     def __init__(self) -> None:
         self.raw_numbers = False
+        # One decoder for the document's life: json.loads with parse_float builds a new one per
+        # call, which cost more than the parsing when a state is read a piece at a time.
+        self._decoder = json.JSONDecoder(parse_float=self._float)
 
     def _float(self, text: str) -> Any:
         f = float(text)
@@ -786,7 +958,9 @@ class ExactJSON:
         return _Number(text)
 
     def loads(self, text: str | bytes) -> Any:
-        return json.loads(text, parse_float=self._float)
+        if isinstance(text, str) and not text.startswith("\ufeff"):
+            return self._decoder.decode(text)
+        return json.loads(text, parse_float=self._float)  # its checks and encoding detection, as before
 
     def dumps_compact(self, v: Any) -> str:
         if self.raw_numbers:
@@ -799,7 +973,7 @@ def dumps_terraform(doc: dict[str, Any]) -> str:
     out: list[str] = []
     _write(_terraform_layout(doc), "", out)
     out.append("\n")
-    return "".join(out)
+    return _go_escaped("".join(out))
 
 
 # A resource of write_terraform_streamed: the resource without its instances (JSON text), how many
@@ -818,7 +992,7 @@ def write_terraform_streamed(head: str, resources: tuple[int, Iterator[StreamedR
         raise StateError("stored state is not a JSON object")
 
     def flush(out: list[str]) -> None:
-        write("".join(out))
+        write(_go_escaped("".join(out)))
         out.clear()
 
     def resource(text: str, count: int, instances: Iterator[str]) -> Any:

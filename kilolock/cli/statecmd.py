@@ -25,22 +25,26 @@ def run_import(args: argparse.Namespace) -> int:
     from kilolock.store import db, versions
 
     origin = "<stdin>" if args.file == "-" else args.file
-    # Only one whole copy of the input at a time besides its parsed form (which outweighs the text
-    # 3x and is freed once indexed): its text, then its bytes again, which UTF-8 gives back exactly.
+    # Only one whole copy of the input at a time: its text, then its bytes again, which UTF-8 gives
+    # back exactly. A state as Terraform lays it out is indexed an instance at a time; anything
+    # else is parsed whole (its parsed form outweighs the text 3x, and is freed once indexed).
     text = tfstate.decode_text(cli_args.read_input(args.file), origin)
-    doc = tfstate.load_json(text, origin)
-    # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, never indexed or
-    # refreshed, at the serial it carries in the clear (or numbered after the current version).
-    encrypted = tfstate.is_encrypted_envelope(doc)
-    envelope = tfstate.envelope_ids(doc, origin) if encrypted else None
-    # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
-    doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
-    if upgraded:
-        text = tfstate.dumps_compact(doc)
-    # Every input error surfaces before the database is touched. An index, not the parsed document:
-    # the bytes are stored as they are.
-    state = None if encrypted else tfstate.parse_state(doc, origin, keep_objects=False)
-    del doc
+    state: tfstate.State | None = tfstate.index_state_text(text, origin)
+    envelope, upgraded = None, False
+    if state is None:
+        doc = tfstate.load_json(text, origin)
+        # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, never indexed or
+        # refreshed, at the serial it carries in the clear (or numbered after the current version).
+        encrypted = tfstate.is_encrypted_envelope(doc)
+        envelope = tfstate.envelope_ids(doc, origin) if encrypted else None
+        # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
+        doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
+        if upgraded:
+            text = tfstate.dumps_compact(doc)
+        # Every input error surfaces before the database is touched. An index, not the parsed
+        # document: the bytes are stored as they are.
+        state = None if encrypted else tfstate.parse_state(doc, origin, keep_objects=False)
+        del doc
     raw = text.encode("utf-8")
     del text
     with db.open_store() as conn:

@@ -27,8 +27,9 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
-    # any stored version out as Terraform does.
-    raw = parser.dumps_compact(state.raw).encode()
+    # any stored version out as Terraform does. A str: write_version sends its UTF-8 a slice at a
+    # time, so the bytes (and libpq's copy of them as a parameter) never exist whole beside it.
+    raw = parser.dumps_compact(state.raw)
     # A connection that died during the reads fails here, before anything is sent, so that case is
     # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
     db.ping(conn)
@@ -58,7 +59,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
 
 
 def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
-                       raw: bytes, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
+                       raw: bytes | str, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
     """The connection died inside the commit. Its transaction may or may not have committed (the
     answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
     every writer: ask the database on a fresh connection, and release the lock there."""

@@ -498,7 +498,9 @@ def run(
         current = versions.current_version(conn, sid)
         if current is None:
             raise KlError(f"state {name!r} has no versions to refresh")
-        raw_text = versions.raw_state_text(conn, name, current.serial)
+        parser = tfstate.ExactJSON()
+        # Parsed a piece at a time: the whole text is never built next to the document.
+        doc = versions.load_document(conn, name, current.serial, parser.loads)
         result.from_serial = current.serial
         result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
     except psycopg.OperationalError as exc:
@@ -507,9 +509,6 @@ def run(
 
     to_version_id: str | None = None
     try:
-        parser = tfstate.ExactJSON()
-        doc = parser.loads(raw_text)
-        del raw_text  # one copy of a big state at a time: from here on, the parsed document
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")

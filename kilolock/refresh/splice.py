@@ -73,9 +73,13 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
                 if "attributes_flat" in obj:
                     fields["attributes_flat"] = None  # the provider's object form replaces the flatmap
             # else: equal in canonical form, so the stored value (cty JSON as Terraform wrote it) stays
-            value = fields["attributes"] if "attributes" in fields else obj["attributes"]
             fields["schema_version"] = upd.schema_version
-            fields["sensitive_attributes"] = merged_marks(obj.get("sensitive_attributes") or [], upd.sensitive_paths, value)
+            prior_marks = obj.get("sensitive_attributes")
+            if prior_marks or upd.sensitive_paths:
+                value = fields["attributes"] if "attributes" in fields else obj["attributes"]
+                fields["sensitive_attributes"] = merged_marks(prior_marks or [], upd.sensitive_paths, value)
+            else:  # no marks before or now: what merged_marks makes of that, without its work per instance
+                fields["sensitive_attributes"] = []
             fields["private"] = base64.b64encode(upd.private).decode("ascii") if upd.private else None
             if upd.identity is not None:
                 fields["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)

@@ -116,9 +116,34 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def content_hash(raw: bytes) -> str:
-    """Identity of a version's bytes: a retried write of the very same bytes is not a new version."""
-    return hashlib.sha256(raw).hexdigest()
+def content_hash(raw: bytes | str) -> str:
+    """Identity of a version's bytes (of a str: its UTF-8): a retried write of the very same bytes is
+    not a new version."""
+    if isinstance(raw, bytes):
+        return hashlib.sha256(raw).hexdigest()
+    digest = hashlib.sha256()
+    for chunk in _utf8_chunks(raw):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _utf8_chunks(text: str) -> Iterator[bytes]:
+    """TEXT as UTF-8, a slice at a time (never a second whole copy); UnicodeEncodeError for a lone
+    surrogate, which UTF-8 cannot carry."""
+    for start in range(0, len(text), _UTF8_CHUNK):
+        yield text[start:start + _UTF8_CHUNK].encode("utf-8")
+
+
+# COPY's text format: a backslash starts an escape, and a newline, carriage return or tab would
+# end the row or the field. JSON text holds the last three only escaped, but a caller's need not.
+_COPY_ESCAPES = ((b"\\", b"\\\\"), (b"\n", b"\\n"), (b"\r", b"\\r"), (b"\t", b"\\t"))
+
+
+def _copy_text(chunk: bytes) -> bytes:
+    for plain, escaped in _COPY_ESCAPES:
+        if plain in chunk:
+            chunk = chunk.replace(plain, escaped)
+    return chunk
 
 
 # --- states ------------------------------------------------------------------------------------
@@ -333,6 +358,73 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
             tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
 
 
+def load_document(conn: psycopg.Connection, name: str, serial: int, loads: Callable[[str], Any]) -> Any:
+    """Version SERIAL of state NAME parsed with LOADS: the very value LOADS makes of its
+    raw_state_text (keys in jsonb's order), but read a piece at a time, as the pull reads it, so
+    neither the server builds nor this process holds the whole text next to the parsed document
+    (a refresh of 100,000 instances spent more time on that text than on parsing it)."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = conn.execute(_PIECES_HEAD, (state_id(conn, name), serial)).fetchone()
+        if row is None:
+            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
+        _vid, head, has_resources, _count, streamable, encrypted, layout = row
+        if encrypted or head is None or (has_resources and not streamable):
+            return loads(raw_state_text(conn, name, serial))
+        doc = loads(head)
+        if not has_resources:
+            return doc
+        resources: list[Any] = []
+        with conn.cursor(name="kl_load") as rows:
+            rows.itersize = 2000
+            if layout is not None:
+                rows.execute(_PIECES_FROM_LAYOUT, (layout,))
+            else:
+                rows.execute(_PIECES, (_vid,))
+            for res_head, _n, instances in _resources(iter(rows)):
+                resources.append(_with_key(loads(res_head), "instances", _load_batched(instances, loads)))
+        return _with_key(doc, "resources", resources)
+
+
+_LOAD_BATCH = 1000
+
+
+def _load_batched(texts: Iterator[str], loads: Callable[[str], Any]) -> list[Any]:
+    """The JSON TEXTS parsed, a batch of them as one array: the parser shares the key strings
+    within one call only, and each instance's own copies of its keys were a third of a big
+    document's memory (and a call per instance its time)."""
+    out: list[Any] = []
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == _LOAD_BATCH:
+            out.extend(loads("[" + ",".join(batch) + "]"))
+            batch.clear()
+    if batch:
+        out.extend(loads("[" + ",".join(batch) + "]"))
+    return out
+
+
+def _jsonb_key_order(key: str) -> tuple[int, bytes]:
+    encoded = key.encode("utf-8", "surrogatepass")
+    return len(encoded), encoded
+
+
+def _with_key(obj: Any, key: str, value: Any) -> Any:
+    """OBJ (parsed from jsonb text, so its keys in jsonb's order: shorter first, then bytewise)
+    with KEY, which it lacks, put where jsonb's text of the whole would have it."""
+    if not isinstance(obj, dict):
+        raise KlError("stored state: a piece of it is not a JSON object")
+    rank = _jsonb_key_order(key)
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        if key not in out and _jsonb_key_order(k) > rank:
+            out[key] = value
+        out[k] = v
+    out.setdefault(key, value)
+    return out
+
+
 def _resources(rows: Iterator[tuple[Any, ...]]) -> Iterator[tfstate.StreamedResource]:
     """The resources of _PIECES rows, each with an iterator of its instances' texts, which must be
     consumed before the next resource is asked for (write_terraform_streamed does)."""
@@ -375,12 +467,16 @@ def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str],
     The open lifecycle rows hold exactly the current version's objects (written in the same
     transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
     """
-    # Rows as they arrive, not fetchall(): the rows of a 100,000-instance state, held at once next to
-    # the bytes made from them, were a second full copy of its attributes.
+    # A few thousand rows at a time, not fetchall(): the rows of a 100,000-instance state, held at
+    # once next to the bytes made from them, were a second full copy of its attributes; nor one at a
+    # time (stream()), which spent more on each row's round of libpq calls than on its data.
     out: dict[tuple[str, str], bytes] = {}
-    for address, deposed, attributes in conn.cursor().stream(_OPEN_ATTRIBUTES, (sid,)):
-        if attributes is not None:
-            out[(address, deposed)] = attributes.encode()
+    with conn.transaction(), conn.cursor(name="kl_open_attributes") as rows:
+        rows.itersize = 2000
+        rows.execute(_OPEN_ATTRIBUTES, (sid,))
+        for address, deposed, attributes in rows:
+            if attributes is not None:
+                out[(address, deposed)] = attributes.encode()
     return out
 
 
@@ -450,7 +546,20 @@ _CLOSE_GONE_OR_CHANGED = f"""
 UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL
-  AND (NOT %(scoped)s OR EXISTS (SELECT 1 FROM kl_scope s WHERE s.address = r.address AND s.deposed = r.deposed))
+  AND NOT EXISTS (
+      SELECT 1 FROM kl_incoming i
+      WHERE i.address = r.address AND i.deposed = r.deposed
+        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
+  )
+"""
+
+# A scoped write (touched given) closes among its touched objects only, found from them: testing
+# every open row of the state against the scope cost a second at 100,000 instances, for none.
+_CLOSE_GONE_OR_CHANGED_SCOPED = f"""
+UPDATE resources r
+SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
+FROM kl_scope s
+WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address AND r.deposed = s.deposed
   AND NOT EXISTS (
       SELECT 1 FROM kl_incoming i
       WHERE i.address = r.address AND i.deposed = r.deposed
@@ -509,11 +618,22 @@ VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {_VERSION_COLS}
 # The document goes to a temporary table (no WAL, dropped at commit) and is split there; only the
 # pieces its state does not hold yet are stored.
 
-_DOC_TABLE = "CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP"
+# Uncompressed (STORAGE EXTERNAL): the document lives for one transaction, and every statement
+# that looks into it reads it whole again; compressing a big one, then decompressing it once per
+# statement, cost more than the space it saved. work_mem for this transaction only: sorting and
+# hashing a big state's pieces spilled to disk at the default 4 MB.
+_DOC_TABLE = """
+CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP;
+ALTER TABLE kl_doc ALTER COLUMN doc SET STORAGE EXTERNAL;
+SET LOCAL work_mem = '64MB'
+"""
 _DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
 
 # What the pieces can rebuild: an object whose resources (if any) are all objects with an
 # "instances" array. Anything else is stored whole. Also the document's serial, as text.
+# (write_version is given the document parsed and validated by tfstate.parse_state, which holds it
+# to that shape; the check stays as the rule the pieces depend on, and is one pass over the
+# resources, not their instances.)
 _DOC_SHAPE = """
 SELECT jsonb_typeof(doc) = 'object' AND CASE
            WHEN NOT doc ? 'resources' THEN true
@@ -654,7 +774,7 @@ def write_version(
     conn: psycopg.Connection,
     name: str,
     state: tfstate.State | None,
-    raw: bytes,
+    raw: bytes | str,
     *,
     source: str,
     actor: str | None,
@@ -678,6 +798,8 @@ def write_version(
     from that version, removed ones included; the caller guarantees every other object is
     unchanged, so the lifecycle index looks at the touched ones only and a refresh commit costs
     what drifted, not what exists. ``origin`` names the input in error messages.
+    ``raw`` as a str (a refresh's own serialisation; only with ``state``) is the version's UTF-8,
+    sent a slice at a time: neither its bytes nor libpq's copy of a parameter are ever held whole.
     """
     if touched is not None and expect_serial is None:
         raise ValueError("touched needs expect_serial: it describes a change against a known version")
@@ -685,8 +807,13 @@ def write_version(
         raise ValueError("an encrypted envelope has no serial to compare and swap on")
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
-    new_hash = content_hash(raw)
-    if not _is_utf8(raw):
+    if isinstance(raw, str) and state is None:
+        raise ValueError("an encrypted envelope is stored as the bytes it came as")
+    try:
+        new_hash = content_hash(raw)
+    except UnicodeEncodeError:
+        raise tfstate.StateError(f"{origin}: not UTF-8 text (a lone surrogate)") from None
+    if isinstance(raw, bytes) and not _is_utf8(raw):
         raise tfstate.StateError(f"{origin}: not UTF-8 text")
     with conn.transaction():
         sid = lock_state_row(conn, name, create=True)
@@ -713,13 +840,19 @@ def write_version(
         cur_versions.adapters.register_dumper(_JsonbText, _JsonbTextDumper)
         try:
             if state is None:
+                assert isinstance(raw, bytes)  # refused above as a str
                 version = cur_versions.execute(
                     _INSERT_VERSION,
                     (sid, serial, lineage, terraform_version, source, _JsonbText(raw), new_hash, actor, True),
                 ).fetchone()
             else:
                 cur_versions.execute(_DOC_TABLE)
-                cur_versions.execute(_DOC_INSERT, (_JsonbText(raw),))
+                if isinstance(raw, str):
+                    with cur_versions.copy("COPY kl_doc (doc) FROM STDIN") as copy:
+                        for chunk in _utf8_chunks(raw):
+                            copy.write(_copy_text(chunk))
+                else:
+                    cur_versions.execute(_DOC_INSERT, (_JsonbText(raw),))
         except psycopg.errors.DataError as exc:  # e.g. \u0000, which jsonb cannot store
             raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
         if state is None:
@@ -795,6 +928,7 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
         with cur.copy("COPY kl_scope (address, deposed) FROM STDIN") as copy:
             for address_deposed in touched:
                 copy.write_row(address_deposed)
+        cur.execute("ANALYZE kl_scope")
     with cur.copy(
         "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:
@@ -812,8 +946,8 @@ def _index_lifecycles(conn: psycopg.Connection, sid: str, version: VersionRow, s
     # (a 10,000-instance write went from 22 s to well under one).
     cur.execute("CREATE INDEX ON kl_incoming (address, deposed)")
     cur.execute("ANALYZE kl_incoming")
-    params = {"sid": sid, "vid": version.id, "serial": version.serial, "scoped": touched is not None}
-    closed = cur.execute(_CLOSE_GONE_OR_CHANGED, params).rowcount
+    params = {"sid": sid, "vid": version.id, "serial": version.serial}
+    closed = cur.execute(_CLOSE_GONE_OR_CHANGED_SCOPED if touched is not None else _CLOSE_GONE_OR_CHANGED, params).rowcount
     relabelled = cur.execute(_RESHAPE, params).rowcount
     relabelled += cur.execute(_IDENTITY_ADDED, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount

@@ -52,6 +52,9 @@ def test_streamed_pull_is_byte_identical_to_the_whole_document_layout(conn, shap
     raw = json.dumps(SHAPES[shape]).encode()
     versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+    # What a refresh loads, a piece at a time: the text's parse, its keys in the same order.
+    loaded = versions.load_document(conn, "s", 1, tfstate.loads_exact)
+    assert tfstate.dumps_compact(loaded) == tfstate.dumps_compact(tfstate.loads_exact(versions.raw_state_text(conn, "s")))
 
 
 @pytest.mark.parametrize("fixture", ["varied.tfstate", "big2000-v1.tfstate"])
@@ -65,6 +68,7 @@ def test_encrypted_envelope_is_pulled_whole_as_before(conn):
     raw = json.dumps({"meta": {"k": "e30="}, "encrypted_data": "AAAA", "encryption_version": "v0"}).encode()
     versions.write_version(conn, "s", None, raw, source="apply", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
+    assert versions.load_document(conn, "s", 1, json.loads) == json.loads(versions.raw_state_text(conn, "s"))
 
 
 def test_write_sends_the_bytes_as_they_are_and_refuses_what_jsonb_cannot_hold(conn, make_state):
@@ -88,3 +92,43 @@ def test_an_import_index_holds_the_instances_but_not_the_document():
                        i.instance_index) for i in index.instances]
     assert all(i.obj == {} for i in index.instances) and "resources" not in index.raw
     assert (index.serial, index.lineage, index.terraform_version) == (full.serial, full.lineage, full.terraform_version)
+
+
+def test_a_version_given_as_text_is_stored_as_its_utf8_bytes_would_be(conn, make_state):
+    # A refresh commit hands its own serialisation over as a str, sent to the server a slice at a
+    # time through COPY: the same version, hash included, as its UTF-8 bytes make.
+    import hashlib
+
+    from kilolock.store.versions import _UTF8_CHUNK
+
+    attrs = {"id": "é<&>", "esc": "back\\slash \"quoted\" tab\tnew\nline\r", "big": "x" * (_UTF8_CHUNK + 7) + "ü"}
+    text = json.dumps(json.loads(make_state(1, {"a": attrs})), ensure_ascii=False, separators=(",", ":"))
+    as_text = versions.write_version(conn, "t", tfstate.parse_state(text), text, source="refresh", actor="t")
+    as_bytes = versions.write_version(conn, "b", tfstate.parse_state(text), text.encode(), source="refresh", actor="t")
+    assert as_text.version.content_hash == as_bytes.version.content_hash == hashlib.sha256(text.encode()).hexdigest()
+    assert versions.raw_state_text(conn, "t") == versions.raw_state_text(conn, "b")
+    assert _pulled(conn, "t") == _pulled(conn, "b")
+    # What jsonb cannot hold, and what UTF-8 cannot carry, are refused as from bytes, nothing written.
+    nul = text.replace("back", "\\u0000", 1)
+    with pytest.raises(tfstate.StateError, match="PostgreSQL cannot store it as JSON"):
+        versions.write_version(conn, "n", tfstate.parse_state(nul), nul, source="refresh", actor="t")
+    lone = text.replace("back", "\ud800", 1)
+    with pytest.raises(tfstate.StateError, match="not UTF-8 text"):
+        versions.write_version(conn, "s", tfstate.parse_state(lone), lone, source="refresh", actor="t")
+    assert conn.execute("SELECT count(*) FROM state_versions").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in STATES.glob("*.tfstate")))
+def test_an_import_indexes_terraforms_layout_an_instance_at_a_time(fixture):
+    # Every state Terraform wrote (its "instances" last in each resource) is indexed streamed, to
+    # the very index parse_state makes of the whole document; another layout is parsed whole.
+    text = (STATES / fixture).read_text()
+    streamed, whole = tfstate.index_state_text(text, fixture), tfstate.parse_state(text, fixture, keep_objects=False)
+    assert streamed is not None
+    fields = [[(i.address, i.deposed, i.module, i.mode, i.type, i.name, i.index_key, i.provider, i.resource_index,
+                i.instance_index, i.obj) for i in s.instances] for s in (streamed, whole)]
+    assert fields[0] == fields[1] and json.dumps(streamed.raw) == json.dumps(whole.raw)
+    doc = json.loads(text)
+    for res in doc.get("resources", []):
+        res["zz_after_instances"] = 1
+    assert tfstate.index_state_text(json.dumps(doc), fixture) is None

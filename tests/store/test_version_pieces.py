@@ -47,6 +47,18 @@ def _pull(conn: psycopg.Connection, name: str, serial: int | None = None) -> str
     return out.getvalue()
 
 
+def _loaded(conn: psycopg.Connection, name: str, serial: int | None = None) -> str:
+    """The version as a refresh loads it (versions.load_document, a piece at a time), written back
+    compact with its keys in the order it has them: it must be the text's parse, order included."""
+    if serial is None:
+        current = versions.current_version(conn, versions.state_id(conn, name))
+        assert current is not None
+        serial = current.serial
+    loaded = versions.load_document(conn, name, serial, tfstate.loads_exact)
+    assert tfstate.dumps_compact(loaded) == tfstate.dumps_compact(tfstate.loads_exact(versions.raw_state_text(conn, name, serial)))
+    return tfstate.dumps_compact(loaded)
+
+
 def _store_whole(conn: psycopg.Connection, name: str, raw: bytes) -> None:
     """A version as kl stored every version before migration 0014: the whole document in raw_state."""
     with conn.transaction():
@@ -73,6 +85,7 @@ def test_a_version_stores_only_the_pieces_its_state_lacks(conn):
     for serial, doc in [(1, _doc(1, ids)), (2, _doc(2, ids)), (3, _doc(3, {**ids, "r7": "changed"})), (4, _doc(4, ids))]:
         assert _pull(conn, "prod", serial) == tfstate.pretty_state(doc.decode())
         assert json.loads(versions.raw_state_text(conn, "prod", serial)) == json.loads(doc)
+        assert json.loads(_loaded(conn, "prod", serial)) == json.loads(doc)
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: str(p.relative_to(STATES)))
@@ -88,6 +101,7 @@ def test_pieces_read_back_exactly_as_a_whole_copy(conn, fixture):
     assert versions.raw_state_text(conn, "pieced") == versions.raw_state_text(conn, "whole")
     pieced, whole = versions.current_text(conn, "pieced"), versions.current_text(conn, "whole")  # the backend's GET
     assert pieced is not None and whole is not None and pieced[1] == whole[1]
+    assert _loaded(conn, "pieced") == _loaded(conn, "whole")
 
 
 @pytest.mark.parametrize("doc", [
@@ -114,6 +128,7 @@ def test_odd_documents_read_back_exactly(conn, doc):
                          "WHERE s.name = 'pieced'")[0]
     assert versions.raw_state_text(conn, "pieced") == versions.raw_state_text(conn, "whole")
     assert _pull(conn, "pieced") == _pull(conn, "whole")
+    assert _loaded(conn, "pieced") == _loaded(conn, "whole")
 
 
 def test_deleting_a_state_removes_its_pieces_only(conn):
