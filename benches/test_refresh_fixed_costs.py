@@ -90,6 +90,7 @@ def steps_of(doc: dict[str, Any], before_t0: float, wall: float) -> dict[str, fl
         "notifications after the command": _dur(ev, "notifications after the command"),
         "exit (after the audit row)": wall - before_t0 - finish[1],
         "critical path (whole process)": wall,
+        "kl process CPU (all threads, not the provider)": doc.get("cpu", 0.0),
     }
     return out
 
