@@ -86,9 +86,17 @@ class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
         super().__call__(parser, namespace, values, option_string)
 
 
-def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str) -> None:
+def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str,
+                  chosen: Sequence[str] = ()) -> None:
+    """The commands' parsers. When ``chosen`` (the command line's first words) names one of
+    COMMANDS, only that one's parser is built: one per command cost a small refresh ~5 ms, and
+    with a valid name first argparse never lists the others (their names and summaries appear in
+    the help of this level only, which ``kl --help`` or an unknown name builds in full)."""
     sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser, action=_Subcommands)
+    wanted = chosen[0] if chosen and any(c.name == chosen[0] for c in commands) else None
     for command in commands:
+        if wanted is not None and command.name != wanted:
+            continue
         # Raw: the examples below keep their lines. A command may add more in add_arguments.
         p = sub.add_parser(command.name, help=command.summary, description=command.summary,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,15 +104,16 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], 
         assert isinstance(p, _Parser)  # parser_class
         if command.actions:
             p.set_defaults(_command=None, _parser=p)  # no ACTION: kl prints the group's help
-            _add_commands(p, command.actions, f"{command.name}_command", "ACTION")
+            _add_commands(p, command.actions, f"{command.name}_command", "ACTION", chosen[1:] if wanted else ())
         else:
             p.set_defaults(_command=command, _parser=p)
             p.pending = command
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(chosen: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """kl's parser; ``chosen``: the command line, when only the command it names is needed."""
     parser = _Parser(prog="kl", description="Terraform state in PostgreSQL: queryable, versioned, refreshed.")
-    _add_commands(parser, COMMANDS, "command", "COMMAND")
+    _add_commands(parser, COMMANDS, "command", "COMMAND", chosen)
     return parser
 
 
@@ -120,7 +129,7 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     (`kl drift STATE` would take `ignore` for a state name)."""
     if argv[:2] == ["drift", DRIFT_IGNORE.name]:
         return _drift_ignore_parser(), argv[2:]
-    return build_parser(), argv
+    return build_parser(argv[:2]), argv
 
 
 _TRACE = 5  # the level kilolock.provider.logbridge registers as TRACE (provider hclog trace lines)
