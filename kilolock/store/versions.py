@@ -735,7 +735,10 @@ def write_version(
         if has_resources:
             _store_pieces(conn, sid, version)
         conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
-        drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+        # A refresh's drift is its closed lifecycles: none closed (most refreshes), nothing to record,
+        # and the statement that looks (planned afresh on every connection) is spared.
+        if source != "refresh" or closed:
+            drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
                        unchanged=len(state.instances) - opened, metadata_updated=relabelled)
 

@@ -20,3 +20,35 @@ def test_a_write_runs_without_jit_and_leaves_the_session_setting_alone(conn, mak
         versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
     assert [r[0] for r in conn.execute("SELECT setting FROM jit_seen")] == ["off", "off"]
     assert conn.execute("SHOW jit").fetchone() == ("on",)  # SET LOCAL: over with the write's transaction
+
+
+def test_a_refresh_that_closes_no_lifecycle_skips_the_drift_statement(conn, make_state, monkeypatch) -> None:
+    import psycopg
+
+    from kilolock.store import drift_records
+
+    sent: list[str] = []
+    real_execute = psycopg.Connection.execute
+
+    def recording(self, query, *args, **kwargs):
+        sent.append(str(query))
+        return real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", recording)
+
+    def refresh(serial: int, attributes: dict[str, str]) -> versions.WriteResult:
+        raw = make_state(serial, {"a": attributes, "b": {"id": "2"}})
+        cur = versions.current_version(conn, versions.state_id(conn, "prod"))
+        assert cur is not None
+        return versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="test",
+                                      expect_serial=cur.serial, expect_lineage=cur.lineage, touched={("null_resource.a", "")})
+
+    raw = make_state(1, {"a": {"id": "1"}, "b": {"id": "2"}})
+    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
+    drift_statements = (drift_records._REFRESH, drift_records._RESOLVE_ALL)
+    sent.clear()
+    assert refresh(2, {"id": "1"}).closed == 0  # read back unchanged
+    assert not [q for q in sent if q in drift_statements]
+    assert refresh(3, {"id": "1b"}).closed == 1  # drifted: recorded as ever
+    assert [q for q in sent if q in drift_statements] == [drift_records._REFRESH]
+    assert conn.execute("SELECT kind FROM drift_records").fetchall() == [("changed",)]
