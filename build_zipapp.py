@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent
 REQUIREMENTS = REPO / "scripts" / "pyz-requirements.txt"
 DEFAULT_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 DEFAULT_PLATFORM = "manylinux2014_x86_64"
-MANIFEST_NAME = "kl-pyz.json"  # read back by kilolock/_pyz/entry.py
+MANIFEST_NAME = "kl-pyz.json"  # read back by kilolock/_pyz (layout.MANIFEST_NAME)
 NATIVE_PREFIX = "native/"
 # Distributions kl cannot work without: their packages are checked at import so a host that cannot
 # load them gets one line naming them. protobuf (pure-Python fallback) and the codec are optional.
@@ -50,6 +50,8 @@ if sys.version_info < (3, 10):
     sys.stderr.write("kl: this kl.pyz needs Python 3.10 or newer; this is Python %s\\n" % sys.version.split()[0])
     sys.exit(1)
 import os.path
+from kilolock._pyz import bytecode
+bytecode.install_early(os.path.dirname(__file__), __loader__)
 from kilolock._pyz.entry import main
 sys.exit(main(os.path.dirname(__file__)))
 """

@@ -10,7 +10,7 @@ the Terraform-made fixtures (big10000 for count, big2000-v1 for for_each).
 
 Gates, per size: kl's speed-up over the FASTEST peer on the shape where that peer is fastest (the
 issue's targets: 1.2x at 10, 4x at 2,000, 25x at 10,000), and kl's peak RSS below every peer's.
-KL_BENCH_QUICK=1 (CI): sizes 10 and 2,000, gates a little below what a loaded 2-core machine
+KL_BENCH_QUICK=1 (CI): sizes 10 and 2,000, gates a little below what CI's quiet 2-core machine
 holds, on wall time and on CPU time (see SIZES); the full run adds 10,000.
 """
 from __future__ import annotations
@@ -49,7 +49,16 @@ SHAPES = {"count": "big-count", "for_each": "big"}
 # start-up regression in CI. The full run gates wall time on the targets themselves.
 SIZES: dict[int, tuple[int, float, float, float | None]] = {
     # Measured there: 0.44-0.89x wall, 0.97-1.09x CPU at 10; 4.6x wall, 4.8x CPU at 2,000 (count).
-    10: (7, 1.2, 0.4 if QUICK else 1.2, 0.85 if QUICK else None),
+    # After session 6's fixed-cost cuts (JIT off in the commit, argparse's catalogue searches,
+    # kl.pyz's start-up code from the code cache, only the chosen command's parser), same machine,
+    # load 11-17: 0.93x wall (count; 0.50x for_each) and 1.06x CPU, where the code before measured
+    # 0.76x/0.57x and 0.92x in the same hour. With kl, the peers and PostgreSQL at nice -10 (load
+    # 4-8, nearer a quiet CI box), 15 interleaved rounds, count: kl 439 -> 374 ms against
+    # OpenTofu 1.8.5 346 and Terraform 1.8.5 342, 0.78x -> 0.91x the fastest. The CPU gate moves
+    # up to what the new code holds with room for the spread. The quick wall gate moves to 0.7x:
+    # CI's quiet box held 0.80-0.83x with the code before and holds ~0.9x now (the target, 1.2x,
+    # is not reached yet); a machine as loaded as above can sag below it.
+    10: (7, 1.2, 0.7 if QUICK else 1.2, 0.9 if QUICK else None),
     # On a quiet machine with all five peers (CI of 2026-11-30, load ~1): 2.37x wall, 2.64x CPU
     # against OpenTofu 1.8.5. (A loaded machine slows the peers more than kl: 4.4-6.9x there.)
     2000: (3, 4.0, 2.0 if QUICK else 4.0, 2.2 if QUICK else None),

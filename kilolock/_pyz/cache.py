@@ -9,50 +9,27 @@ reader sees either nothing or a complete directory, and two first runs at once e
 """
 from __future__ import annotations
 
-import importlib.machinery
 import json
 import os
 import stat
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from kilolock._pyz.layout import abi_tag, candidate_roots, unit_name_of
 from kilolock._pyz.manifest import NATIVE_PREFIX, Manifest, NativeFile
 
 if TYPE_CHECKING:
     import zipfile
 
 STAMP = ".kl-extracted.json"
+__all__ = ["CacheUnavailable", "abi_tag", "candidate_roots", "ensure_extracted", "is_intact", "planned_root", "unit_name"]
 
 
 class CacheUnavailable(Exception):
     """No cache dir could hold the native files; the message lists every place tried and why."""
 
 
-def abi_tag() -> str:
-    # e.g. "cpython-311-x86_64-linux-gnu": the interpreter's own extension suffix, as a name.
-    return importlib.machinery.EXTENSION_SUFFIXES[0].strip(".").removesuffix(".so")
-
-
 def unit_name(manifest: Manifest) -> str:
-    return f"{manifest.build_id[:16]}-{abi_tag()}"
-
-
-def candidate_roots() -> Iterator[tuple[str, str]]:
-    """Where the cache may live, in order, each with how it was chosen (for messages)."""
-    explicit = os.environ.get("KL_CACHE_DIR")
-    if explicit:
-        yield explicit, "$KL_CACHE_DIR"
-        return
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and os.path.isabs(xdg):
-        yield os.path.join(xdg, "kilolock", "pyz"), "$XDG_CACHE_HOME"
-    else:
-        home = os.environ.get("HOME") or os.path.expanduser("~")
-        if home and home != "~":
-            yield os.path.join(home, ".cache", "kilolock", "pyz"), "home cache"
-    import tempfile  # off the warm path: only reached when the home cache is not intact
-
-    yield os.path.join(tempfile.gettempdir(), f"kilolock-{os.getuid()}", "pyz"), "temp dir"
+    return unit_name_of(manifest.build_id)
 
 
 def is_intact(unit_dir: str, wanted: list[NativeFile]) -> bool:

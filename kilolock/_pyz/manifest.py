@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-MANIFEST_NAME = "kl-pyz.json"
+from kilolock._pyz.layout import MANIFEST_NAME
+
+__all__ = ["MANIFEST_NAME", "NATIVE_PREFIX", "Manifest", "NativeFile", "parse", "running_on", "select"]
 NATIVE_PREFIX = "native/"
 
 

@@ -15,6 +15,22 @@ from kilolock.cli.exitcodes import DETAILED_EXITCODE, exit_code
 from kilolock.errors import KlError, UsageError, one_line
 
 
+def _translate_each_message_once() -> None:
+    """argparse passes every message through gettext (``argparse._``), and gettext looks for a
+    catalogue on every call: a stat of each candidate file under each locale directory. Building
+    kl's parsers asks about 150 times, 10-16 ms of a small refresh spent finding the same nothing.
+    Within one process the answer for a message cannot change (the environment and the installed
+    catalogues are read as they are at the first call), so each is asked once."""
+    import functools
+
+    translate = getattr(argparse, "_", None)
+    if callable(translate) and not hasattr(translate, "cache_info"):
+        argparse._ = functools.lru_cache(maxsize=None)(translate)  # type: ignore[attr-defined]
+
+
+_translate_each_message_once()
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as UsageError, and a command's arguments added only once it is chosen."""
 
@@ -70,9 +86,17 @@ class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
         super().__call__(parser, namespace, values, option_string)
 
 
-def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str) -> None:
+def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str,
+                  chosen: Sequence[str] = ()) -> None:
+    """The commands' parsers. When ``chosen`` (the command line's first words) names one of
+    COMMANDS, only that one's parser is built: one per command cost a small refresh ~5 ms, and
+    with a valid name first argparse never lists the others (their names and summaries appear in
+    the help of this level only, which ``kl --help`` or an unknown name builds in full)."""
     sub = parser.add_subparsers(dest=dest, metavar=metavar, parser_class=_Parser, action=_Subcommands)
+    wanted = chosen[0] if chosen and any(c.name == chosen[0] for c in commands) else None
     for command in commands:
+        if wanted is not None and command.name != wanted:
+            continue
         # Raw: the examples below keep their lines. A command may add more in add_arguments.
         p = sub.add_parser(command.name, help=command.summary, description=command.summary,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -80,15 +104,16 @@ def _add_commands(parser: argparse.ArgumentParser, commands: Sequence[Command], 
         assert isinstance(p, _Parser)  # parser_class
         if command.actions:
             p.set_defaults(_command=None, _parser=p)  # no ACTION: kl prints the group's help
-            _add_commands(p, command.actions, f"{command.name}_command", "ACTION")
+            _add_commands(p, command.actions, f"{command.name}_command", "ACTION", chosen[1:] if wanted else ())
         else:
             p.set_defaults(_command=command, _parser=p)
             p.pending = command
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(chosen: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """kl's parser; ``chosen``: the command line, when only the command it names is needed."""
     parser = _Parser(prog="kl", description="Terraform state in PostgreSQL: queryable, versioned, refreshed.")
-    _add_commands(parser, COMMANDS, "command", "COMMAND")
+    _add_commands(parser, COMMANDS, "command", "COMMAND", chosen)
     return parser
 
 
@@ -104,7 +129,7 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     (`kl drift STATE` would take `ignore` for a state name)."""
     if argv[:2] == ["drift", DRIFT_IGNORE.name]:
         return _drift_ignore_parser(), argv[2:]
-    return build_parser(), argv
+    return build_parser(argv[:2]), argv
 
 
 _TRACE = 5  # the level kilolock.provider.logbridge registers as TRACE (provider hclog trace lines)

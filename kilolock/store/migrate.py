@@ -7,7 +7,6 @@ record their checksums. A schema change is a new file, and comes with an upgrade
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +49,8 @@ def bundled_migrations() -> list[Migration]:
     """The migrations shipped inside the package (a symlink to migrations/ in a checkout)."""
     found = _zipped_migrations()
     if found is None:
+        import importlib.resources  # a checkout or an installed package; kl.pyz never needs it (~2 ms)
+
         root = importlib.resources.files("kilolock").joinpath("_migrations")
         files = sorted((m for m in root.iterdir() if m.name.endswith(".sql")), key=lambda m: m.name)
         found = [Migration(m.name, m.read_text(encoding="utf-8")) for m in files]

@@ -156,6 +156,26 @@ def test_a_damaged_compiled_code_cache_is_recompiled(run_pyz, home):
     assert cached.read_bytes() != b"garbage"
 
 
+def test_the_start_up_modules_load_from_the_compiled_code_cache(run_pyz, home, pyz):
+    # zipimport compiled kl.pyz's own start-up code (entry, cache, manifest, finder) from source
+    # on every run, twice: a warm start takes it from the extraction's code cache like the rest.
+    # A cached entry that says where it came from shows that the run used it.
+    import marshal
+    from importlib.util import MAGIC_NUMBER
+
+    unit = _first_run(run_pyz, home)
+    assert run_pyz("version").returncode == 0
+    cached = unit / "__pycache__" / "kilolock._pyz.entry.pyc"
+    assert cached.is_file()
+    with zipfile.ZipFile(pyz) as zf:
+        source = zf.read("kilolock/_pyz/entry.py").decode()
+    marked = source + "\nimport sys\nsys.stderr.write('entry came from the code cache\\n')\n"
+    cached.write_bytes(MAGIC_NUMBER + marshal.dumps(compile(marked, "entry.py", "exec", dont_inherit=True)))
+    r = run_pyz("version")
+    assert r.returncode == 0, r.stderr
+    assert "entry came from the code cache" in r.stderr
+
+
 def test_codec_that_cannot_load_falls_back_to_python_and_version_says_so(run_pyz, home):
     unit = _first_run(run_pyz, home)
     _same_size_garbage(unit / "kilolock" / "_codec_rs.abi3.so")
