@@ -1,6 +1,6 @@
 """Drift ignore rules (``drift_ignore_rules``, migrations 0009 and 0012): ``kl drift ignore add|list|remove``.
 
-Matching is SQL only, in one function (``kl_drift_ignored_by``, migrations 0012 and 0021) that the
+Matching is SQL only, in one function (``kl_drift_ignored_by``, migrations 0012 and 0018) that the
 ``resource_drift`` view calls: rules hide an open record there when together they cover every
 change it has, and ``current_resource_drift`` (what kl drift, kl status, the exit codes and the
 API count as open drift) leaves hidden records out. ``classify`` asks the same function about

@@ -272,7 +272,7 @@ def populate(conn: psycopg.Connection) -> None:
     # Ignore rules (0009): one hides d's open drift (a path rule); one expired, so hides nothing.
     ignore_rules.add_rule(conn, ignore_rules.NewRule("hist*", "null_resource.d", sch.path_parse('triggers["k"]'),
                                                      "fixture: rebuilt nightly"), "fixture@cli")
-    if hasattr(sch, "drift_path_parse"):  # 0021: a rule on a set element (path_element)
+    if hasattr(sch, "drift_path_parse"):  # 0018: a rule on a set element (path_element)
         ignore_rules.add_rule(conn, ignore_rules.NewRule("hist*", "null_resource.*", sch.drift_path_parse('tags[="x"]'),
                                                          "fixture: a set element"), "fixture@cli")
     expired = ignore_rules.add_rule(conn, ignore_rules.NewRule("**", "**", None, None, 60.0), "fixture@cli")

@@ -369,7 +369,7 @@ def test_address_globs_mean_the_same_in_python_and_postgresql(conn, glob):
 
 # Session 6: with the provider's schema kl drift goes through a dynamic value's stored wrapper
 # (dyn.x) and compares sets as sets (labels[="a"] added or removed); the rules' SQL (migration
-# 0021) must cover exactly those changes, without the schema.
+# 0018) must cover exactly those changes, without the schema.
 _SHAPED = sch.block_from_json({"attributes": {
     "dyn": {"type": "dynamic", "optional": True},
     "labels": {"type": ["set", "string"], "optional": True},
