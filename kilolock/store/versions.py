@@ -542,15 +542,19 @@ r.attributes IS NULL AND i.obj -> 'attributes' IS NOT NULL AND to_jsonb(r.status
 # includes the identity (_IDENTITY_ADDED), and is not drift.
 _IDENTITY_FIRST = "i.hash_without_identity = r.content_hash"
 
+# An open row no incoming object continues (same content, only reshaped, or only given its first
+# identity): the object is gone or changed, so its lifecycle closes.
+_NOT_INCOMING_AS_IS = f"""NOT EXISTS (
+      SELECT 1 FROM kl_incoming i
+      WHERE i.address = r.address AND i.deposed = r.deposed
+        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
+  )"""
+
 _CLOSE_GONE_OR_CHANGED = f"""
 UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM kl_incoming i
-      WHERE i.address = r.address AND i.deposed = r.deposed
-        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
-  )
+  AND {_NOT_INCOMING_AS_IS}
 """
 
 # A scoped write (touched given) closes among its touched objects only, found from them: testing
@@ -560,11 +564,7 @@ UPDATE resources r
 SET delete_serial = %(serial)s, closed_by_version_id = %(vid)s
 FROM kl_scope s
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address AND r.deposed = s.deposed
-  AND NOT EXISTS (
-      SELECT 1 FROM kl_incoming i
-      WHERE i.address = r.address AND i.deposed = r.deposed
-        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
-  )
+  AND {_NOT_INCOMING_AS_IS}
 """
 
 _RESHAPE = f"""

@@ -77,3 +77,21 @@ class Workspace:
     def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         return subprocess.Popen([str(self.binary), *args], cwd=self.dir, env=env or self.env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_lock_holder(db_url: str, state: str, holder: subprocess.Popen, timeout: float = 60) -> dict:
+    """The lock info of ``state`` once the running ``holder`` (an apply) has taken it, read straight
+    from PostgreSQL; fails the test if the holder exits or the timeout passes first."""
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and holder.poll() is None:
+        with psycopg.connect(db_url) as c:
+            row = c.execute("SELECT l.info FROM state_locks l JOIN states s ON s.id = l.state_id WHERE s.name = %s",
+                            (state,)).fetchone()
+        if row is not None:
+            return row[0]
+        time.sleep(0.1)
+    pytest.fail(f"the first apply never took the lock of {state}: exit {holder.poll()}", pytrace=False)

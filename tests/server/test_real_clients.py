@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from kit.pg import one_row
-from kit.tfcli import PLUGIN_CACHE, TOOLS, Workspace, tool_binary
+from kit.tfcli import PLUGIN_CACHE, TOOLS, Workspace, tool_binary, wait_for_lock_holder
 
 V1 = """
 resource "null_resource" "a" { triggers = { v = "a1" } }
@@ -147,15 +146,7 @@ def test_two_concurrent_applies(tool, users_server, db_url, tmp_path):
 
     first = ws.start("apply", "-auto-approve", "-input=false", "-no-color")
     try:
-        holder = None
-        deadline = time.monotonic() + 60
-        while holder is None and time.monotonic() < deadline and first.poll() is None:
-            with psycopg.connect(db_url) as c:
-                row = c.execute("SELECT l.info FROM state_locks l JOIN states s ON s.id = l.state_id WHERE s.name = %s",
-                                (name,)).fetchone()
-            holder = row[0] if row else None
-            time.sleep(0.1)
-        assert holder is not None, "the first apply never took the lock"
+        holder = wait_for_lock_holder(db_url, name, first)
         refused = other.run("apply", "-auto-approve", "-input=false", "-no-color", "-lock-timeout=0s", check=False)
         assert refused.returncode != 0
         # These versions print the holder's lock ID from our 423 body (the holder's Who is printed

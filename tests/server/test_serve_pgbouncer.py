@@ -21,7 +21,7 @@ import pytest
 from kit import pgbouncer
 from kit.kl import run_kl
 from kit.paths import REPO
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, tool_binary, wait_for_lock_holder
 
 TOOL = "terraform-1.8.5"
 SLOW = """
@@ -95,13 +95,7 @@ def test_terraform_apply_lock_and_unlock_through_a_transaction_pooler(pooled_ser
     # connections: a prepared statement would fail on the next server connection.
     first = ws.start("apply", "-auto-approve", "-input=false", "-no-color")
     try:
-        holder = None
-        deadline = time.monotonic() + 60
-        while holder is None and time.monotonic() < deadline and first.poll() is None:
-            rows = _rows(db_url, "SELECT l.info FROM state_locks l JOIN states s ON s.id = l.state_id WHERE s.name = %s", name)
-            holder = rows[0][0] if rows else None
-            time.sleep(0.1)
-        assert holder is not None, f"the first apply never took the lock: {first.communicate()}"
+        holder = wait_for_lock_holder(db_url, name, first)
         refused = other.run("apply", "-auto-approve", "-input=false", "-no-color", "-lock-timeout=0s", check=False)
         assert refused.returncode != 0 and f"ID={holder['ID']}" in refused.stderr, refused.stderr
         waited = other.run("apply", "-auto-approve", "-input=false", "-no-color", "-lock-timeout=120s")
