@@ -141,7 +141,26 @@ class EmbeddedCluster:
         return (self.data_dir / "PG_VERSION").exists()
 
     def running(self) -> bool:
-        return (self.socket_dir / ".s.PGSQL.5432").exists() and (self.data_dir / "postmaster.pid").exists()
+        """Whether the cluster's server is up. Its socket and postmaster.pid outlive a server that
+        did not stop cleanly (a host or container restart, an OOM kill), so the pid they name must
+        be alive and a postgres process: stale files alone would leave every command refused."""
+        if not (self.socket_dir / ".s.PGSQL.5432").exists():
+            return False
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # alive, under the server's own account
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                return fh.read().startswith("postgres")
+        except OSError:
+            return True  # no /proc: trust the live pid
 
     def ensure_running(self) -> str:
         """Initialise and start the cluster if needed; return a libpq URL for its database."""
@@ -192,7 +211,7 @@ class EmbeddedCluster:
 
     def stop(self) -> bool:
         """Stop the server; False when it was not running."""
-        if not self.initialised() or not (self.data_dir / "postmaster.pid").exists():
+        if not self.initialised() or not self.running():
             return False
         self._run([str(find_pg_bin() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], "stop")
         return True

@@ -54,3 +54,31 @@ def test_two_first_runs_at_once_share_one_cluster(run_kl, make_state, data_dir, 
         assert run_kl("state", "list", env=env).stdout.count(b"\ns") == 2
     finally:
         run_kl("db", "stop", env=env)
+
+
+def test_a_server_that_died_without_stopping_is_started_again(run_kl, make_state, data_dir, monkeypatch):
+    """A host or container restart leaves the socket and postmaster.pid behind with no server:
+    the next command starts it again rather than refusing every connection."""
+    import signal
+    import time
+
+    monkeypatch.delenv("KL_DATABASE_URL", raising=False)
+    env = {"KL_DATA_DIR": str(data_dir)}
+    pg = data_dir / "pg"
+    try:
+        assert run_kl("state", "import", "dev", "-", input=make_state(1, {"a": {"id": "1"}}), env=env).returncode == 0
+        postmaster = int((pg / "postmaster.pid").read_text().split("\n", 1)[0])
+        children = [int(p) for p in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()]
+        for pid in [postmaster, *children]:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{postmaster}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (pg / "postmaster.pid").exists() and (pg / ".s.PGSQL.5432").exists(), "the kill left no stale files to test with"
+
+        listing = run_kl("state", "list", env=env)
+        assert listing.returncode == 0, listing.stderr
+        assert b"dev " in listing.stdout
+        assert int((pg / "postmaster.pid").read_text().split("\n", 1)[0]) != postmaster
+    finally:
+        run_kl("db", "stop", env=env)
