@@ -65,16 +65,21 @@ def _open(driver: Any, url: str) -> None:
 
 def _heading(driver: Any, expected: str) -> None:
     """Wait for the page a click leads to: its heading (a click does not wait for a form's navigation)."""
+    _text(driver, "main h1", expected)
+
+
+def _text(driver: Any, css: str, expected: str) -> None:
+    """Wait until the element CSS of the page a click leads to reads EXPECTED."""
     from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
     def arrived(d: Any) -> bool:
         try:
-            return bool(d.find_element("css selector", "main h1").text == expected)
-        except WebDriverException:  # the old page went away under us: look again
+            return bool(d.find_element("css selector", css).text == expected)
+        except WebDriverException:  # not there yet, or the old page went away under us: look again
             return False
 
-    WebDriverWait(driver, 30).until(arrived, f"no page headed {expected!r}")
+    WebDriverWait(driver, 30).until(arrived, f"no {css} reading {expected!r}")
 
 
 def test_every_page_loads_with_no_console_error_and_no_secret(browser, phone, base_url: str, shots: Path) -> None:
@@ -129,7 +134,7 @@ def test_search_finds_a_resource_by_attribute_value(browser, base_url: str, shot
     browser.find_element("link text", "Search").click()
     browser.find_element("id", "attr").send_keys('tags["env"] = "dev"')
     browser.find_element("css selector", "form.search button").click()
-    assert browser.find_element("id", "results").text == "1 result"
+    _text(browser, "#results", "1 result")  # the search form's submission is not waited for by click
     screenshot(browser, shots, "search-dev-desktop")
     browser.find_element("link text", "cloud_server.echo").click()
     _heading(browser, "cloud_server.echo")
