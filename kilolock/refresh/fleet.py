@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import psycopg
 
@@ -36,6 +37,7 @@ from kilolock.store.settings import StateSettings
 log = logging.getLogger("kilolock.fleet")
 
 OptionsFor = Callable[[StateSettings | None], RefreshOptions]
+_T = TypeVar("_T")
 
 
 def check_not_running(conn: psycopg.Connection, sid: str, name: str) -> None:
@@ -214,7 +216,7 @@ class Worker:
         claiming.start()
         while claiming.is_alive():
             # A bounded join: the main thread must come back to run the SIGTERM handler.
-            claiming.join(0.2 if self._stop_at is None else max(0.0, min(0.2, self._exit_deadline() - time.monotonic())))
+            claiming.join(min(0.2, self._until_exit(0.2)))
             if self._stop_at is not None and time.monotonic() >= self._exit_deadline():
                 break
         self._stopping.set()
@@ -225,7 +227,7 @@ class Worker:
             self.say(f"kl worker {self.name}: the database did not answer: leaving {len(stuck)} thread(s) behind; "
                      "their jobs go to another worker when their leases run out")
         else:
-            beats.join(timeout=max(0.1, self._exit_deadline() - time.monotonic()) if self._stop_at is not None else 5)
+            beats.join(timeout=max(0.1, self._until_exit(5.0)))
             if not self._bounded(lambda: fleet.stop_worker(self.conn, self.worker_id), "recording the worker's stop"):
                 self.abandoned += 1
         if errors:
@@ -236,6 +238,12 @@ class Worker:
     def _exit_deadline(self) -> float:
         assert self._stop_at is not None
         return self._stop_at + self.config.grace_s + EXIT_BUDGET_S
+
+    def _until_exit(self, before_stop: _T) -> float | _T:
+        """Seconds left until the exit deadline once stop() was called; BEFORE_STOP until then."""
+        if self._stop_at is None:
+            return before_stop
+        return max(0.0, self._exit_deadline() - time.monotonic())
 
     def _flight_threads(self) -> list[threading.Thread]:
         with self._lock:
@@ -254,7 +262,7 @@ class Worker:
 
         t = threading.Thread(target=attempt, name="kl-exit", daemon=True)
         t.start()
-        t.join(max(0.1, self._exit_deadline() - time.monotonic()) if self._stop_at is not None else EXIT_BUDGET_S)
+        t.join(max(0.1, self._until_exit(EXIT_BUDGET_S)))
         if t.is_alive() or failed:
             log.warning("%s: %s", what, failed[0] if failed else "the database did not answer")
             return False
@@ -433,7 +441,7 @@ class Worker:
                 # stops waiting for it at the exit deadline.
                 for f in flights:
                     if f.thread is not None:
-                        f.thread.join(max(0.0, self._exit_deadline() - time.monotonic()) if self._stop_at else None)
+                        f.thread.join(self._until_exit(None))
                 return
             time.sleep(0.05)
 

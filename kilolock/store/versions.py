@@ -10,6 +10,7 @@ one with the highest serial.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -347,15 +348,22 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
         if head is None or (has_resources and not streamable):
             write(tfstate.pretty_state(raw_state_text(conn, name, serial)))
             return
-        # A server-side cursor, fetched a few thousand rows at a time: row by row (single-row mode),
-        # a loaded machine spent most of a pull handing the CPU between kl and the server.
-        with conn.cursor(name="kl_pull") as rows:
-            rows.itersize = 2000
-            if layout is not None:
-                rows.execute(_PIECES_FROM_LAYOUT, (layout,))
-            else:
-                rows.execute(_PIECES, (vid,))
-            tfstate.write_terraform_streamed(head, (count, _resources(iter(rows))) if has_resources else None, write)
+        with _piece_rows(conn, vid, layout) as rows:
+            tfstate.write_terraform_streamed(head, (count, _resources(rows)) if has_resources else None, write)
+
+
+@contextlib.contextmanager
+def _piece_rows(conn: psycopg.Connection, vid: str, layout: str | None) -> Iterator[Iterator[tuple[Any, ...]]]:
+    """The _PIECES rows of version VID (through its LAYOUT when it has one), from a server-side
+    cursor fetched a few thousand rows at a time: row by row (single-row mode), a loaded machine
+    spent most of a pull handing the CPU between kl and the server."""
+    with conn.cursor(name="kl_pieces") as rows:
+        rows.itersize = 2000
+        if layout is not None:
+            rows.execute(_PIECES_FROM_LAYOUT, (layout,))
+        else:
+            rows.execute(_PIECES, (vid,))
+        yield iter(rows)
 
 
 def load_document(conn: psycopg.Connection, name: str, serial: int, loads: Callable[[str], Any]) -> Any:
@@ -368,20 +376,15 @@ def load_document(conn: psycopg.Connection, name: str, serial: int, loads: Calla
         row = conn.execute(_PIECES_HEAD, (state_id(conn, name), serial)).fetchone()
         if row is None:
             raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
-        _vid, head, has_resources, _count, streamable, encrypted, layout = row
+        vid, head, has_resources, _count, streamable, encrypted, layout = row
         if encrypted or head is None or (has_resources and not streamable):
             return loads(raw_state_text(conn, name, serial))
         doc = loads(head)
         if not has_resources:
             return doc
         resources: list[Any] = []
-        with conn.cursor(name="kl_load") as rows:
-            rows.itersize = 2000
-            if layout is not None:
-                rows.execute(_PIECES_FROM_LAYOUT, (layout,))
-            else:
-                rows.execute(_PIECES, (_vid,))
-            for res_head, _n, instances in _resources(iter(rows)):
+        with _piece_rows(conn, vid, layout) as rows:
+            for res_head, _n, instances in _resources(rows):
                 resources.append(_with_key(loads(res_head), "instances", _load_batched(instances, loads)))
         return _with_key(doc, "resources", resources)
 
