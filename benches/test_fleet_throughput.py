@@ -31,7 +31,9 @@ QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 STATES = 24 if QUICK else 200
 INSTANCES = 20
 # Quick mode on a quiet machine (CI of 2026-11-30): 3.5x (138 ms a state against 477 ms); a
-# loaded machine slows the loop's process starts more than the worker (7.6x there).
+# loaded machine slows the loop's process starts more than the worker (7.6x there). Full size on the
+# idle machine (2026-12-01): 6.6x (100 ms a state against 663 ms; the worker's first states pay its
+# provider launches and schema fetches, which the quick run's 24 states amortise less).
 WORKER_GATE = 3.0 if QUICK else 5.0
 EVERY = 20.0 if QUICK else 30.0
 LAG_SECONDS = 30.0 if QUICK else 90.0
