@@ -3,6 +3,7 @@ and fleet-wide limits of calls in flight (provider_limits)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from kilolock import jsondoc
@@ -132,8 +133,14 @@ def run_limit(args: argparse.Namespace) -> int:
             print(f"{label}: no fleet-wide limit any more")
             return 0
         provider_limits.set_limit(conn, source, args.alias, args.max_in_flight, cli_args.default_actor())
+        unused = not provider_limits.source_in_use(conn, source, args.alias)
     # Processes read limits when a run starts; a running worker within a few seconds.
     print(f"{label}: at most {args.max_in_flight} call(s) in flight across the fleet")
+    if unused:
+        # Set all the same: a limit may well come before the states that need it.
+        undo = f"kl provider limit {args.source}" + (f" --alias {args.alias}" if args.alias else "") + " --remove"
+        print(f"kl: note: no stored state uses provider {label} now (misspelt? {undo} undoes it); "
+              "the limit applies to runs that do", file=sys.stderr)
     return 0
 
 

@@ -93,6 +93,21 @@ ON CONFLICT (source, alias, holder) DO UPDATE SET slots = EXCLUDED.slots, wanted
 """
 
 
+# Whether any state's current resources use the provider configuration: Terraform writes it as
+# provider["SOURCE"] or provider["SOURCE"].ALIAS, behind a module path when one is set.
+_IN_USE = """
+SELECT EXISTS (SELECT 1 FROM resources WHERE delete_serial IS NULL AND right(provider, length(%(suffix)s)) = %(suffix)s)
+"""
+
+
+def source_in_use(conn: psycopg.Connection, source: str, alias: str) -> bool:
+    """Whether a resource of any state's current version is managed through SOURCE (ALIAS): a
+    limit for a provider no state uses is most likely a misspelt source."""
+    suffix = f'provider["{source}"]' + (f".{alias}" if alias else "")
+    row = conn.execute(_IN_USE, {"suffix": suffix}).fetchone()
+    return bool(row and row[0])
+
+
 def set_limit(conn: psycopg.Connection, source: str, alias: str, max_in_flight: int, actor: str | None) -> None:
     with conn.transaction():
         conn.execute(_SET, (source, alias, max_in_flight, actor))

@@ -81,6 +81,35 @@ def test_provider_limit_set_list_and_remove(run_kl, db_url):
     assert r.returncode == 2 and "--max-in-flight" in r.stderr.decode()
 
 
+def test_a_limit_for_a_provider_no_state_uses_is_set_with_a_note(run_kl, db_url, tmp_path):
+    from kilolock import tfstate
+    from kilolock.store import versions
+
+    raw = fake_state(["fake_slow"], lineage="lineage-used")
+    doc = json.loads(raw)
+    aliased = json.loads(json.dumps(doc["resources"][0]))
+    aliased.update(name="other", module="module.m", provider=f'module.m.provider["{FAKE_SOURCE}"].west')
+    doc["resources"].append(aliased)
+    raw = json.dumps(doc).encode()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        versions.write_version(conn, "used/a", tfstate.parse_state(raw), raw, source="import", actor="test")
+
+    def note(*args: str) -> str:
+        r = run_kl("provider", "limit", *args, "--max-in-flight", "3")
+        assert r.returncode == 0 and "at most 3 call(s)" in r.stdout.decode(), r.stderr
+        return r.stderr.decode()
+
+    assert note("hashicorp/fake") == ""
+    assert note("hashicorp/fake", "--alias", "west") == ""  # used inside a module, through an alias
+    assert "no stored state uses provider" in note("hashicorp/fake", "--alias", "east")
+    err = note("hashicorp/fak")
+    assert err.count("\n") == 1 and "registry.terraform.io/hashicorp/fak now" in err, err
+    assert "kl provider limit hashicorp/fak --remove" in err
+    # Set all the same: listed, and removable with the command the note gives.
+    assert "hashicorp/fak " in run_kl("provider", "limits").stdout.decode()
+    assert run_kl("provider", "limit", "hashicorp/fak", "--remove").returncode == 0
+
+
 # ---------------------------------------------------------------- the leases (store)
 
 @pytest.fixture
