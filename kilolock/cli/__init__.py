@@ -230,13 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
         psycopg = sys.modules.get("psycopg")  # only loaded by commands that use the database
-        if psycopg is not None and isinstance(exc, psycopg.OperationalError):
-            # A server restart or a cut connection in any command's own queries is a fault of the
-            # environment, reported as such (a refresh run reports and records its own).
-            from kilolock.store.db import first_line
+        if psycopg is not None and isinstance(exc, psycopg.Error):
+            from kilolock.store import db
 
-            print(f"kl: lost the database connection: {first_line(exc)}", file=sys.stderr)
-            return 1
+            # A server restart or a cut connection in any command's own queries is a fault of the
+            # environment, reported as such (a refresh run reports and records its own); behind
+            # PgBouncer it can surface as an InternalError without SQLSTATE (db.lost).
+            if db.lost_in_process(exc):
+                # Cut in COMMIT, the write may have landed before its answer was lost.
+                unknown = ("; whether the write was committed is unknown: check with `kl state versions` or `kl runs`"
+                           if db.commit_outcome_unknown(exc) else "")
+                print(f"kl: lost the database connection: {db.first_line(exc)}{unknown}", file=sys.stderr)
+                return 1
         if psycopg is not None and isinstance(exc, (psycopg.errors.DuplicatePreparedStatement,
                                                     psycopg.errors.InvalidSqlStatementName)):
             from kilolock.store.db import POOLER_ENV, POOLER_PARAM, first_line

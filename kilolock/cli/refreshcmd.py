@@ -377,7 +377,13 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
             used.extend(factory.used)
             if factory.unavailable is not None:
                 raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
-            counts = drift_counts(result, conn) if result.status == "succeeded" and counts_used(args) else None
+            counts = None
+            if result.status == "succeeded" and counts_used(args):
+                if conn.broken:  # it broke after the commit, and the run finished its row on a new one
+                    with db.reconnect(conn) as fresh:
+                        counts = drift_counts(result, fresh)
+                else:
+                    counts = drift_counts(result, conn)
         if progress:
             progress.end()
             progress = None

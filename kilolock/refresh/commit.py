@@ -53,13 +53,15 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
             landed = written.version.id, written.version.serial
         finally:
             locks.release(conn, sid, info["ID"], actor)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
+        if not db.lost(exc, conn):  # behind PgBouncer a break can surface as an InternalError too
+            raise
         landed = settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
     return landed
 
 
 def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,
-                       raw: bytes | str, landed: tuple[str, int] | None, exc: psycopg.OperationalError) -> tuple[str, int]:
+                       raw: bytes | str, landed: tuple[str, int] | None, exc: psycopg.Error) -> tuple[str, int]:
     """The connection died inside the commit. Its transaction may or may not have committed (the
     answer to COMMIT can be what was lost), and the lock row, committed on its own, would block
     every writer: ask the database on a fresh connection, and release the lock there."""
@@ -94,7 +96,9 @@ def finish_audit(conn: psycopg.Connection, run_id: str, name: str, outcome: str,
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.rollback()
         write(conn)
-    except psycopg.OperationalError:
+    except psycopg.Error as lost:
+        if not db.lost(lost, conn):
+            raise
         try:
             with reconnect(conn) as fresh:
                 write(fresh)

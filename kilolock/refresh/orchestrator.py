@@ -37,7 +37,7 @@ from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import history, ignore_rules, locks, refresh_runs, versions
+from kilolock.store import db, history, ignore_rules, locks, refresh_runs, versions
 from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
@@ -503,7 +503,9 @@ def run(
         doc = versions.load_document(conn, name, current.serial, parser.loads)
         result.from_serial = current.serial
         result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
-    except psycopg.OperationalError as exc:
+    except psycopg.Error as exc:
+        if not db.lost(exc, conn):
+            raise
         # Before the audit row exists (or while it is being written: `kl runs --stale` finishes it).
         raise KlError(f"lost the database connection ({first_line(exc)}); nothing was refreshed") from None
 
@@ -602,13 +604,15 @@ def run(
         result.status, result.error = "cancelled", cancel.reason
     except KlError as exc:
         result.status, result.error = "failed", secrets.redact(str(exc))
-    except psycopg.OperationalError as exc:
-        # The database went away (restart, a cut connection): a fault to report, not a bug. Only
-        # commit_refresh writes a version, and it settles its own outcome, so nothing was committed.
-        result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
-    except Exception as exc:  # a bug: still finish the audit row, then let the CLI report it
-        result.status, result.error = "failed", secrets.redact(f"internal error: {type(exc).__name__}: {exc}")
-        raise
+    except Exception as exc:
+        if db.lost(exc, conn):
+            # The database went away (restart, a cut connection; behind PgBouncer also an
+            # InternalError on a broken connection): a fault to report, not a bug. Only
+            # commit_refresh writes a version, and it settles its own outcome, so nothing was committed.
+            result.status, result.error = "failed", f"lost the database connection ({first_line(exc)}); nothing committed"
+        else:  # a bug: still finish the audit row, then let the CLI report it
+            result.status, result.error = "failed", secrets.redact(f"internal error: {type(exc).__name__}: {exc}")
+            raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)
         _finish(conn, result, to_version_id)

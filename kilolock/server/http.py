@@ -36,6 +36,13 @@ from kilolock.server.pool import ConnectionPool, PoolExhausted
 from kilolock.store.db import DatabaseError
 
 log = logging.getLogger("kilolock.server")
+
+# Retry-After of a 503 for a database that is unavailable (a restart, a lost connection). Terraform's
+# http backend (go-retryablehttp) sleeps exactly that long between its retries, 2 by default
+# (TF_HTTP_RETRY_MAX): 2 x 10 s spans PgBouncer's default server_login_retry (15 s), during which it
+# refuses every new client after a PostgreSQL restart; with 1 s an apply gave up after 2 s.
+DB_UNAVAILABLE_RETRY_AFTER_S = 10
+
 # One line per request (kl serve turns it on at INFO): method, path, status, duration, user. Never
 # a header, a query string or a body: those carry credentials, lock IDs and state.
 access_log = logging.getLogger("kilolock.server.access")
@@ -289,7 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
             resp = text(503, "server busy: no database connection free; retry")
         except (psycopg.OperationalError, DatabaseError) as exc:
             log.warning("database error: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-            resp = text(503, "database unavailable; retry")
+            resp = text(503, "database unavailable; retry", **{"Retry-After": str(DB_UNAVAILABLE_RETRY_AFTER_S)})
         except KlError as exc:
             resp = text(400, str(exc))
         except Exception:

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import psycopg
 
+from kilolock.store import db
+
 
 class PoolExhausted(Exception):
     """Every connection stayed busy for the whole wait: the server is overloaded."""
@@ -34,7 +36,15 @@ class ConnectionPool:
                 conn = self._connect()
             if conn.closed or conn.broken:
                 conn = self._connect()
-            yield conn
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                # Behind PgBouncer a connection that broke inside a transaction surfaces on psycopg's
+                # own COMMIT/SAVEPOINT as an InternalError without SQLSTATE: a lost connection (503,
+                # retry), not a bug. The broken connection is dropped below; the next request opens one.
+                if isinstance(exc, psycopg.OperationalError) or not db.lost(exc, conn):
+                    raise
+                raise db.ConnectionLost(f"lost the database connection: {db.first_line(exc)}") from exc
         finally:
             if conn is not None:
                 # A connection left inside a transaction (or broken) by an error is not reused.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from dataclasses import dataclass
 
 import psycopg
@@ -13,6 +14,10 @@ from kilolock.errors import KlError
 
 class DatabaseError(KlError):
     pass
+
+
+class ConnectionLost(DatabaseError):
+    """The database connection broke under a command (a fault of the environment, to retry)."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +105,12 @@ def connect(url: str) -> psycopg.Connection:
         _pooler["transaction"] = True  # every connection of this process goes through it (reconnects too)
     try:
         if transaction_pooled():
-            return psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True,
+            conn = psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True,
                                    prepare_threshold=None)
-        return psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True)
+        else:
+            conn = psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True)
+        _opened_connections.add(conn)
+        return conn
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None
     except psycopg.ProgrammingError as exc:  # a malformed connection string: the user's to fix
@@ -142,6 +150,33 @@ def lost(exc: BaseException, conn: psycopg.Connection | None = None) -> bool:
         return True
     return (isinstance(exc, psycopg.Error) and exc.sqlstate is None and conn is not None
             and (conn.broken or conn.closed))
+
+
+# Every connection this process opened, for an error that reaches the CLI's last resort without
+# the connection it came from (lost_in_process).
+_opened_connections: weakref.WeakSet[psycopg.Connection] = weakref.WeakSet()
+
+
+def lost_in_process(exc: BaseException) -> bool:
+    """lost() for an error caught far from its connection: an error without SQLSTATE counts as a
+    lost connection when a connection this process opened is broken (a query's own error never
+    breaks one). For the CLI's last resort only: a server's threads share the process."""
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    return (isinstance(exc, psycopg.Error) and exc.sqlstate is None
+            and any(c.broken for c in list(_opened_connections)))
+
+
+def commit_outcome_unknown(exc: BaseException) -> bool:
+    """Whether EXC was raised by psycopg's COMMIT: the connection may have broken after the server
+    committed, so the write may have landed although its answer was lost."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "_commit_gen" and f"{os.sep}psycopg{os.sep}" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def reconnect(conn: psycopg.Connection) -> psycopg.Connection:

@@ -153,6 +153,7 @@ class _Heartbeats:
 
     def _run(self) -> None:
         beat_conn: psycopg.Connection | None = None
+        failing = False  # an outage is said once, not at every beat (a kl refresh prints its log to stderr)
         while True:
             time.sleep(HEARTBEAT_S)
             with self._lock:
@@ -164,8 +165,13 @@ class _Heartbeats:
                 if beat_conn is None or beat_conn.closed:
                     beat_conn = db.connect(self._dsn)
                 beat_conn.execute(_BEAT, (runs,))
+                if failing:
+                    log.warning("refresh run heartbeat: beating again")
+                    failing = False
             except (KlError, psycopg.Error) as exc:
-                log.warning("refresh run heartbeat: %s", db.first_line(exc))
+                if not failing:
+                    log.warning("refresh run heartbeat: %s (retrying every %gs)", db.first_line(exc), HEARTBEAT_S)
+                    failing = True
                 if beat_conn is not None:
                     beat_conn.close()
                 beat_conn = None

@@ -11,14 +11,25 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from kit import pgbouncer
 from kit.faults import install_fake
-from kit.fleet import LEASE, add_fake_state, add_states, assert_no_overlap, own_cluster, q, runs_of, start_worker, stop, wait_for
+from kit.fleet import (
+    LEASE,
+    add_fake_state,
+    add_states,
+    assert_no_overlap,
+    own_cluster,
+    q,
+    restart,
+    runs_of,
+    start_worker,
+    stop,
+    wait_for,
+)
 from kit.invariants import reindex_mismatches, version_problems
 from kit.kl import kl_cmd, kl_env
 from kit.procs import assert_no_new_providers, provider_pids
@@ -174,13 +185,6 @@ def pooled_cluster() -> Iterator[tuple[object, str]]:
         yield cluster_and_url
 
 
-def _restart(cluster: Any) -> None:
-    from kilolock.store.embedded import find_pg_bin
-
-    cluster._run([str(find_pg_bin() / "pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.log_file),
-                  "-m", "fast", "-w", "-t", "60", "restart"], "restart")
-
-
 def _output(logs: list[Path]) -> list[str]:
     return [p.read_text(errors="replace") for p in logs]
 
@@ -210,7 +214,7 @@ def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster, tmp_pat
             # Mid-fleet: runs are open and PgBouncer's server connections all die under it.
             wait_for("a run in flight", lambda: q(url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'")[0][0] > 0,
                      timeout=20, every=0.02)
-            _restart(cluster)
+            restart(cluster)
             back = datetime.now(timezone.utc)
             # Every worker claims and finishes a job again: the pooler's refusal window, the
             # backoff's cap, and room for a run or two on a busy machine (not a measurement).

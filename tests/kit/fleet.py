@@ -121,3 +121,11 @@ def own_cluster(prefix: str) -> Iterator[tuple[Any, str]]:
     finally:
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def restart(cluster: Any) -> None:
+    """Restart the cluster own_cluster made (fast shutdown: every session is terminated)."""
+    from kilolock.store.embedded import find_pg_bin
+
+    cluster._run([str(find_pg_bin() / "pg_ctl"), "-D", str(cluster.data_dir), "-l", str(cluster.log_file),
+                  "-m", "fast", "-w", "-t", "60", "restart"], "restart")
