@@ -865,18 +865,32 @@ def dumps_compact(v: Any) -> str:
     return "".join(out)
 
 
+# Decoded `private` texts: a provider writes the same few for every instance of a type (null:
+# "bnVsbA=="; SDKv2: its schema version and timeouts), and a refresh decodes one per read. Only
+# short texts, and only so many: a dict read is atomic under the GIL, so threads share it as is.
+_PRIVATE_MEMO: dict[str, bytes] = {}
+_PRIVATE_MEMO_TEXT = 512
+_PRIVATE_MEMO_ENTRIES = 1024
+
+
 def private_bytes(obj: dict[str, Any]) -> bytes:
     """An instance object's `private` (base64 in state) as the bytes the provider gave."""
-    import base64
-    import binascii
-
     text = obj.get("private")
     if not text:
         return b""
+    known = _PRIVATE_MEMO.get(text) if type(text) is str else None
+    if known is not None:
+        return known
+    import base64
+    import binascii
+
     try:
-        return base64.b64decode(text, validate=True)
+        decoded = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError, TypeError):
         raise StateError("instance private data is not valid base64") from None
+    if type(text) is str and len(text) <= _PRIVATE_MEMO_TEXT and len(_PRIVATE_MEMO) < _PRIVATE_MEMO_ENTRIES:
+        _PRIVATE_MEMO[text] = decoded
+    return decoded
 
 
 class _Streamed:
