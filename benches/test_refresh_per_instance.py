@@ -3,7 +3,31 @@
 kl: the orchestrator's whole read phase for a 2,000-instance state (load the version, group,
 upgrade gate, encode, ReadResource, decode, compare, sensitivity), dry run, with the default 10
 requests in flight. Floor: the same number of ReadResource calls through a bare grpcio stub from
-10 threads, with prebuilt request bytes. Gate: kl within 1.5x of the floor, interleaved rounds.
+10 threads, with prebuilt request bytes. Gate: kl within 1.5x of the floor, interleaved rounds
+(the issue's target is 1.3x).
+
+Measured (full mode, medians of 5 interleaved rounds, per instance): on an idle machine before
+session 7's cuts, kl 595 us, floor 406 us, 1.47x; kl with reads answered at once 169 us. On the same
+machine at load 2-7 (another job's terraform using 1.7 cores): before the cuts 1.28x / 1.35x /
+1.31x, after them 1.59x / 1.43x / 1.32x / 1.43x / 1.16x / 1.62x / 1.31x / 1.28x (kl 373-635 us,
+floor 287-484 us; CPU kl 280-430 us, floor 185-295 us, kl ~95-135 us above it in every run; reads
+answered at once 66-88 us). A loaded machine moves the ratio by more than the cuts do, so the gate
+stays where it was; the full gate is for an idle machine. The
+cuts: indexing the state (parse_state) 11.3 -> 4.5 us per instance on this state (7.0 -> 3.6 us on
+20,000 null instances), the ReadResource request built as bytes 2.8 -> 1.1 us, a stored object's
+private data decoded once per distinct text 1.3 -> 0.3 us. What is left of kl's own work, measured
+one phase at a time: loading the version ~15-24 us wall per instance (most of it PostgreSQL
+rendering the pieces), indexing 4.5, the stored attributes 3, and everything per read that is not
+the RPC (codec both ways, request, response, compare, sensitivity, bookkeeping) 16-18 us of Python
+run serially. Under ten reader threads that Python costs ~4x as much: per read, kl's reader threads
+used ~100 us more CPU than the floor's (297 vs 203 us; in the grpc call itself 216 vs 203), the
+rest of the process ~40 us more (the load, grpc's own threads): the Python around each call,
+which shares the GIL and the caches with grpc's threads, is where the gap is.
+
+Is the floor fair? Against the same provider in one run: 10 threads 353 us, 20 threads 404 us,
+one thread keeping 10 calls in flight with grpc futures 348 us (with 15 us of Python per answer:
+328 us), single rounds spread 230-520 us on the loaded machine: 10 threads is as fast as the
+sync API gets, and the medians of interleaved rounds are what makes the ratio stable.
 
 And what `--provider-parallelism auto` (the default) costs where more in flight cannot help: a
 provider on the same machine answers in well under a millisecond, so kl's own CPU sets the pace.
@@ -44,9 +68,10 @@ PLUGINS = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kiloloc
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 ROUNDS = 2 if QUICK else 5
 PARALLELISM = 10
-# The target is 1.5x (full mode). Quick mode, which CI runs on a shared 2-core machine where a
-# round is a few seconds, gates at 2.0x: it catches regressions (a serialised group measured
-# ~10x) without failing on scheduling noise, which moved single quick rounds between 1.2x and 2.0x.
+# Full mode gates at 1.5x: measured 1.16-1.62x on a loaded machine (see the docstring), so 1.3
+# would fail on noise alone. Quick mode, which CI runs on a shared 2-core machine where a round is
+# a few seconds, gates at 2.0x: it catches regressions (a serialised group measured ~10x) without
+# failing on scheduling noise, which moved single quick rounds between 1.2x and 2.0x.
 GATE = 2.0 if QUICK else 1.5
 
 

@@ -252,3 +252,18 @@ def test_an_opentofu_envelope_gives_its_serial_and_lineage_and_its_bytes_back():
                          ({"serial": 1, "lineage": ""}, '"lineage" must be a non-empty string')):
         with pytest.raises(tfstate.StateError, match=message):
             tfstate.envelope_ids({**bad, "encrypted_data": "", "encryption_version": "v0"}, "f.tfstate")
+
+
+def test_private_bytes_decodes_each_text_the_same_every_time_and_refuses_what_is_not_base64():
+    # A refresh decodes one `private` per read, so decoded texts are remembered: the second
+    # decode of a text must give what the first did, and a bad text must fail every time.
+    texts = {"bnVsbA==": b"null", "eyJzY2hlbWFfdmVyc2lvbiI6IjEifQ==": b'{"schema_version":"1"}', "": b""}
+    for _ in range(2):
+        for text, expected in texts.items():
+            assert tfstate.private_bytes({"private": text}) == expected
+        assert tfstate.private_bytes({}) == b""
+        for bad in ("bnVsbA=", "!!!!", "bnVs bA==", 5, ["bnVsbA=="]):
+            with pytest.raises(tfstate.StateError, match="not valid base64"):
+                tfstate.private_bytes({"private": bad})
+    long_text = "QUJD" * 200  # longer than what is remembered: decoded each time
+    assert tfstate.private_bytes({"private": long_text}) == b"ABC" * 200

@@ -19,7 +19,14 @@ from kilolock.provider._pb import tfplugin5_pb2, tfplugin6_pb2
 from kilolock.provider.connection import PluginConnection
 from kilolock.provider.diagnostics import Diagnostic, errors_of
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
-from kilolock.provider.wire import DynamicNull, dynamic_value_bytes, undeclared_field_payloads
+from kilolock.provider.wire import (
+    DynamicNull,
+    dynamic_value_bytes,
+    message_field,
+    read_resource_request,
+    string_field,
+    undeclared_field_payloads,
+)
 from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 if TYPE_CHECKING:
@@ -140,8 +147,12 @@ class GrpcProviderClient(ProviderClient):
         self._rpc_upgrade = self._unary("UpgradeResourceState", pb.UpgradeResourceState.Response.FromString)
         self._rpc_upgrade_identity = self._unary("UpgradeResourceIdentity", pb.UpgradeResourceIdentity.Response.FromString)
         self._rpc_stop = self._unary(self._d.stop, getattr(pb, self._d.stop).Response.FromString)
-        self._rpc_read = self._unary("ReadResource", pb.ReadResource.Response.FromString)
         self._caps = pb.ClientCapabilities(deferral_allowed=False, write_only_attributes_allowed=True)
+        # Reads send bytes made by wire.read_resource_request, not a message built per read.
+        self._rpc_read = self._conn.channel.unary_unary(f"/{self._d.service}/ReadResource", request_serializer=None,
+                                                        response_deserializer=pb.ReadResource.Response.FromString)
+        self._caps_field = message_field(5, self._caps)
+        self._type_fields: dict[str, bytes] = {}  # ReadResource.Request field 1, per resource type
 
     @property
     def connection(self) -> PluginConnection:
@@ -246,17 +257,10 @@ class GrpcProviderClient(ProviderClient):
         current_identity: bytes | None = None,
         timeout: float | None = None,
     ) -> ReadResult:
-        pb = self._d.pb
-        req = pb.ReadResource.Request(
-            type_name=type_name,
-            current_state=pb.DynamicValue(msgpack=current_state),
-            private=private,
-            client_capabilities=self._caps,
-        )
-        if provider_meta is not None:
-            req.provider_meta.msgpack = provider_meta
-        if current_identity is not None:
-            req.current_identity.identity_data.msgpack = current_identity
+        type_field = self._type_fields.get(type_name)
+        if type_field is None:
+            type_field = self._type_fields.setdefault(type_name, string_field(1, type_name))
+        req = read_resource_request(type_field, current_state, private, self._caps_field, provider_meta, current_identity)
         resp = self._call("ReadResource", self._rpc_read, req, timeout)
         diags = self._check("ReadResource", f" {type_name}", convert.diagnostics(resp.diagnostics)) if resp.diagnostics else ()
         identity = None

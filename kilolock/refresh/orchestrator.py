@@ -191,7 +191,8 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
             f"resource instance managed by a newer provider version (state has schema version {recorded}, "
             f"{client.info.source} {client.info.version} has {live})"
         )
-    marks = marked_paths(inst.obj.get("sensitive_attributes"))
+    marks_json = inst.obj.get("sensitive_attributes")
+    marks = marked_paths(marks_json) if marks_json else []  # nearly always none: skip the call
     flatmap = inst.flatmap
     canonical_prior: bytes | None
     prior: bytes | None
