@@ -48,7 +48,13 @@ class ConnectionPool:
         finally:
             if conn is not None:
                 # A connection left inside a transaction (or broken) by an error is not reused.
-                if self._closed or conn.broken or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                if conn.broken:
+                    # Its server connection died: a restart or a pooler's reconnect ended the idle
+                    # ones with it, and each would cost a request its 503 (Terraform waits
+                    # Retry-After between only two retries), so none of them is reused.
+                    conn.close()
+                    self._close_idle()
+                elif self._closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     conn.close()
                 else:
                     self._idle.put(conn)
@@ -56,6 +62,9 @@ class ConnectionPool:
 
     def close(self) -> None:
         self._closed = True
+        self._close_idle()
+
+    def _close_idle(self) -> None:
         while True:
             try:
                 self._idle.get_nowait().close()

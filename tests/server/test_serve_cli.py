@@ -171,6 +171,23 @@ def test_database_down_is_503_with_retry_after(db_url):
         server.server_close()
 
 
+def test_after_the_database_dropped_the_pools_connections_one_request_fails_not_each(start_server, db_url):
+    """A PostgreSQL restart (or PgBouncer's) ends every idle pooled connection at once, unnoticed
+    until used: each would cost a request its 503, and Terraform retries only twice."""
+    from contextlib import ExitStack
+
+    import psycopg
+
+    client = start_server()
+    pool = client.server.pool
+    with ExitStack() as held:  # three connections at once, then idle in the pool
+        pids = [held.enter_context(pool.connection()).info.backend_pid for _ in range(3)]
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+    assert client.request("GET", "/states/none").status == 503  # the connection it took was dead
+    assert [client.request("GET", "/states/none").status for _ in range(3)] == [204] * 3  # no state: no content
+
+
 def test_one_log_line_per_request_by_default_never_a_credential(db_url, make_state):
     proc, port = _start_kl_serve(db_url, env={"KL_SERVE_TOKEN": "tok-s3cret"})
     try:
