@@ -29,14 +29,6 @@ from kit.paths import REPO
 from kit.states import build_state
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server: str) -> Iterator[str]:
-    if not pgbouncer.available():
-        pytest.fail("these tests need PgBouncer: install it (Debian: apt-get install pgbouncer)")
-    with pgbouncer.pgbouncer(pg_server) as template:
-        yield template
-
-
 def _pooled(template: str, db_url: str) -> str:
     return template.format(dbname=psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]) + " kl_pooler=transaction"
 
@@ -146,8 +138,7 @@ def test_a_refresh_whose_commit_meets_a_postgresql_restart_leaves_nothing_runnin
     from kilolock.store.refresh_runs import HEARTBEAT_STALE_S
 
     cluster, url = restartable
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     add_states(url, ["brk/r"], instances=3)
     with pgbouncer.pgbouncer(url) as template:
         pooled = template.format(dbname="fleet") + " kl_pooler=transaction"

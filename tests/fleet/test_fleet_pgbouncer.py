@@ -42,14 +42,6 @@ def no_orphan_providers() -> Iterator[None]:
     assert_no_new_providers(before)
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server: str) -> Iterator[str]:
-    if not pgbouncer.available():
-        pytest.fail("these tests need PgBouncer: install it (Debian: apt-get install pgbouncer; scripts/setup-dev.sh does as root)")
-    with pgbouncer.pgbouncer(pg_server) as template:
-        yield template
-
-
 @pytest.fixture
 def pooled_url(bouncer: str, db_url: str) -> str:
     dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
@@ -196,8 +188,7 @@ def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster, tmp_pat
     from kilolock.refresh.fleet import DB_RETRY_MAX_S
 
     cluster, url = pooled_cluster
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     names = [f"rs/s{n}" for n in range(10)]
     add_states(url, names, instances=3)
     logs = [tmp_path / f"w{n}.log" for n in (1, 2, 3)]
@@ -245,8 +236,7 @@ def test_pooled_workers_obey_sigterm_while_the_database_is_unreachable(pooled_cl
     from kilolock.refresh.fleet import EXIT_BUDGET_S
 
     cluster, url = pooled_cluster
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="6")
     for n in range(4):
         add_fake_state(url, f"slow/s{n}", cache)
