@@ -390,9 +390,9 @@ class Worker:
 
     def _record_internal_error(self, job: fleet.Job, message: str) -> None:
         try:
-            with db.reconnect(self.conn) as conn:
+            with db.reconnected(self.conn) as conn:
                 fleet.finish_job(conn, job.id, self.worker_id, "failed", None, message)
-        except (KlError, psycopg.OperationalError):
+        except KlError:  # no new connection, or it broke too
             pass  # the lease runs out; another worker takes the job over
         self.say(f"kl worker {self.name}: {job.state}: {message}")
 
