@@ -29,6 +29,8 @@ class StateLocked(KlError):
 
 @dataclass(frozen=True)
 class Lock:
+    """A state lock held: its ID and LockInfo."""
+
     lock_id: str
     info: dict[str, Any]
 

@@ -47,6 +47,8 @@ class ChannelError(KlError):
 
 @dataclass(frozen=True)
 class Channel:
+    """A notification channel as stored."""
+
     id: int
     name: str
     format: str
