@@ -28,8 +28,9 @@ statement unless a channel's staleness is due for evaluation (the server spent ~
 parse 2.4 + bind 9.8 ms logged on an idle machine; now one EXISTS round trip), together with lock
 IDs made without the uuid module (which imports platform, ~3.5 ms): 284.2 -> 275.0, CPU 235.0 ->
 227.3; a docstring on each of the 45 dataclasses a refresh imports (without one @dataclass writes
-one from inspect.signature, 3-4 ms in all): 275.0 -> 271.6. The same comparison at load 3.8 (21
-rounds): 385.3 -> 371.3, CPU 262.4 -> 249.9. Tried and dropped, no gain measurable above the
+one from inspect.signature, 3-4 ms in all): 275.0 -> 271.6. Again at load 1.5-2.0 (31 rounds):
+283.1 -> 279.5 -> 271.2, CPU 237.4 -> 233.0 -> 230.6; at load 3.8 (21 rounds, before -> after):
+385.3 -> 371.3, CPU 262.4 -> 249.9. Tried and dropped, no gain measurable above the
 noise (+-10 ms here): opening the store on a thread beside the imports (its round trips wait for
 the GIL behind the importing threads), spawning the early provider on its own thread, a shorter
 GIL switch interval. Note that `schema check` and `db connect` vary 4-15 ms from run to run: the
