@@ -146,6 +146,8 @@ EXIT_BUDGET_S = 10.0
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """How a fleet worker runs: its name, how many states at once, its lease and polling."""
+
     name: str | None = None
     parallel_states: int = 1
     once: bool = False
@@ -163,6 +165,8 @@ class WorkerConfig:
 
 @dataclass
 class _InFlight:
+    """A job a fleet worker is running, and how to cancel it."""
+
     job: fleet.Job
     cancel: Cancellation = field(default_factory=Cancellation)
     thread: threading.Thread | None = None

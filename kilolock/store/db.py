@@ -24,6 +24,8 @@ class ConnectionLost(DatabaseError):
 
 @dataclass(frozen=True)
 class Target:
+    """The database kl uses: its URL, and whether it is kl's embedded cluster."""
+
     url: str
     embedded: bool
 
