@@ -20,6 +20,25 @@ schema check 11.0 -> 8.3 (no importlib.resources), AutoMTLS first call 31.8 -> 3
 exit 8.8 -> 8.4; critical path 420 -> 342, kl's CPU 287 -> 272. What is left is mostly import work
 in the libraries (psycopg registers its whole type system and an array type per type; grpc with
 grpc.aio; the protobuf runtime) plus the commit's ~45 statements and three synchronous commits.
+
+Session 8 (2026-12-01), interleaved rounds of the code before and after in one run (31 rounds,
+kl and PostgreSQL at nice -10, load 2.4-2.8), medians in ms: critical path 284.2 -> 271.6, kl's
+CPU 235.0 -> 227.4. By cut: every command's notification check no longer plans the refresh.stale
+statement unless a channel's staleness is due for evaluation (the server spent ~12 ms planning it,
+parse 2.4 + bind 9.8 ms logged on an idle machine; now one EXISTS round trip), together with lock
+IDs made without the uuid module (which imports platform, ~3.5 ms): 284.2 -> 275.0, CPU 235.0 ->
+227.3; a docstring on each of the 45 dataclasses a refresh imports (without one @dataclass writes
+one from inspect.signature, 3-4 ms in all): 275.0 -> 271.6. Again at load 1.5-2.0 (31 rounds):
+283.1 -> 279.5 -> 271.2, CPU 237.4 -> 233.0 -> 230.6; at load 3.8 (21 rounds, before -> after):
+385.3 -> 371.3, CPU 262.4 -> 249.9. Tried and dropped, no gain measurable above the
+noise (+-10 ms here): opening the store on a thread beside the imports (its round trips wait for
+the GIL behind the importing threads), spawning the early provider on its own thread, a shorter
+GIL switch interval. Note that `schema check` and `db connect` vary 4-15 ms from run to run: the
+main thread's round trips wait for the GIL whenever the early-start thread is still importing grpc.
+What is left is CPU under one GIL: measured alone, psycopg ~65 ms, asyncio ~30 (psycopg and
+grpc both import it), grpc ~25, protobuf ~10, kilolock's own modules ~25-35, and the commit
+(~45 statements in five transactions, ~25 ms). The issue's 1.2x at 10 instances needs about a
+third of that off the critical path: the store in a second process (psycopg on the other core).
 """
 from __future__ import annotations
 

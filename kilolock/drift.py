@@ -17,6 +17,8 @@ from kilolock.sensitive import marked_paths
 
 @dataclass(frozen=True)
 class Change:
+    """One attribute that differs between the stored object and the one read back."""
+
     path: str  # Terraform's printed form (schema.path_display): triggers["k"], member[={"name":"eve"}]
     before: Any
     after: Any
@@ -34,6 +36,8 @@ class Change:
 
 @dataclass(frozen=True, eq=False)
 class _Obj:
+    """The shape of an object or block: its attributes by name."""
+
     fields: dict[str, Shape]  # a resource type has 150 attributes at times: found by name
 
     def field(self, name: str) -> Shape:
@@ -42,17 +46,23 @@ class _Obj:
 
 @dataclass(frozen=True)
 class _Coll:
+    """The shape of a list, set or map: one shape for every element."""
+
     kind: str  # list | set | map
     elem: Shape
 
 
 @dataclass(frozen=True)
 class _Tuple:
+    """The shape of a tuple: one shape per position."""
+
     elems: tuple[Shape, ...]
 
 
 @dataclass(frozen=True)
 class _Leaf:
+    """A shape with nothing inside to compare by name."""
+
     kind: str  # primitive | dynamic | any (no schema: the keys' kind is guessed)
 
 

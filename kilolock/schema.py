@@ -26,6 +26,8 @@ class NestingMode(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Attribute:
+    """One attribute of a block's schema."""
+
     name: str
     # cty JSON type spec, compact (e.g. b'["map","string"]'); None when nested_type is set.
     type: bytes | None = None
@@ -49,6 +51,8 @@ class NestedObject:
 
 @dataclass(frozen=True)
 class Block:
+    """A block's schema: its attributes and nested blocks."""
+
     attributes: tuple[Attribute, ...] = ()
     block_types: tuple[NestedBlock, ...] = ()
     version: int = 0
@@ -58,6 +62,8 @@ class Block:
 
 @dataclass(frozen=True)
 class NestedBlock:
+    """A block nested in another, with how it nests."""
+
     type_name: str
     block: Block
     nesting: NestingMode
@@ -67,12 +73,16 @@ class NestedBlock:
 
 @dataclass(frozen=True)
 class Schema:
+    """A resource's, data source's or provider's schema, with its version."""
+
     version: int
     block: Block
 
 
 @dataclass(frozen=True)
 class ProviderSchema:
+    """Everything GetProviderSchema returns (and identity schemas, when asked)."""
+
     protocol_version: int
     provider: Schema
     resource_schemas: dict[str, Schema] = field(default_factory=dict)
@@ -88,6 +98,8 @@ class ProviderSchema:
 
 @dataclass(frozen=True)
 class GetAttr:
+    """An attribute path step: the attribute by name."""
+
     name: str
 
 

@@ -103,6 +103,8 @@ class ProviderRef:
 
 @dataclass(frozen=True, slots=True)  # slots: a 100,000-instance state has 100,000 of them
 class Instance:
+    """One resource instance of a state, with its place in the document."""
+
     address: str
     deposed: str  # "" for the current object
     module: str
@@ -130,6 +132,8 @@ class Instance:
 
 @dataclass
 class State:
+    """A parsed state: the document and its instances."""
+
     raw: dict[str, Any]
     instances: list[Instance]
 

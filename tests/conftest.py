@@ -15,7 +15,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from kit import pg
+from kit import pg, pgbouncer
 from kit.kl import run_kl as _run_kl
 from kit.states import build_state
 
@@ -56,6 +56,16 @@ def db_url(pg_server: str, pg_template: str, monkeypatch: pytest.MonkeyPatch) ->
     with pg.fresh_database(pg_server, pg_template) as url:
         monkeypatch.setenv("KL_DATABASE_URL", url)
         yield url
+
+
+@pytest.fixture(scope="module")
+def bouncer(pg_server: str) -> Iterator[str]:
+    """A PgBouncer in transaction pooling mode in front of the test server, one per test module
+    (kit.pgbouncer): a libpq URL template to format with a database name. Fails the test, naming
+    what to install, when PgBouncer is missing."""
+    pgbouncer.require()
+    with pgbouncer.pgbouncer(pg_server) as template:
+        yield template
 
 
 @pytest.fixture

@@ -174,6 +174,8 @@ def _pem(label: str, der: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class ClientCertificate:
+    """kl's AutoMTLS client certificate and its key, PEM-encoded (and the certificate's DER)."""
+
     cert_pem: bytes
     key_pem: bytes
     cert_der: bytes

@@ -43,6 +43,8 @@ _SENSITIVE_PATHS_FIELD = 6
 # dataclass's __init__ (object.__setattr__ per field) costs three times as much.
 @dataclass(slots=True)
 class ReadResult:
+    """A ReadResource answer as kl uses it."""
+
     new_state: bytes | None  # cty msgpack; None when the object no longer exists
     private: bytes
     diagnostics: tuple[Diagnostic, ...]  # warnings only: errors raise ProviderDiagnosticsError
@@ -113,6 +115,8 @@ class ProviderClient(abc.ABC):
 
 @dataclass(frozen=True)
 class _Dialect:
+    """The generated module and method names of one plugin protocol version (5 or 6)."""
+
     pb: ModuleType
     service: str
     get_schema: str

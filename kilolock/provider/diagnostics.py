@@ -17,6 +17,8 @@ class Severity(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Diagnostic:
+    """A provider's diagnostic (warning or error), as the plugin protocol sends it."""
+
     severity: Severity
     summary: str
     detail: str = ""

@@ -32,6 +32,8 @@ _ADDRESS_WRAPPER = re.compile(r'^provider\["(.+)"\](?:\..+)?$')
 
 @dataclass(frozen=True)
 class ProviderAddress:
+    """A provider's source address: host/namespace/type."""
+
     host: str
     namespace: str
     type: str
@@ -42,6 +44,8 @@ class ProviderAddress:
 
 @dataclass(frozen=True)
 class FoundProvider:
+    """The provider binary discovery chose, and where it was found."""
+
     address: ProviderAddress
     version: str | None  # None for a flat binary whose name carries no version
     binary: str

@@ -14,6 +14,8 @@ _MIN_CERT_FIELD = 50
 
 @dataclass(frozen=True)
 class Handshake:
+    """What the plugin's go-plugin handshake line says: protocol, where to connect, its certificate."""
+
     protocol_version: int
     network: str  # "unix" or "tcp"
     address: str

@@ -45,6 +45,8 @@ def provider_name_from_binary(path: str) -> str:
 
 @dataclass(frozen=True)
 class TlsChoice:
+    """Whether a launch offers AutoMTLS, and why not when it does not."""
+
     offered: bool  # the plugin was started with a client certificate (AutoMTLS)
     # AutoMTLS was skipped because it failed before with this binary under this grpcio version
     # (tlsmemo); the connection checks the version once grpc is loaded, and tries TLS on a mismatch.

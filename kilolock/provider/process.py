@@ -117,6 +117,8 @@ atexit.register(kill_all)
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """What to start and how: the binary, its certificate, timeout, secrets and directory."""
+
     binary: str
     name: str  # the provider type, used for logger names and messages
     client_cert_pem: bytes | None

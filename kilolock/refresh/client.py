@@ -25,6 +25,8 @@ class ThrottledError(ResourceError):
 
 @dataclass(slots=True)  # not frozen: one per instance read, and a frozen __init__ costs 3x
 class ReadOutcome:
+    """One instance's read, in JSON: what the orchestrator splices into the state."""
+
     new_state: bytes | None  # canonical JSON of the object now; None: the object is gone
     private: bytes = b""
     sensitive_paths: tuple[AttributePath, ...] = ()  # sent by the provider (ReadResource field 6)
@@ -33,6 +35,8 @@ class ReadOutcome:
 
 @dataclass(frozen=True)
 class OpenedProvider:
+    """A provider a run opened: which one, which binary, which protocol, whether its schema was cached."""
+
     source: str
     alias: str
     version: str

@@ -15,7 +15,7 @@ from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
 from kilolock.store import db, locks, refresh_runs, versions
-from kilolock.store.db import first_line, reconnect
+from kilolock.store.db import first_line, reconnected
 
 
 def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
@@ -67,12 +67,12 @@ def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: s
     every writer: ask the database on a fresh connection, and release the lock there."""
     why = first_line(exc)
     try:
-        with reconnect(conn) as fresh:
+        with reconnected(conn) as fresh:
             locks.release(fresh, sid, lock_id, actor)
             if landed is None:
                 found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
                 landed = (found.id, found.serial) if found else None
-    except (KlError, psycopg.OperationalError):
+    except KlError:  # no new connection, or it broke too
         raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
                       f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
                       f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
@@ -100,9 +100,9 @@ def finish_audit(conn: psycopg.Connection, run_id: str, name: str, outcome: str,
         if not db.lost(lost, conn):
             raise
         try:
-            with reconnect(conn) as fresh:
+            with reconnected(conn) as fresh:
                 write(fresh)
-        except (KlError, psycopg.OperationalError) as exc:
+        except KlError as exc:  # no new connection, or it broke too
             # No database to write to: the row stays `running`, its advisory lock gone with the
             # connection, which is exactly what `kl runs --stale` finishes later.
             raise KlError(f"{outcome}; the audit row of run {run_id} could not be finished ({first_line(exc)}): "

@@ -146,6 +146,8 @@ EXIT_BUDGET_S = 10.0
 
 @dataclass(frozen=True)
 class WorkerConfig:
+    """How a fleet worker runs: its name, how many states at once, its lease and polling."""
+
     name: str | None = None
     parallel_states: int = 1
     once: bool = False
@@ -163,6 +165,8 @@ class WorkerConfig:
 
 @dataclass
 class _InFlight:
+    """A job a fleet worker is running, and how to cancel it."""
+
     job: fleet.Job
     cancel: Cancellation = field(default_factory=Cancellation)
     thread: threading.Thread | None = None
@@ -390,9 +394,9 @@ class Worker:
 
     def _record_internal_error(self, job: fleet.Job, message: str) -> None:
         try:
-            with db.reconnect(self.conn) as conn:
+            with db.reconnected(self.conn) as conn:
                 fleet.finish_job(conn, job.id, self.worker_id, "failed", None, message)
-        except (KlError, psycopg.OperationalError):
+        except KlError:  # no new connection, or it broke too
             pass  # the lease runs out; another worker takes the job over
         self.say(f"kl worker {self.name}: {job.state}: {message}")
 

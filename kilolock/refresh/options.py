@@ -16,6 +16,8 @@ class FleetSlotSource(Protocol):
 
 @dataclass(frozen=True)
 class RefreshOptions:
+    """A refresh run's options, from its flags, the state's stored settings and kl's defaults."""
+
     dry_run: bool = False
     fail_fast: bool = False
     concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)

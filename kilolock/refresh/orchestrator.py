@@ -84,6 +84,8 @@ class Failure:
 
 @dataclass
 class Result:
+    """What a refresh run did: its outcome, counts, drift and failures, as the CLI reports it."""
+
     state: str
     run_id: str | None = None
     status: str = "running"
@@ -140,6 +142,8 @@ class Cancellation:
 
 @dataclass
 class _Entry:
+    """One instance of the state through a run: what was stored, what the read made of it."""
+
     inst: tfstate.Instance
     prior_json: bytes | None = None  # the stored attributes as JSON, when the store has them
     update: InstanceUpdate | None = None

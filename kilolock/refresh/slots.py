@@ -22,7 +22,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -106,7 +105,7 @@ class FleetSlots:
 
     def __init__(self, conn: psycopg.Connection, limits: dict[tuple[str, str], int], lease_s: float = LEASE_S,
                  renew_s: float = RENEW_S) -> None:
-        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"  # not uuid: it imports platform
         self.lease_s = lease_s
         self.renew_s = min(renew_s, lease_s / 4)
         # Kept as text: the connection it came from may be closed and replaced (a worker reconnects).

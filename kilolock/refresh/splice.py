@@ -13,6 +13,8 @@ from kilolock.sensitive import merged_marks
 
 @dataclass
 class InstanceUpdate:
+    """What a read changes in one instance of the state."""
+
     removed: bool
     changed: bool
     attributes: bytes = b""  # canonical JSON

@@ -73,6 +73,8 @@ class RunRedactor(Redactor):
 
 @dataclass
 class _Process:
+    """A provider process a fleet worker keeps open between runs."""
+
     key: tuple[str, ...]
     raw: ProviderClient
     schema: ProviderSchema

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import re
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -22,6 +24,8 @@ class ConnectionLost(DatabaseError):
 
 @dataclass(frozen=True)
 class Target:
+    """The database kl uses: its URL, and whether it is kl's embedded cluster."""
+
     url: str
     embedded: bool
 
@@ -186,6 +190,22 @@ def reconnect(conn: psycopg.Connection) -> psycopg.Connection:
     if password:
         dsn = psycopg.conninfo.make_conninfo(dsn, password=password)
     return connect(dsn)
+
+
+@contextmanager
+def reconnected(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    """reconnect(CONN) for recovering from its break, closed after the block. When the new
+    connection breaks too, in whatever shape psycopg reports it (lost(): an InternalError without
+    SQLSTATE behind PgBouncer as well as an OperationalError), the block raises ConnectionLost: a
+    KlError like failing to connect, so recovery code catches KlError alone and says one line.
+    Judged inside the block: once closed, any connection looks lost."""
+    with reconnect(conn) as fresh:
+        try:
+            yield fresh
+        except psycopg.Error as exc:
+            if not lost(exc, fresh):
+                raise
+            raise ConnectionLost(first_line(exc)) from exc
 
 
 # The database this process opened the store of (open_store), for the notifications it delivers

@@ -22,6 +22,8 @@ from kilolock.store import locks, provider_limits, refresh_runs
 
 @dataclass(frozen=True)
 class Schedule:
+    """A fleet schedule: which states, how often."""
+
     id: int
     states_glob: str
     every_s: float | None
@@ -37,6 +39,8 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Job:
+    """A due refresh of one state, for a fleet worker to claim."""
+
     id: int
     state_id: str
     state: str

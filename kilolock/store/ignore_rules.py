@@ -31,6 +31,8 @@ class RuleNotFound(KlError):
 
 @dataclass(frozen=True)
 class NewRule:
+    """An ignore rule to add."""
+
     states_glob: str
     address_glob: str
     path: sch.DriftPath | None = None
@@ -135,6 +137,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class Verdict:
+    """What the ignore rules say of one finding."""
+
     rules: list[dict[str, Any]]  # [{"rule", "reason"}], oldest first: the rules that hide it (empty: none)
     read_back: bool  # the object is back to its open record's baseline: committing resolves that drift
 

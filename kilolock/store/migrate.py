@@ -37,6 +37,8 @@ class MigrationError(KlError):
 
 @dataclass(frozen=True)
 class Migration:
+    """One migration file: its name and SQL."""
+
     name: str
     sql: str
 

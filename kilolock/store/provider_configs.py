@@ -11,6 +11,8 @@ from psycopg.rows import class_row, dict_row
 
 @dataclass(frozen=True)
 class ProviderConfig:
+    """A stored provider configuration, for a state or for every state."""
+
     source: str
     alias: str
     config: dict[str, Any]

@@ -16,6 +16,8 @@ from psycopg.rows import class_row
 
 @dataclass(frozen=True)
 class ProviderLimit:
+    """A fleet-wide limit of requests in flight to one provider configuration."""
+
     source: str
     alias: str
     max_in_flight: int

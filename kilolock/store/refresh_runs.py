@@ -24,6 +24,8 @@ STATUSES = ("running", "succeeded", "failed", "cancelled")
 
 @dataclass(frozen=True)
 class RunRow:
+    """A refresh run's audit row, as kl runs lists it."""
+
     id: str
     state: str
     status: str

@@ -20,6 +20,8 @@ COLUMNS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class StateSettings:
+    """A state's stored refresh settings (kl state set)."""
+
     workdir: str | None = None
     provider_search_paths: tuple[str, ...] | None = None
     provider_parallelism: int | str | None = None  # a number, or "auto" (migration 0011)

@@ -58,6 +58,8 @@ class SerialBehind(VersionConflict):
 
 @dataclass(frozen=True)
 class VersionRow:
+    """A stored state version's metadata."""
+
     id: str
     serial: int
     lineage: str
@@ -71,6 +73,8 @@ class VersionRow:
 
 @dataclass(frozen=True)
 class WriteResult:
+    """What writing a state version did."""
+
     state_id: str
     version: VersionRow
     created: bool  # False: an idempotent retry of the current version, nothing written

@@ -29,14 +29,6 @@ from kit.paths import REPO
 from kit.states import build_state
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server: str) -> Iterator[str]:
-    if not pgbouncer.available():
-        pytest.fail("these tests need PgBouncer: install it (Debian: apt-get install pgbouncer)")
-    with pgbouncer.pgbouncer(pg_server) as template:
-        yield template
-
-
 def _pooled(template: str, db_url: str) -> str:
     return template.format(dbname=psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]) + " kl_pooler=transaction"
 
@@ -122,6 +114,57 @@ def test_a_refresh_whose_audit_row_breaks_finishes_it_on_a_new_connection(bounce
     assert status == "succeeded" and finished is not None
 
 
+def _break_again(db_url: str, tmp_path: Path, proc: subprocess.Popen[bytes], pid: int) -> int:
+    """Break the held transaction (server pid PID) and arm the next armed write, the recovery's on
+    its new connection: the server pid of that one, held in turn."""
+    arm, held, go = tmp_path / "arm", tmp_path / "held", tmp_path / "go"
+    _terminate(db_url, pid)
+    held.unlink()
+    arm.touch()
+    go.touch()
+    return breakcommit.wait_held(held, proc)
+
+
+def test_a_refresh_whose_commit_breaks_and_its_settling_breaks_too_says_the_outcome_is_unknown(bouncer, db_url, tmp_path):
+    """The break on COMMIT of the commit's state lock, then on the new connection that settles it
+    (releasing the lock breaks the same way): the second break is a lost connection too, in one
+    line saying the outcome is unknown and what to look at, not "nothing committed" (which the
+    refresh could no longer know) nor an internal error."""
+    pooled = _pooled(bouncer, db_url)
+    add_states(db_url, ["brk/s2"], instances=3)
+    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/s2", at="locks.acquire,locks.release")
+    pid = _break_again(db_url, tmp_path, proc, pid)
+    _terminate(db_url, pid)
+    code, err = _finish(proc, go)
+    assert code == 1, err
+    _assert_one_line(err)
+    assert err.startswith("kl: refresh failed: lost the database connection during the commit (received 2 results "
+                          "from command 'COMMIT') and cannot reconnect; whether v2 was written is unknown"), err
+    assert "kl state versions brk/s2" in err and "nothing committed" not in err, err
+    assert q(db_url, "SELECT v.serial FROM state_versions v") == [(1,)]
+    [(status, _started, finished, _summary)] = runs_of(db_url, "brk/s2")
+    assert status == "failed" and finished is not None  # the audit row, on a third connection
+
+
+def test_a_refresh_whose_audit_row_breaks_twice_says_what_to_run(bouncer, db_url, tmp_path):
+    """The run's finish breaks on COMMIT, and again on the new connection that finishes it: one
+    line with the run's outcome and `kl runs --stale`, the row left for it to finish."""
+    pooled = _pooled(bouncer, db_url)
+    add_states(db_url, ["brk/f2"], instances=3)
+    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/f2", at="refresh_runs.finish")
+    pid = _break_again(db_url, tmp_path, proc, pid)
+    _terminate(db_url, pid)
+    code, err = _finish(proc, go)
+    assert code == 1, err
+    _assert_one_line(err)
+    assert err.startswith("kl: refresh succeeded"), err
+    assert ("could not be finished (received 2 results from command 'COMMIT'): run `kl runs brk/f2 --stale` "
+            "once the database is back") in err, err
+    assert q(db_url, "SELECT v.serial, v.source FROM state_versions v ORDER BY v.serial") == [(1, "import"), (2, "refresh")]
+    [(status, _started, finished, _summary)] = runs_of(db_url, "brk/f2")
+    assert status == "running" and finished is None  # what `kl runs --stale` finishes
+
+
 def _query_quietly(url: str) -> None:
     with contextlib.suppress(psycopg.Error), psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1")
@@ -146,8 +189,7 @@ def test_a_refresh_whose_commit_meets_a_postgresql_restart_leaves_nothing_runnin
     from kilolock.store.refresh_runs import HEARTBEAT_STALE_S
 
     cluster, url = restartable
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     add_states(url, ["brk/r"], instances=3)
     with pgbouncer.pgbouncer(url) as template:
         pooled = template.format(dbname="fleet") + " kl_pooler=transaction"

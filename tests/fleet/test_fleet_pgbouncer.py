@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit import pgbouncer
+from kit import breakcommit, pgbouncer
 from kit.faults import install_fake
 from kit.fleet import (
     LEASE,
@@ -40,14 +40,6 @@ def no_orphan_providers() -> Iterator[None]:
     before = provider_pids()
     yield
     assert_no_new_providers(before)
-
-
-@pytest.fixture(scope="module")
-def bouncer(pg_server: str) -> Iterator[str]:
-    if not pgbouncer.available():
-        pytest.fail("these tests need PgBouncer: install it (Debian: apt-get install pgbouncer; scripts/setup-dev.sh does as root)")
-    with pgbouncer.pgbouncer(pg_server) as template:
-        yield template
 
 
 @pytest.fixture
@@ -196,8 +188,7 @@ def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster, tmp_pat
     from kilolock.refresh.fleet import DB_RETRY_MAX_S
 
     cluster, url = pooled_cluster
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     names = [f"rs/s{n}" for n in range(10)]
     add_states(url, names, instances=3)
     logs = [tmp_path / f"w{n}.log" for n in (1, 2, 3)]
@@ -245,8 +236,7 @@ def test_pooled_workers_obey_sigterm_while_the_database_is_unreachable(pooled_cl
     from kilolock.refresh.fleet import EXIT_BUDGET_S
 
     cluster, url = pooled_cluster
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     cache = install_fake(tmp_path, tmp_path / "events.log", FAKE_SLOW_SECONDS="6")
     for n in range(4):
         add_fake_state(url, f"slow/s{n}", cache)
@@ -326,3 +316,48 @@ def test_a_connection_broken_inside_a_transaction_behind_the_pooler_counts_as_lo
         with pytest.raises(psycopg.Error) as failed:
             healthy.execute("SELECT 1/0")
         assert not db.lost(failed.value, healthy)
+
+
+def test_a_bug_s_record_whose_new_connection_breaks_too_is_said_and_the_worker_goes_on(bouncer, db_url, tmp_path,
+                                                                                       monkeypatch):
+    """A run that ended in a bug is recorded on its job on a new connection. When that one breaks
+    too (behind PgBouncer: InternalError "received 2 results" on its COMMIT, the same lost
+    connection as an OperationalError), the worker says the error and goes on, the job left to its
+    lease; the InternalError used to escape and end the run's thread with a traceback."""
+    import threading
+
+    from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.store import db
+    from kilolock.store import fleet as store_fleet
+
+    arm, held, go = tmp_path / "arm", tmp_path / "held", tmp_path / "go"
+    for var, path in ((breakcommit.ARM, arm), (breakcommit.HELD, held), (breakcommit.GO, go)):
+        monkeypatch.setenv(var, str(path))
+    monkeypatch.setattr(store_fleet, "finish_job", breakcommit.breaking(store_fleet.finish_job))
+    monkeypatch.setenv(db.POOLER_ENV, "transaction")  # what kl_pooler= says, without setting it for the process
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    said: list[str] = []
+    errors: list[BaseException] = []
+    with db.connect(bouncer.format(dbname=dbname)) as conn:
+        worker = Worker(conn, WorkerConfig(warm_providers=0), lambda stored: None, say=said.append)  # type: ignore[arg-type,return-value]
+        job = store_fleet.Job(id=1, state_id="00000000-0000-0000-0000-000000000000", state="bug/s",
+                              due_at=datetime.now(timezone.utc), attempts=1)
+
+        def record() -> None:
+            try:
+                worker._record_internal_error(job, "internal error: RuntimeError: boom")
+            except BaseException as exc:  # noqa: BLE001 - what the run's thread would die of
+                errors.append(exc)
+
+        arm.touch()
+        recorder = threading.Thread(target=record, daemon=True)
+        recorder.start()
+        pid = int(wait_for("the job's record to be held before its COMMIT", lambda: held.exists() and held.read_text()))
+        q(db_url, "SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for("its server connection to end",
+                 lambda: q(db_url, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)) == [(0,)])
+        go.touch()
+        recorder.join(timeout=60)
+    assert not recorder.is_alive()
+    assert errors == [], errors
+    assert said == ["kl worker : bug/s: internal error: RuntimeError: boom"], said

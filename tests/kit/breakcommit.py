@@ -1,18 +1,22 @@
 """Fault injection for a kl process (`python -m kit.breakcommit ARGS...` runs kl with it): the
 database connection breaks inside a write's transaction, after its last statement and before its
 COMMIT. The write is $KL_TEST_BREAK_AT, a function of kilolock.store ("versions.write_version",
-the default; "locks.acquire", "refresh_runs.finish", ...). Behind PgBouncer that is the break psycopg reports on its own COMMIT as
-InternalError("received 2 results from command 'COMMIT'"), without SQLSTATE.
+the default; "locks.acquire", "refresh_runs.finish", ...), or several separated by commas. Behind
+PgBouncer that is the break psycopg reports on its own COMMIT as InternalError("received 2 results
+from command 'COMMIT'"), without SQLSTATE.
 
 Armed by the file $KL_TEST_BREAK_ARM (removed when it fires: one break per arming). The write then
 creates $KL_TEST_BREAK_HELD (holding the server pid of its transaction) and holds the transaction
 open until $KL_TEST_BREAK_GO exists, while the test breaks the server connection under it (a
-PostgreSQL restart, pg_terminate_backend)."""
+PostgreSQL restart, pg_terminate_backend). The hold removes $KL_TEST_BREAK_GO as it goes on, so a
+test that arms again (and removes $KL_TEST_BREAK_HELD) breaks the recovery's write as well.
+In-process, breaking(function) is the armed version of one function, to monkeypatch in."""
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +30,22 @@ def _hold(conn: Any) -> None:
     deadline = time.monotonic() + 120
     while not go.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    go.unlink(missing_ok=True)
 
 
 def install() -> None:
     import importlib
 
-    import psycopg
+    for at in os.environ.get(AT, "versions.write_version").split(","):
+        module_name, function = at.strip().rsplit(".", 1)
+        module = importlib.import_module(f"kilolock.store.{module_name}")
+        setattr(module, function, breaking(getattr(module, function)))
 
-    module_name, function = os.environ.get(AT, "versions.write_version").rsplit(".", 1)
-    module = importlib.import_module(f"kilolock.store.{module_name}")
-    original = getattr(module, function)
+
+def breaking(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ORIGINAL (a write of kilolock.store taking the connection first), held before its COMMIT
+    when armed."""
+    import psycopg
 
     def write(conn: Any, *args: Any, **kwargs: Any) -> Any:
         arm = Path(os.environ.get(ARM, "/nonexistent"))
@@ -54,7 +64,7 @@ def install() -> None:
             _hold(conn)
         return written
 
-    setattr(module, function, write)
+    return write
 
 
 def wait_held(held: Path, proc: Any, timeout: float = 120) -> int:

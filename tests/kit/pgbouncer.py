@@ -21,8 +21,20 @@ PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 DEFAULT_SERVER_LOGIN_RETRY = 15.0
 
 
+MISSING = "these tests need PgBouncer: install it (Debian: apt-get install pgbouncer; scripts/setup-dev.sh does as root)"
+
+
 def available() -> bool:
     return os.access(PGBOUNCER, os.X_OK)
+
+
+def require() -> None:
+    """Fail the calling test, naming what to install, when PgBouncer is missing: a test that
+    needs it must not pass by being skipped."""
+    if not available():
+        import pytest
+
+        pytest.fail(MISSING, pytrace=False)
 
 
 def pid(template: str) -> int:

@@ -34,14 +34,6 @@ resource "null_resource" "slow" {
 """
 
 
-@pytest.fixture(scope="module")
-def bouncer(pg_server: str) -> Iterator[str]:
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
-    with pgbouncer.pgbouncer(pg_server) as template:
-        yield template
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -147,8 +139,7 @@ def test_a_postgresql_restart_under_an_apply_s_write_is_a_503_and_terraform_retr
     from kilolock.server.auth import hash_password
 
     cluster, url = restartable
-    if not pgbouncer.available():
-        pytest.fail("this test needs PgBouncer: install it (Debian: apt-get install pgbouncer)")
+    pgbouncer.require()
     users = tmp_path / "users"
     users.write_text(f"alice:{hash_password('alice-pw', n=2**10)}\n")
     arm, held, go = tmp_path / "arm", tmp_path / "held", tmp_path / "go"
