@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, overload
 
 # grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
 # below makes that routine; kl reports it through logging instead. Only a default: an operator's
@@ -27,6 +27,7 @@ from typing import Any
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
+import grpc.aio
 from google.protobuf import empty_pb2
 
 from kilolock.provider import launch, tlsmemo
@@ -104,7 +105,17 @@ class PluginConnection:
             self.process.kill()
 
 
-def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel:
+def open_aio_channel(connection: PluginConnection) -> grpc.aio.Channel:
+    """A second channel to the plugin, for grpc.aio: bound to the event loop running when it is
+    made, which must also close it. Same target and credentials as ``connection.channel``."""
+    return _open_channel(connection.process, connection.tls, aio=True)
+
+
+@overload
+def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel: ...
+@overload
+def _open_channel(process: PluginProcess, tls: bool, aio: Literal[True]) -> grpc.aio.Channel: ...
+def _open_channel(process: PluginProcess, tls: bool, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
     hs = process.handshake
     assert hs is not None
     options: list[tuple[str, Any]] = [
@@ -112,7 +123,7 @@ def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
     if not tls:
-        return grpc.insecure_channel(hs.grpc_target, options=options)
+        return (grpc.aio.insecure_channel if aio else grpc.insecure_channel)(hs.grpc_target, options=options)
     assert hs.server_cert_der is not None
     cert = process_client_certificate()
     creds = grpc.ssl_channel_credentials(
@@ -121,7 +132,7 @@ def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel:
         certificate_chain=cert.cert_pem,
     )
     options.append(("grpc.ssl_target_name_override", "localhost"))
-    return grpc.secure_channel(hs.grpc_target, creds, options=options)
+    return (grpc.aio.secure_channel if aio else grpc.secure_channel)(hs.grpc_target, creds, options=options)
 
 
 def _probe(channel: grpc.Channel) -> grpc.RpcError | None:

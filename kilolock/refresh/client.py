@@ -45,6 +45,15 @@ class OpenedProvider:
     schema_from_cache: bool
 
 
+class AsyncReader(Protocol):
+    """ResourceClient.read_resource from an asyncio event loop: opened in the loop that uses it,
+    closed there (aclose)."""
+
+    async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome: ...
+
+    async def aclose(self) -> None: ...
+
+
 class ResourceClient(Protocol):
     info: OpenedProvider
 
@@ -71,6 +80,9 @@ class ResourceClient(Protocol):
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         """Paths of schema-sensitive attributes present in value (canonical JSON)."""
+
+    def async_reader(self) -> AsyncReader | None:
+        """An AsyncReader for the running event loop; None when this client reads only from threads."""
 
     def stop(self) -> None:
         """StopProvider: interrupt in-flight calls (cancellation only)."""

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
 from kilolock.provider.errors import ProviderDiagnosticsError
-from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
+from kilolock.refresh.client import AsyncReader, OpenedProvider, ReadOutcome, ResourceError, ThrottledError
 from kilolock.refresh.inflight import is_throttling
 from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 if TYPE_CHECKING:
     from kilolock.provider import ProviderClient
+    from kilolock.provider.client import AsyncReads, ReadResult
 
 
 class EncodingClient:
@@ -118,6 +119,19 @@ class EncodingClient:
         return self._decode(type_name, upgraded, "UpgradeResourceState")
 
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        wire, identity_wire = self._read_request(type_name, prior, identity)
+        try:
+            res = self._raw.read_resource(type_name, wire, private, current_identity=identity_wire)
+        except KlError as exc:
+            raise _resource_error(exc, str(exc)) from None
+        return self._read_outcome(type_name, res)
+
+    def async_reader(self) -> AsyncReader | None:
+        reads = self._raw.async_reads()
+        return AsyncEncodingReader(self, reads) if reads is not None else None
+
+    def _read_request(self, type_name: str, prior: bytes, identity: bytes | None) -> tuple[bytes, bytes | None]:
+        """The prior object and identity in their wire form, for ReadResource."""
         try:
             wire = self._encode_prior(type_name, prior)
         except codec.CodecError as exc:
@@ -131,16 +145,15 @@ class EncodingClient:
                 identity_wire = identity_type.encode(identity)
             except codec.CodecError as exc:
                 raise ResourceError(f"stored identity does not fit the identity schema of {type_name}: {exc}") from None
-        try:
-            res = self._raw.read_resource(type_name, wire, private, current_identity=identity_wire)
-        except KlError as exc:
-            raise _resource_error(exc, str(exc)) from None
+        return wire, identity_wire
+
+    def _read_outcome(self, type_name: str, res: ReadResult) -> ReadOutcome:
         if res.deferred_reason is not None:
             raise ResourceError(f"provider {self._raw.name}: deferred the read (reason {res.deferred_reason}); kl does not allow deferral")
         if res.new_state is None:
             return ReadOutcome(new_state=None)
         new_identity = None
-        if res.new_identity is not None and identity_type is not None:
+        if res.new_identity is not None and self._identity_type(type_name) is not None:
             new_identity = self._decode_identity(type_name, res.new_identity, "ReadResource")
         return ReadOutcome(
             new_state=self._decode(type_name, res.new_state, "ReadResource"),
@@ -167,6 +180,27 @@ class EncodingClient:
 
     def close(self) -> None:
         self._raw.close()
+
+
+class AsyncEncodingReader:
+    """EncodingClient.read_resource for an event loop (the orchestrator's async read path): the same
+    encoding before the call and decoding after it, the call itself through grpc.aio."""
+
+    def __init__(self, client: EncodingClient, reads: AsyncReads) -> None:
+        self._client = client
+        self._reads = reads
+
+    async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        c = self._client
+        wire, identity_wire = c._read_request(type_name, prior, identity)
+        try:
+            res = await self._reads.read_resource(type_name, wire, private, current_identity=identity_wire)
+        except KlError as exc:
+            raise _resource_error(exc, str(exc)) from None
+        return c._read_outcome(type_name, res)
+
+    async def aclose(self) -> None:
+        await self._reads.aclose()
 
 
 def _resource_error(exc: KlError, message: str) -> ResourceError:

@@ -403,6 +403,16 @@ class Gate:
         with self._cond:
             return self.controller.epoch  # the limit may have moved while it waited: measure under the new one
 
+    def try_acquire(self) -> int | None:
+        """acquire without waiting, for the event loop's readers (only where there are no fleet
+        slots, which may have to be waited for): the epoch, or None when no slot is free."""
+        assert self.fleet is None
+        with self._cond:
+            if self.in_flight >= self.controller.limit:
+                return None
+            self.in_flight += 1
+            return self.controller.epoch
+
     def release(self, epoch: int, latency: float | None = None, throttled: bool = False) -> None:
         """latency: seconds of a good answer; None for a failure, which says nothing about load."""
         if self.fleet is not None:

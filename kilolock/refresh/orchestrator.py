@@ -10,6 +10,7 @@ its providers' logs and in its failure messages, and never in another run's.
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import dataclasses
 import json
@@ -30,7 +31,7 @@ from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
 from kilolock.refresh import inflight
-from kilolock.refresh.client import ClientFactory, ResourceClient, ResourceError, ThrottledError
+from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, ResourceClient, ResourceError, ThrottledError
 from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
@@ -43,6 +44,30 @@ from kilolock.store.db import first_line
 log = logging.getLogger("kilolock.refresh")
 
 GroupKey = tuple[str, str]  # (provider source, alias)
+
+# How a group's reads are made. From one asyncio event loop through grpc.aio, a read costs about a
+# quarter less CPU than from reader threads on grpc's blocking API (benches/
+# test_refresh_per_instance.py), but the loop needs a channel of its own (grpc.aio's start-up, a
+# connection, a TLS handshake where AutoMTLS completed): a whole 10-instance refresh measured ~40 ms
+# slower through the loop, so below ASYNC_MIN_INSTANCES reads the threads, on the channel that is
+# already open, finish first. Reads limited by a fleet-wide provider limit (kl provider limit) stay
+# on threads too: those may wait for the fleet's slots, which the loop must never do.
+# KL_READ_PATH=threads|async forces one way (the tests run both).
+ASYNC_MIN_INSTANCES = 500
+READ_PATHS = ("auto", "async", "threads")
+
+
+def read_path() -> str:
+    """KL_READ_PATH, checked: KlError naming it when it is not one of READ_PATHS."""
+    value = os.environ.get("KL_READ_PATH", "auto").strip().lower() or "auto"
+    if value not in READ_PATHS:
+        raise KlError(f"KL_READ_PATH={value!r} is not one of {', '.join(READ_PATHS)}")
+    return value
+
+
+def _async_reads(instances: int) -> bool:
+    path = read_path()
+    return path == "async" or (path == "auto" and instances >= ASYNC_MIN_INSTANCES)
 ProgressFn = Callable[[str, int, int], None]  # (group label, done, total)
 
 
@@ -186,8 +211,20 @@ def _check_workdir(name: str, options: RefreshOptions) -> None:
                       f"(`kl state set {name} --workdir DIR` changes it, --workdir DIR overrides it for one run)")
 
 
-def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
-                 prior_json: bytes | None = None) -> InstanceUpdate:
+@dataclass(slots=True)
+class _Prior:
+    """An instance's prior object, as far as kl gets it without calling the provider."""
+
+    recorded: int  # the schema version in the state
+    live: int  # the provider's
+    marks: list[AttributePath]
+    raw_prior: bytes  # the stored JSON; a flatmap object's first JSON form once upgraded
+    canonical_prior: bytes | None  # None: does not fit the live schema (or a flatmap object, until upgraded)
+    upgrade: bool  # UpgradeResourceState must give the prior first
+
+
+def _prior_of(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
+              prior_json: bytes | None) -> _Prior:
     schema = client.resource_schema(inst.type)
     recorded, live = inst.schema_version, schema.version
     if recorded > live:
@@ -198,8 +235,6 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
     marks_json = inst.obj.get("sensitive_attributes")
     marks = marked_paths(marks_json) if marks_json else []  # nearly always none: skip the call
     flatmap = inst.flatmap
-    canonical_prior: bytes | None
-    prior: bytes | None
     if flatmap is not None:
         # The pre-0.12 form: only the provider can turn it into an object, as Terraform has it do.
         # Before it sees them, mask the values under the schema's sensitive top-level attributes.
@@ -207,46 +242,81 @@ def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: Refres
         for key, value in flatmap.items():
             if key.split(".", 1)[0] in sensitive_names:
                 secrets.add(value)
-        raw_prior = canonical_prior = prior = client.upgrade_flatmap(inst.type, recorded, flatmap)
-        _remember_secrets(client, inst.type, raw_prior, marks, secrets)
-        upgraded = True
-    else:
-        raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
-        _remember_secrets(client, inst.type, raw_prior, marks, secrets)
-        canonical_prior = client.canonicalize(inst.type, raw_prior)
-        # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
-        # schema version moved or the stored JSON does not fit the live schema (or when asked to).
-        upgraded = options.always_upgrade or live > recorded or canonical_prior is None
-        prior = client.upgrade_resource_state(inst.type, recorded, raw_prior) if upgraded else canonical_prior
+        return _Prior(recorded, live, marks, b"", None, upgrade=True)
+    raw_prior = prior_json if prior_json is not None else tfstate.dumps_compact(inst.obj.get("attributes", {})).encode()
+    _remember_secrets(client, inst.type, raw_prior, marks, secrets)
+    canonical_prior = client.canonicalize(inst.type, raw_prior)
+    # Upgrade gate: Terraform calls UpgradeResourceState before every read; kl does it when the
+    # schema version moved or the stored JSON does not fit the live schema (or when asked to).
+    upgrade = options.always_upgrade or live > recorded or canonical_prior is None
+    return _Prior(recorded, live, marks, raw_prior, canonical_prior, upgrade)
+
+
+def _upgraded(client: ResourceClient, inst: tfstate.Instance, p: _Prior, secrets: Redactor) -> bytes:
+    """UpgradeResourceState: the prior object as the live schema has it (canonical JSON)."""
+    if inst.flatmap is None:
+        return client.upgrade_resource_state(inst.type, p.recorded, p.raw_prior)
+    p.raw_prior = p.canonical_prior = client.upgrade_flatmap(inst.type, p.recorded, inst.flatmap)
+    _remember_secrets(client, inst.type, p.raw_prior, p.marks, secrets)
+    return p.raw_prior
+
+
+def _refresh_one(client: ResourceClient, inst: tfstate.Instance, options: RefreshOptions, secrets: Redactor,
+                 prior_json: bytes | None = None) -> InstanceUpdate:
+    p = _prior_of(client, inst, options, secrets, prior_json)
+    prior = _upgraded(client, inst, p, secrets) if p.upgrade else p.canonical_prior
     assert prior is not None
-    private = tfstate.private_bytes(inst.obj)
-    identity, identity_version = _current_identity(client, inst)
-    outcome = client.read_resource(inst.type, prior, private, identity)
+    identity, identity_version, upgrade_from = _identity_of(client, inst)
+    if upgrade_from is not None and identity is not None:
+        identity = client.upgrade_resource_identity(inst.type, upgrade_from, identity)
+    outcome = client.read_resource(inst.type, prior, tfstate.private_bytes(inst.obj), identity)
+    return _update_of(client, inst, p, outcome, identity_version, secrets)
+
+
+async def _refresh_one_async(client: ResourceClient, reader: AsyncReader, inst: tfstate.Instance, options: RefreshOptions,
+                             secrets: Redactor, prior_json: bytes | None = None) -> InstanceUpdate:
+    """_refresh_one from the event loop: the read through ``reader``; the upgrades, rare and
+    local to the provider, through the blocking client on a thread (they must not stall the loop)."""
+    p = _prior_of(client, inst, options, secrets, prior_json)
+    prior = await asyncio.to_thread(_upgraded, client, inst, p, secrets) if p.upgrade else p.canonical_prior
+    assert prior is not None
+    identity, identity_version, upgrade_from = _identity_of(client, inst)
+    if upgrade_from is not None and identity is not None:
+        identity = await asyncio.to_thread(client.upgrade_resource_identity, inst.type, upgrade_from, identity)
+    outcome = await reader.read_resource(inst.type, prior, tfstate.private_bytes(inst.obj), identity)
+    return _update_of(client, inst, p, outcome, identity_version, secrets)
+
+
+def _update_of(client: ResourceClient, inst: tfstate.Instance, p: _Prior, outcome: ReadOutcome,
+               identity_version: int | None, secrets: Redactor) -> InstanceUpdate:
+    """What a read found, as the splice takes it."""
     if outcome.new_state is None:
         return InstanceUpdate(removed=True, changed=True)
     sensitive = list(outcome.sensitive_paths) + client.sensitive_paths(inst.type, outcome.new_state)
     if sensitive:
         for value in values_at(json.loads(outcome.new_state), sensitive):
             secrets.add_value(value)
-    changed = flatmap is None and outcome.new_state != (canonical_prior if canonical_prior is not None else raw_prior)
+    flatmap = inst.flatmap is not None
+    changed = not flatmap and outcome.new_state != (p.canonical_prior if p.canonical_prior is not None else p.raw_prior)
     return InstanceUpdate(
         removed=False,
         # A flatmap object's first structured form is its baseline (the lifecycle index keeps it
         # as the same object), so what the read found is compared with nothing before it.
         changed=changed,
-        reshaped=flatmap is not None,
+        reshaped=flatmap,
         # The splice keeps an unchanged object's stored value; a flatmap one gets its first object form.
-        attributes=outcome.new_state if changed or flatmap is not None else b"",
+        attributes=outcome.new_state if changed or flatmap else b"",
         private=outcome.private,
         identity=outcome.identity,
         identity_schema_version=identity_version if outcome.identity is not None else None,
-        schema_version=live if upgraded else recorded,
+        schema_version=p.live if p.upgrade else p.recorded,
         sensitive_paths=sensitive,
     )
 
 
-def _current_identity(client: ResourceClient, inst: tfstate.Instance) -> tuple[bytes | None, int | None]:
-    """The stored identity as the provider's current identity schema expects it, and that version.
+def _identity_of(client: ResourceClient, inst: tfstate.Instance) -> tuple[bytes | None, int | None, int | None]:
+    """The stored identity (JSON), the provider's identity schema version, and the stored identity's
+    version when UpgradeResourceIdentity must bring it to the provider's first (else None).
 
     As Terraform 1.12: a stored identity_schema_version newer than the provider's is an error, an
     older one is upgraded with UpgradeResourceIdentity before the read. Unlike Terraform, an
@@ -256,7 +326,7 @@ def _current_identity(client: ResourceClient, inst: tfstate.Instance) -> tuple[b
     identity = tfstate.dumps_compact(stored).encode() if stored is not None else None
     live = client.identity_schema_version(inst.type)
     if live is None:
-        return identity, None
+        return identity, None, None
     recorded = inst.obj.get("identity_schema_version", 0)
     if not isinstance(recorded, int) or isinstance(recorded, bool) or recorded < 0:
         raise ResourceError(f"identity_schema_version {recorded!r} is not a whole number")
@@ -265,9 +335,7 @@ def _current_identity(client: ResourceClient, inst: tfstate.Instance) -> tuple[b
             f"resource instance identity managed by a newer provider version (state has identity schema version "
             f"{recorded}, {client.info.source} {client.info.version} has {live})"
         )
-    if recorded < live and identity is not None:
-        identity = client.upgrade_resource_identity(inst.type, recorded, identity)
-    return identity, live
+    return identity, live, recorded if recorded < live and identity is not None else None
 
 
 def _remember_secrets(client: ResourceClient, type_name: str, raw_prior: bytes, marks: list[AttributePath],
@@ -358,31 +426,74 @@ class _Run:
             entry.read = True
             sent = time.monotonic()
             started = sent if started is None else started
+            error: Exception | None = None
             try:
                 entry.update = _refresh_one(client, entry.inst, self.options, self.secrets, entry.prior_json)
-            except ThrottledError as exc:
-                gate.release(epoch, throttled=True)
-                attempt += 1
-                pause = self.backoff.delay(attempt, rng)
-                if time.monotonic() + pause - started >= self.options.rpc_timeout:
-                    if not self.cancel.cancelled:
-                        self.record_failure(entry, f"{exc} (throttled {attempt} time(s); gave up after "
-                                                   f"{time.monotonic() - started:.0f}s, the --rpc-timeout per instance)")
+            except Exception as exc:  # noqa: BLE001 - _settle fails the instance: a bug must never drop it
+                error = exc
+            attempt += isinstance(error, ThrottledError)
+            pause = self._settle(entry, gate, epoch, error, sent, started, attempt, rng)
+            if pause is None or self.cancel.wait(pause):
+                return
+
+    async def read_with_retries_async(self, client: ResourceClient, reader: AsyncReader, entry: _Entry,
+                                      gate: inflight.Gate, rng: random.Random) -> None:
+        """read_with_retries from the event loop (the same rules, the read through ``reader``)."""
+        started: float | None = None
+        attempt = 0
+        while True:
+            epoch = gate.try_acquire()
+            while epoch is None:  # only a retry, after a throttled answer cut the limit, waits here
+                if self.cancel.cancelled:
                     return
-                if self.cancel.wait(pause):
-                    return
-                continue
-            except KlError as exc:
-                gate.release(epoch)
-                if not self.cancel.cancelled:
-                    self.record_failure(entry, str(exc))
-            except Exception as exc:  # a bug must still fail this instance, never drop it
-                gate.release(epoch)
-                log.exception("refreshing %s", entry.inst.address)
-                self.record_failure(entry, f"internal error: {type(exc).__name__}: {exc}")
-            else:
-                gate.release(epoch, latency=time.monotonic() - sent)
-            return
+                await asyncio.sleep(inflight.Gate.POLL)
+                epoch = gate.try_acquire()
+            entry.read = True
+            sent = time.monotonic()
+            started = sent if started is None else started
+            error: Exception | None = None
+            try:
+                entry.update = await _refresh_one_async(client, reader, entry.inst, self.options, self.secrets, entry.prior_json)
+            except Exception as exc:  # noqa: BLE001 - _settle fails the instance: a bug must never drop it
+                error = exc
+            attempt += isinstance(error, ThrottledError)
+            pause = self._settle(entry, gate, epoch, error, sent, started, attempt, rng)
+            if pause is None or await self._cancelled_within(pause):
+                return
+
+    def _settle(self, entry: _Entry, gate: inflight.Gate, epoch: int, error: Exception | None, sent: float,
+                started: float, attempt: int, rng: random.Random) -> float | None:
+        """Give the call's slot back with what its answer says; the pause before the next try of a
+        throttled instance, or None when the instance is done (read, or failed and recorded)."""
+        if error is None:
+            gate.release(epoch, latency=time.monotonic() - sent)
+            return None
+        if isinstance(error, ThrottledError):
+            gate.release(epoch, throttled=True)
+            pause = self.backoff.delay(attempt, rng)
+            if time.monotonic() + pause - started < self.options.rpc_timeout:
+                return pause
+            if not self.cancel.cancelled:
+                self.record_failure(entry, f"{error} (throttled {attempt} time(s); gave up after "
+                                           f"{time.monotonic() - started:.0f}s, the --rpc-timeout per instance)")
+            return None
+        gate.release(epoch)
+        if isinstance(error, KlError):
+            if not self.cancel.cancelled:
+                self.record_failure(entry, str(error))
+        else:  # a bug must still fail this instance, never drop it
+            log.error("refreshing %s", entry.inst.address, exc_info=error)
+            self.record_failure(entry, f"internal error: {type(error).__name__}: {error}")
+        return None
+
+    async def _cancelled_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.cancel.cancelled:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(left, inflight.Gate.POLL))
+        return True
 
     def run_group(self, key: GroupKey, entries: list[_Entry], opened: list[str]) -> None:
         source, alias = key
@@ -404,10 +515,6 @@ class _Run:
         with self.lock:
             self.clients.append(client)
             opened.append(f"{client.info.source} {client.info.version} (protocol {client.info.protocol_version}, {client.info.binary})")
-        total = len(entries)
-        pending = iter(entries)
-        counter = {"done": 0}
-        lock = threading.Lock()
         # The provider never sees more calls than the gate's limit, fixed or adaptive (inflight).
         fleet = self.options.provider_slots.for_provider(source, alias) if self.options.provider_slots else None
         cap = self.options.provider_caps.get(source)
@@ -415,9 +522,28 @@ class _Run:
             cap = min(cap, fleet.limit) if cap else fleet.limit
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
+        reads = "threads"
+        try:
+            if fleet is None and _async_reads(len(entries)) and self._read_group_async(client, label, entries, gate, rng):
+                reads = "async"
+            else:
+                self._read_group_threads(client, label, entries, gate, rng)
+        finally:
+            with self.lock:
+                self.clients.remove(client)
+                self.concurrency.append({"provider": source, "alias": alias or None, **gate.report(), "reads": reads})
+            client.close()
+
+    def _read_group_threads(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
+                            rng: random.Random) -> None:
+        """Every instance of the group, read by a thread per slot."""
+        total = len(entries)
+        pending = iter(entries)
+        counter = {"done": 0}
+        lock = threading.Lock()
         threads: list[threading.Thread] = []
         live = [0]  # workers started and not yet retired (threads holds every one ever started, to join)
-        prefix = f"kl-read-{source.rsplit('/', 1)[-1]}"
+        prefix = f"kl-read-{client.info.source.rsplit('/', 1)[-1]}"
 
         def add_workers() -> None:
             # A thread per slot, started when the limit reaches it (auto grows from 10).
@@ -454,21 +580,66 @@ class _Run:
             with lock:
                 live[0] -= 1
 
+        add_workers()
+        joined = 0
+        while True:  # workers may add workers: join until every started one is done
+            with lock:
+                if joined == len(threads):
+                    break
+                t = threads[joined]
+            t.join()
+            joined += 1
+
+    def _read_group_async(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
+                          rng: random.Random) -> bool:
+        """Every instance of the group, read from one event loop in this thread; False (nothing
+        read) when the client has no async reads."""
+        return asyncio.run(self._read_all(client, label, entries, gate, rng))
+
+    async def _read_all(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
+                        rng: random.Random) -> bool:
+        reader = client.async_reader()
+        if reader is None:
+            return False
+        total = len(entries)
+        pending = iter(entries)
+        done = live = 0
+        tasks: list[asyncio.Task[None]] = []
+
+        async def worker() -> None:
+            # As the threads do: a worker per slot pulls the next instance until none is left, and
+            # retires when the limit dropped below the workers.
+            nonlocal done, live
+            try:
+                while not self.cancel.cancelled and live <= gate.limit:
+                    entry = next(pending, None)
+                    if entry is None:
+                        return
+                    await self.read_with_retries_async(client, reader, entry, gate, rng)
+                    done += 1
+                    if self.progress:
+                        self.progress(label, done, total)
+                    add_workers()
+            finally:
+                live -= 1
+
+        def add_workers() -> None:
+            nonlocal live
+            while live < min(gate.limit, total - done):
+                live += 1
+                tasks.append(asyncio.create_task(worker()))
+
         try:
             add_workers()
-            joined = 0
-            while True:  # workers may add workers: join until every started one is done
-                with lock:
-                    if joined == len(threads):
-                        break
-                    t = threads[joined]
-                t.join()
-                joined += 1
+            waited = 0
+            while waited < len(tasks):  # workers add workers: wait until every started one is done
+                await tasks[waited]
+                waited += 1
         finally:
-            with self.lock:
-                self.clients.remove(client)
-                self.concurrency.append({"provider": source, "alias": alias or None, **gate.report()})
-            client.close()
+            for t in tasks:
+                t.cancel()
+            await reader.aclose()
+        return True
 
     def stop_all(self) -> None:
         with self.lock:
@@ -520,6 +691,7 @@ def run(
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
+        read_path()
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)

@@ -34,12 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from kilolock.errors import KlError
 from kilolock.provider import launch_provider
 from kilolock.provider.discovery import find_provider
 from kilolock.provider.errors import ProviderDiagnosticsError, ProviderError
 from kilolock.redact import Redactor
-from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError
+from kilolock.refresh.client import AsyncReader, OpenedProvider, ReadOutcome, ResourceError
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.refresh.factory import ProductionFactory, learn_config_secrets, resolve_env_refs
 from kilolock.schema import ProviderSchema
@@ -244,20 +243,25 @@ class _WarmClient(EncodingClient):
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
             return call()
-        except ResourceError as exc:
+        except BaseException as exc:
+            self.judge_failure(exc)
+            raise
+
+    def judge_failure(self, exc: BaseException) -> None:
+        """Mark the process broken unless ``exc`` is the provider working (a diagnostic)."""
+        if isinstance(exc, ResourceError):
             # EncodingClient raises ResourceError from the provider's error: a diagnostic is the
             # provider working; any other provider error is a transport failure, a deadline or a
             # malformed answer.
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, ProviderError) and not isinstance(cause, ProviderDiagnosticsError):
                 self._warm.broken = True
-            raise
-        except KlError:
+        else:  # KlError, or anything else: the process is not known to be sound
             self._warm.broken = True
-            raise
-        except BaseException:
-            self._warm.broken = True
-            raise
+
+    def async_reader(self) -> AsyncReader | None:
+        reader = super().async_reader()
+        return _GuardedAsyncReader(reader, self) if reader is not None else None
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
         result: bytes = self._guard(lambda: super(_WarmClient, self).upgrade_resource_state(type_name, version, raw_attributes))
@@ -287,3 +291,21 @@ class _WarmClient(EncodingClient):
             return
         self._returned = True
         self._pool.checkin(self._warm)
+
+
+class _GuardedAsyncReader:
+    """The async read path of a _WarmClient: failures judged as its blocking reads are."""
+
+    def __init__(self, reader: AsyncReader, client: _WarmClient) -> None:
+        self._reader = reader
+        self._client = client
+
+    async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
+        try:
+            return await self._reader.read_resource(type_name, prior, private, identity)
+        except BaseException as exc:
+            self._client.judge_failure(exc)
+            raise
+
+    async def aclose(self) -> None:
+        await self._reader.aclose()

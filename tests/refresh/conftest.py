@@ -32,6 +32,14 @@ def workspace(applied_workspace: Path, tmp_path: Path) -> Path:
     return ws
 
 
+@pytest.fixture(params=["threads", "async"])
+def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each of the orchestrator's read paths (KL_READ_PATH): its small states would
+    otherwise only ever take the threads'."""
+    monkeypatch.setenv("KL_READ_PATH", request.param)
+    return str(request.param)
+
+
 @pytest.fixture(autouse=True)
 def no_orphan_providers():
     before = provider_pids()

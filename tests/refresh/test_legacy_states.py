@@ -188,6 +188,7 @@ resource "null_resource" "m" { triggers = { zone = "a" } }
 """
 
 
+@pytest.mark.usefixtures("read_path")  # the upgrades run on a thread from the loop
 def test_a_0_12_state_refreshes_commits_modern_provider_addresses_and_terraform_plans_no_changes(db_url, run_kl, tmp_path):
     ws = tmp_path / "ws"
     (ws / "net").mkdir(parents=True)
@@ -249,6 +250,7 @@ resource "null_resource" "tfer--two" {}
 """
 
 
+@pytest.mark.usefixtures("read_path")  # the upgrades run on a thread from the loop
 def test_flatmap_attributes_are_upgraded_by_the_real_provider_and_the_first_object_is_not_drift(db_url, run_kl, tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -96,6 +96,9 @@ class FakeClient:
     def sensitive_paths(self, type_name, value):
         return [(sch.GetAttr("secret"),)] if "secret" in json.loads(value) else []
 
+    def async_reader(self):
+        return None  # reads from threads; the async path is exercised against real providers
+
     def stop(self):
         self.f.stop_calls += 1
         self.f.stopped.set()
@@ -241,7 +244,7 @@ def test_provider_parallelism_bounds_requests_in_flight(conn, make_state, parall
     assert res.status == "succeeded"
     assert f.max_in_flight == parallelism
     assert res.concurrency == [{"provider": NULL, "alias": None, "mode": "fixed", "start": parallelism, "max": parallelism,
-                                "final": parallelism, "throttled": 0}]
+                                "final": parallelism, "throttled": 0, "reads": "threads"}]
 
 
 def test_auto_is_the_default_and_a_provider_cap_bounds_it(conn, make_state):

@@ -21,6 +21,8 @@ from kit.pg import one_row
 SOURCE = "registry.terraform.io/hashicorp/fake"
 
 
+pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (tests/refresh/conftest.py)
+
 @pytest.fixture
 def fake_cache(tmp_path: Path):
     """A plugin cache holding the fake as hashicorp/fake 1.0.0; returns (cache dir, event log)."""

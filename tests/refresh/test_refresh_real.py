@@ -6,12 +6,14 @@ import shutil
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from kit.paths import PLUGIN_CACHE
 from kit.pg import one_row
 from kit.tfworkspace import terraform
 
 SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
+pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (conftest.py)
 
 
 def kl_refresh(run_kl, ws: Path, *extra: str):

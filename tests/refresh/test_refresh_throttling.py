@@ -8,8 +8,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from kit.faults import fake_state, install_fake, last_run, serials
 
+pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (tests/refresh/conftest.py)
 
 def _setup(run_kl, tmp_path: Path, instances: int, **env: str) -> tuple[Path, Path]:
     events = tmp_path / "events.log"
@@ -19,7 +22,7 @@ def _setup(run_kl, tmp_path: Path, instances: int, **env: str) -> tuple[Path, Pa
     return cache, events
 
 
-def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_url, tmp_path):
+def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_url, tmp_path, read_path):
     # Room for 3 calls, 12 sent at once: 9 are throttled at first, and every one gets through later.
     cache, events = _setup(run_kl, tmp_path, 12, FAKE_CAPACITY="1", FAKE_LATENCY="0.1")
     r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--provider-parallelism", "12", "--format", "json")
@@ -28,7 +31,8 @@ def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_ur
     [used] = out["concurrency"]
     throttled = events.read_text().splitlines().count("throttled")
     assert throttled >= 9 and used == {"provider": "registry.terraform.io/hashicorp/fake", "alias": None, "mode": "fixed",
-                                       "start": 12, "max": 12, "final": 12, "throttled": throttled}
+                                       "start": 12, "max": 12, "final": 12, "throttled": throttled,
+                                       "reads": read_path}
     assert serials(db_url) == [1, 2]
     runs = json.loads(run_kl("runs", "prod", "--format", "json").stdout)["runs"]
     assert runs[0]["concurrency"] == [used]

@@ -2,6 +2,7 @@
 and the idle timeout, and per-run redaction. The real processes are in tests/fleet/test_fleet_warm.py."""
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -36,11 +37,27 @@ class StubProvider:
             raise self.fail
         return ReadResult(b"\xc1 not msgpack" if self.garbage else current_state, private, (), None, ())
 
+    def async_reads(self) -> StubAsyncReads:
+        return StubAsyncReads(self)
+
     def stop(self) -> None:
         self.stopped = True
 
     def close(self) -> None:
         self.closed = True
+
+
+class StubAsyncReads:
+    """The stub's reads for the event loop: the same answers, awaited."""
+
+    def __init__(self, raw: StubProvider) -> None:
+        self._raw = raw
+
+    async def read_resource(self, type_name: str, current_state: bytes, private: bytes = b"", **kw: Any) -> ReadResult:
+        return self._raw.read_resource(type_name, current_state, private, **kw)
+
+    async def aclose(self) -> None:
+        pass
 
 
 class Clock:
@@ -59,10 +76,22 @@ def open_one(pool: WarmProviders, key: tuple[str, ...] = ("k",)) -> tuple[_WarmC
     return _WarmClient(found, pool, INFO), found.raw, found  # type: ignore[return-value]
 
 
-def read(client: _WarmClient) -> None:
+def read(client: _WarmClient, path: str = "threads") -> None:
     prior = client.canonicalize("thing", b'{"id":"x"}')
     assert prior is not None
-    client.read_resource("thing", prior, b"", None)
+    if path == "threads":
+        client.read_resource("thing", prior, b"", None)
+        return
+
+    async def through_the_loop() -> None:
+        reader = client.async_reader()
+        assert reader is not None
+        try:
+            await reader.read_resource("thing", prior, b"", None)
+        finally:
+            await reader.aclose()
+
+    asyncio.run(through_the_loop())
 
 
 @pytest.mark.parametrize("fail, reused", [
@@ -73,12 +102,13 @@ def read(client: _WarmClient) -> None:
     (ProviderCallError("provider stub: ReadResource: UNAVAILABLE (the plugin exited with 2)"), False),
     (RuntimeError("a bug"), False),
 ])
-def test_what_a_failed_call_says_about_reusing_the_process(fail, reused):
+@pytest.mark.parametrize("path", ["threads", "async"])
+def test_what_a_failed_call_says_about_reusing_the_process(fail, reused, path):
     pool = WarmProviders()
     client, raw, _ = open_one(pool)
     raw.fail = fail
     with pytest.raises((ResourceError, RuntimeError)) as caught:
-        read(client)
+        read(client, path)
     if isinstance(fail, ProviderDiagnosticsError) and fail.diagnostics:
         assert caught.type is ThrottledError
     client.close()
@@ -87,12 +117,13 @@ def test_what_a_failed_call_says_about_reusing_the_process(fail, reused):
     assert raw.closed is not reused
 
 
-def test_a_malformed_answer_or_a_stop_makes_a_process_unfit():
+@pytest.mark.parametrize("path", ["threads", "async"])
+def test_a_malformed_answer_or_a_stop_makes_a_process_unfit(path):
     pool = WarmProviders()
     client, raw, _ = open_one(pool)
     raw.garbage = True
     with pytest.raises(ResourceError, match="invalid object"):
-        read(client)
+        read(client, path)
     client.close()
     assert raw.closed and pool.idle() == 0 and pool.dropped == 1
 
