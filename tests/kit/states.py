@@ -3,6 +3,7 @@ by real Terraform, tests/fixtures/states, cover the real shape)."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 NULL_PROVIDER = 'provider["registry.terraform.io/hashicorp/null"]'
@@ -24,3 +25,18 @@ def build_state(serial: int, instances: dict[str, dict[str, Any]], lineage: str 
     }
     doc.update(top)
     return json.dumps(doc).encode()
+
+
+def null_count_state(instances: int, seed: int, lineage: str) -> bytes:
+    """`count = N` of null_resource in Terraform 1.8's shape, with random ids the null provider keeps
+    (so a refresh finds no drift); SEED makes the ids."""
+    rng = random.Random(seed)
+    return json.dumps({
+        "version": 4, "terraform_version": "1.8.5", "serial": 1, "lineage": lineage, "outputs": {},
+        "resources": [{
+            "mode": "managed", "type": "null_resource", "name": "r", "provider": NULL_PROVIDER,
+            "instances": [{"index_key": n, "schema_version": 0, "sensitive_attributes": [],
+                           "attributes": {"id": str(rng.getrandbits(63)), "triggers": {"n": str(n)}}}
+                          for n in range(instances)],
+        }],
+    }).encode()

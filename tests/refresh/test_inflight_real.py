@@ -6,9 +6,9 @@ latency noise on a busy machine let auto grow to 137-256 reader threads at 4,000
 from __future__ import annotations
 
 import json
-import random
 
 from kit.paths import PLUGIN_CACHE
+from kit.states import null_count_state
 
 INSTANCES = 4000
 # Where throughput stops improving against null is about 10-20 in flight; measured with the fix
@@ -17,18 +17,7 @@ RUNAWAY = 64
 
 
 def null_state(instances: int) -> bytes:
-    rng = random.Random(instances)
-    return json.dumps({
-        "version": 4, "terraform_version": "1.8.5", "serial": 1, "lineage": "0a0a0a0a-0000-4000-8000-000000004000",
-        "outputs": {},
-        "resources": [{
-            "mode": "managed", "type": "null_resource", "name": "r",
-            "provider": 'provider["registry.terraform.io/hashicorp/null"]',
-            "instances": [{"index_key": n, "schema_version": 0, "sensitive_attributes": [],
-                           "attributes": {"id": str(rng.getrandbits(63)), "triggers": {"n": str(n)}}}
-                          for n in range(instances)],
-        }],
-    }).encode()
+    return null_count_state(instances, instances, "0a0a0a0a-0000-4000-8000-000000004000")
 
 
 def test_auto_does_not_run_away_against_a_provider_that_kl_itself_cannot_keep_busy(run_kl, db_url):

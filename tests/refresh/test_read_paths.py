@@ -4,29 +4,18 @@ fault and real-provider suites run on both paths through the `read_path` fixture
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from kilolock.refresh.orchestrator import ASYNC_MIN_INSTANCES
 from kit.paths import PLUGIN_CACHE
+from kit.states import null_count_state
 
 SEARCH = ("--provider-search-path", str(PLUGIN_CACHE))
 
 
 def null_state(instances: int, seed: int) -> bytes:
-    """`count = N` of null_resource in Terraform 1.8's shape, with ids the provider keeps."""
-    rng = random.Random(seed)
-    return json.dumps({
-        "version": 4, "terraform_version": "1.8.5", "serial": 1, "lineage": f"read-paths-{seed}", "outputs": {},
-        "resources": [{
-            "mode": "managed", "type": "null_resource", "name": "r",
-            "provider": 'provider["registry.terraform.io/hashicorp/null"]',
-            "instances": [{"index_key": n, "schema_version": 0, "sensitive_attributes": [],
-                           "attributes": {"id": str(rng.getrandbits(63)), "triggers": {"n": str(n)}}}
-                          for n in range(instances)],
-        }],
-    }).encode()
+    return null_count_state(instances, seed, f"read-paths-{seed}")
 
 
 def refresh(run_kl, name: str, *extra: str) -> dict:
