@@ -125,7 +125,7 @@ class _NoRpc:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    def async_reader(self) -> None:
+    def async_reader(self, transport: str = "native") -> None:
         return None  # the threads' path: its answers come at once, there is nothing to wait for
 
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:

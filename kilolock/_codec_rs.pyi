@@ -1,5 +1,6 @@
-"""Typed interface of the native codec (codec_rs/, built by maturin). Same API as
-kilolock.codec.pure, both typed by kilolock.codec.abc; errors are kilolock.codec.errors.CodecError."""
+"""Typed interface of the native extension (codec_rs/, built by maturin). The codec has the same API
+as kilolock.codec.pure, both typed by kilolock.codec.abc; its errors are
+kilolock.codec.errors.CodecError. H2Channel is the event loop's ReadResource transport."""
 from typing import final
 
 __version__: str
@@ -17,3 +18,19 @@ class CodecType:
 
 def compile_type(type_json: bytes | bytearray) -> CodecType:
     """Compile Terraform's JSON type syntax into a reusable codec type."""
+
+@final
+class H2Channel:
+    """One HTTP/2 connection to a plugin for unary gRPC calls (codec_rs/src/transport.rs), used by
+    kilolock.provider.h2channel. Raises OSError when it cannot connect."""
+    def __init__(self, target: str, max_message_bytes: int,
+                 tls: tuple[bytes, bytes, bytes] | None = None) -> None:
+        """``tls``: (server certificate DER, client certificate PEM, client key PEM) for AutoMTLS."""
+    def wake_fd(self) -> int:
+        """Readable when completions wait; read it empty, then call drain()."""
+    def call(self, id: int, path: str, message: bytes, timeout: float | None = None) -> None:
+        """Starts a unary call; its completion comes out of drain() with this id."""
+    def drain(self) -> list[tuple[int, int, bytes | str]]:
+        """(id, 0, answer bytes) or (id, gRPC status code, message) for every finished call."""
+    def close(self) -> None:
+        """Ends the connection; calls in flight never complete."""

@@ -10,7 +10,7 @@ export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 # The Rust codec's own tests read the same vector file as the Python suite. Debug builds use far
 # bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a
 # bigger test-thread stack here.
-RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-default-features
+RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-default-features --features transport
 # kl.pyz is built once per run and shared by tests/pyz and the start-up bench.
 .venv/bin/python build_zipapp.py --wheel-cache "$KL_TEST_CACHE/pyz-wheels"
 export KL_TEST_PYZ="$PWD/dist/kl.pyz"

@@ -9,6 +9,8 @@ pub mod marshal;
 pub mod mp;
 pub mod numbers;
 pub mod order;
+#[cfg(feature = "transport")]
+pub mod transport;
 pub mod types;
 pub mod unmarshal;
 
@@ -25,7 +27,7 @@ mod python {
     use super::*;
     use pyo3::prelude::*;
     use pyo3::sync::GILOnceCell;
-    use pyo3::types::{PyByteArray, PyBytes, PyType};
+    use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyType};
 
     /// Inputs this large are worked on with the GIL released.
     const RELEASE_GIL_ABOVE: usize = 16 * 1024;
@@ -108,11 +110,71 @@ mod python {
         }
     }
 
+    /// One HTTP/2 connection to a plugin for unary gRPC calls (transport.rs); used by
+    /// kilolock.provider.h2 for ReadResource. Connect failures raise OSError.
+    #[pyclass(frozen, module = "kilolock._codec_rs", name = "H2Channel")]
+    pub struct H2Channel {
+        channel: crate::transport::Channel,
+    }
+
+    #[pymethods]
+    impl H2Channel {
+        /// `tls`: (server certificate DER, client certificate PEM, client key PEM) for AutoMTLS.
+        #[new]
+        #[pyo3(signature = (target, max_message_bytes, tls=None))]
+        fn new(py: Python<'_>, target: &str, max_message_bytes: usize, tls: Option<(Vec<u8>, Vec<u8>, Vec<u8>)>) -> PyResult<Self> {
+            let tls = tls.map(|(server_cert_der, client_cert_pem, client_key_pem)| crate::transport::Tls {
+                server_cert_der,
+                client_cert_pem,
+                client_key_pem,
+            });
+            let channel = py.allow_threads(|| crate::transport::Channel::connect(target, tls.as_ref(), max_message_bytes));
+            channel.map(|channel| H2Channel { channel }).map_err(pyo3::exceptions::PyOSError::new_err)
+        }
+
+        /// Readable when completions wait; read it empty, then call drain().
+        fn wake_fd(&self) -> i32 {
+            self.channel.wake_fd()
+        }
+
+        /// Starts a unary call; its completion comes out of drain() with this id.
+        #[pyo3(signature = (id, path, message, timeout=None))]
+        fn call(&self, id: u64, path: &str, message: &[u8], timeout: Option<f64>) -> PyResult<()> {
+            let limit = match timeout {
+                None => None,
+                Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t.min(1e9))),
+                Some(t) => return Err(pyo3::exceptions::PyValueError::new_err(format!("invalid timeout {t}"))),
+            };
+            self.channel.call(id, path, message, limit);
+            Ok(())
+        }
+
+        /// [(id, 0, answer bytes) or (id, grpc status code, message)] for every finished call.
+        fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            let done = self.channel.drain();
+            let list = PyList::empty(py);
+            for c in done {
+                let item = match c.outcome {
+                    Ok(answer) => (c.id, 0u32, PyBytes::new(py, &answer).into_any()),
+                    Err(status) => (c.id, status.code, PyString::new(py, &status.message).into_any()),
+                };
+                list.append(item)?;
+            }
+            Ok(list)
+        }
+
+        /// Ends the connection; calls in flight never complete.
+        fn close(&self, py: Python<'_>) {
+            py.allow_threads(|| self.channel.close());
+        }
+    }
+
     #[pymodule]
     fn _codec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("MAX_DEPTH", MAX_DEPTH)?;
         m.add_class::<CodecType>()?;
+        m.add_class::<H2Channel>()?;
         m.add_function(wrap_pyfunction!(compile_type, m)?)?;
         Ok(())
     }

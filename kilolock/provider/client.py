@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from kilolock.provider import convert
+from kilolock.provider import convert, h2channel
 from kilolock.provider._pb import tfplugin5_pb2, tfplugin6_pb2
-from kilolock.provider.connection import PluginConnection, open_aio_channel
+from kilolock.provider.certs import process_client_certificate
+from kilolock.provider.connection import MAX_MESSAGE_BYTES, PluginConnection, open_aio_channel
 from kilolock.provider.diagnostics import Diagnostic, errors_of
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
+from kilolock.provider.h2channel import H2Calls
 from kilolock.provider.wire import (
     DynamicNull,
     dynamic_value_bytes,
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 # Sent as Configure.terraform_version. Providers rarely look at it; we report the Terraform whose
 # refresh semantics kl follows (sensitive paths as of 1.8).
 DEFAULT_TERRAFORM_VERSION = "1.8.5"
+_log = logging.getLogger(__name__)
 _SENSITIVE_PATHS_FIELD = 6
 
 
@@ -96,8 +100,9 @@ class ProviderClient(abc.ABC):
         timeout: float | None = None,
     ) -> ReadResult: ...
 
-    def async_reads(self) -> AsyncReads | None:
-        """ReadResource from an asyncio event loop (see AsyncReads); None: only the calls above."""
+    def async_reads(self, native: bool = True) -> AsyncReads | None:
+        """ReadResource from an asyncio event loop (see AsyncReads); None: only the calls above.
+        ``native``: through the extension's HTTP/2 client where it is built (else grpc.aio)."""
         return None
 
     @abc.abstractmethod
@@ -269,8 +274,8 @@ class GrpcProviderClient(ProviderClient):
         req = self._read_request(type_name, current_state, private, provider_meta, current_identity)
         return self._read_result(type_name, self._call("ReadResource", self._rpc_read, req, timeout))
 
-    def async_reads(self) -> AsyncReads:
-        return AsyncReads(self)
+    def async_reads(self, native: bool = True) -> AsyncReads:
+        return AsyncReads(self, native)
 
     def _read_request(self, type_name: str, current_state: bytes, private: bytes, provider_meta: bytes | None,
                       current_identity: bytes | None) -> bytes:
@@ -317,21 +322,31 @@ class GrpcProviderClient(ProviderClient):
 
 
 class AsyncReads:
-    """ReadResource through grpc.aio, for a refresh that keeps many reads in flight from one event
-    loop: per call, grpc.aio costs about two thirds of the CPU of the blocking API, whose reader
-    threads also contend for the GIL with each other and with grpc's own threads.
+    """ReadResource for a refresh that keeps many reads in flight from one event loop: through the
+    native HTTP/2 client (h2channel) where the plugin talks plaintext, else through grpc.aio. Per
+    call, grpc.aio costs about two thirds of the CPU of the blocking API, whose reader threads also
+    contend for the GIL with each other and with grpc's own threads; the native client less again.
 
     Opened inside the loop that will use it (the channel binds to it) and closed there; the
     request bytes and the conversion of the answer are the blocking client's, so the two paths
     cannot differ in what they send or how they read what comes back.
     """
 
-    def __init__(self, client: GrpcProviderClient) -> None:
+    def __init__(self, client: GrpcProviderClient, native: bool = True) -> None:
         self._client = client
-        self._channel = open_aio_channel(client.connection)
-        pb = client._d.pb
-        self._rpc_read = self._channel.unary_unary(f"/{client._d.service}/ReadResource", request_serializer=None,
-                                                   response_deserializer=pb.ReadResource.Response.FromString)
+        self._read_path = f"/{client._d.service}/ReadResource"
+        self._h2 = _h2_calls(client.connection) if native else None
+        self._channel: grpc.aio.Channel | None = None
+        if self._h2 is None:
+            self._channel = open_aio_channel(client.connection)
+            pb = client._d.pb
+            self._rpc_read = self._channel.unary_unary(self._read_path, request_serializer=None,
+                                                       response_deserializer=pb.ReadResource.Response.FromString)
+
+    @property
+    def transport(self) -> str:
+        """Which client carries the reads: "native" (the extension's HTTP/2) or "grpcio"."""
+        return "native" if self._h2 is not None else "grpcio"
 
     async def read_resource(self, type_name: str, current_state: bytes, private: bytes = b"", *,
                             provider_meta: bytes | None = None, current_identity: bytes | None = None,
@@ -340,14 +355,41 @@ class AsyncReads:
         req = c._read_request(type_name, current_state, private, provider_meta, current_identity)
         timeout = c._rpc_timeout if timeout is None else timeout
         try:
-            resp = await self._rpc_read(req, timeout=timeout)
+            if self._h2 is not None:
+                resp = c._d.pb.ReadResource.Response.FromString(await self._h2.call(self._read_path, req, timeout))
+            else:
+                resp = await self._rpc_read(req, timeout=timeout)
         except grpc.RpcError as exc:
             # The error's wording waits briefly for a crashed plugin's exit status: off the loop.
             raise await asyncio.to_thread(c._call_error, "ReadResource", exc, timeout) from None
         return c._read_result(type_name, resp)
 
     async def aclose(self) -> None:
-        await self._channel.close(None)
+        if self._h2 is not None:
+            self._h2.close()
+        if self._channel is not None:
+            await self._channel.close(None)
+
+
+def _h2_calls(connection: PluginConnection) -> H2Calls | None:
+    """The native HTTP/2 client to this plugin, when it is built: over TLS where the grpcio
+    channel uses AutoMTLS (the same certificates), else plaintext as that channel is."""
+    native = h2channel.native_module()
+    if native is None:
+        return None
+    hs = connection.process.handshake
+    assert hs is not None
+    tls = None
+    if connection.tls:
+        assert hs.server_cert_der is not None
+        cert = process_client_certificate()
+        tls = (hs.server_cert_der, cert.cert_pem, cert.key_pem)
+    try:
+        return H2Calls(native, hs.grpc_target, MAX_MESSAGE_BYTES, tls)
+    except OSError as exc:
+        _log.info("the native HTTP/2 client could not connect to provider %s (%s); reading through grpc.aio",
+                  connection.name, exc)
+        return None
 
 
 def _serialize(msg: Any) -> bytes:

@@ -49,6 +49,9 @@ class AsyncReader(Protocol):
     """ResourceClient.read_resource from an asyncio event loop: opened in the loop that uses it,
     closed there (aclose)."""
 
+    # Which client carries the calls: "native" (the extension's HTTP/2 client) or "grpcio".
+    transport: str
+
     async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome: ...
 
     async def aclose(self) -> None: ...
@@ -81,8 +84,9 @@ class ResourceClient(Protocol):
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         """Paths of schema-sensitive attributes present in value (canonical JSON)."""
 
-    def async_reader(self) -> AsyncReader | None:
-        """An AsyncReader for the running event loop; None when this client reads only from threads."""
+    def async_reader(self, transport: str = "native") -> AsyncReader | None:
+        """An AsyncReader for the running event loop; None when this client reads only from threads.
+        ``transport``: "native" for the extension's HTTP/2 client where it is built, "grpcio" for grpc.aio."""
 
     def stop(self) -> None:
         """StopProvider: interrupt in-flight calls (cancellation only)."""

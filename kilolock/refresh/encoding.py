@@ -126,8 +126,8 @@ class EncodingClient:
             raise _resource_error(exc, str(exc)) from None
         return self._read_outcome(type_name, res)
 
-    def async_reader(self) -> AsyncReader | None:
-        reads = self._raw.async_reads()
+    def async_reader(self, transport: str = "native") -> AsyncReader | None:
+        reads = self._raw.async_reads(native=transport == "native")
         return AsyncEncodingReader(self, reads) if reads is not None else None
 
     def _read_request(self, type_name: str, prior: bytes, identity: bytes | None) -> tuple[bytes, bytes | None]:
@@ -189,6 +189,7 @@ class AsyncEncodingReader:
     def __init__(self, client: EncodingClient, reads: AsyncReads) -> None:
         self._client = client
         self._reads = reads
+        self.transport = reads.transport
 
     async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
         c = self._client

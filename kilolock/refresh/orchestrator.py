@@ -55,6 +55,10 @@ GroupKey = tuple[str, str]  # (provider source, alias)
 # KL_READ_PATH=threads|async forces one way (the tests run both).
 ASYNC_MIN_INSTANCES = 500
 READ_PATHS = ("auto", "async", "threads")
+# What carries the loop's calls: the extension's HTTP/2 client (kilolock.provider.h2channel: about a
+# third of grpc.aio's CPU per call), or grpc.aio, which KL_READ_TRANSPORT=grpcio forces. Without the
+# extension (KL_CODEC_BACKEND=pure, or a kl.pyz built without it) the loop uses grpc.aio either way.
+READ_TRANSPORTS = ("native", "grpcio")
 
 
 def read_path() -> str:
@@ -62,6 +66,14 @@ def read_path() -> str:
     value = os.environ.get("KL_READ_PATH", "auto").strip().lower() or "auto"
     if value not in READ_PATHS:
         raise KlError(f"KL_READ_PATH={value!r} is not one of {', '.join(READ_PATHS)}")
+    return value
+
+
+def read_transport() -> str:
+    """KL_READ_TRANSPORT, checked: KlError naming it when it is not one of READ_TRANSPORTS."""
+    value = os.environ.get("KL_READ_TRANSPORT", "native").strip().lower() or "native"
+    if value not in READ_TRANSPORTS:
+        raise KlError(f"KL_READ_TRANSPORT={value!r} is not one of {', '.join(READ_TRANSPORTS)}")
     return value
 
 
@@ -522,16 +534,20 @@ class _Run:
             cap = min(cap, fleet.limit) if cap else fleet.limit
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
-        reads = "threads"
+        reads, transport = "threads", "grpcio"
         try:
-            if fleet is None and _async_reads(len(entries)) and self._read_group_async(client, label, entries, gate, rng):
-                reads = "async"
+            async_transport = None
+            if fleet is None and _async_reads(len(entries)):
+                async_transport = self._read_group_async(client, label, entries, gate, rng)
+            if async_transport is not None:
+                reads, transport = "async", async_transport
             else:
                 self._read_group_threads(client, label, entries, gate, rng)
         finally:
             with self.lock:
                 self.clients.remove(client)
-                self.concurrency.append({"provider": source, "alias": alias or None, **gate.report(), "reads": reads})
+                self.concurrency.append({"provider": source, "alias": alias or None, **gate.report(), "reads": reads,
+                                         "transport": transport})
             client.close()
 
     def _read_group_threads(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
@@ -591,16 +607,16 @@ class _Run:
             joined += 1
 
     def _read_group_async(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
-                          rng: random.Random) -> bool:
-        """Every instance of the group, read from one event loop in this thread; False (nothing
-        read) when the client has no async reads."""
+                          rng: random.Random) -> str | None:
+        """Every instance of the group, read from one event loop in this thread; the transport
+        that carried the reads, or None (nothing read) when the client has no async reads."""
         return asyncio.run(self._read_all(client, label, entries, gate, rng))
 
     async def _read_all(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
-                        rng: random.Random) -> bool:
-        reader = client.async_reader()
+                        rng: random.Random) -> str | None:
+        reader = client.async_reader(read_transport())
         if reader is None:
-            return False
+            return None
         total = len(entries)
         pending = iter(entries)
         done = live = 0
@@ -639,7 +655,7 @@ class _Run:
             for t in tasks:
                 t.cancel()
             await reader.aclose()
-        return True
+        return reader.transport
 
     def stop_all(self) -> None:
         with self.lock:
@@ -692,6 +708,7 @@ def run(
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
         read_path()
+        read_transport()
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)

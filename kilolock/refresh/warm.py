@@ -259,8 +259,8 @@ class _WarmClient(EncodingClient):
         else:  # KlError, or anything else: the process is not known to be sound
             self._warm.broken = True
 
-    def async_reader(self) -> AsyncReader | None:
-        reader = super().async_reader()
+    def async_reader(self, transport: str = "native") -> AsyncReader | None:
+        reader = super().async_reader(transport)
         return _GuardedAsyncReader(reader, self) if reader is not None else None
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
@@ -299,6 +299,7 @@ class _GuardedAsyncReader:
     def __init__(self, reader: AsyncReader, client: _WarmClient) -> None:
         self._reader = reader
         self._client = client
+        self.transport = reader.transport
 
     async def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
         try:

@@ -106,7 +106,7 @@ def add_fake(db_url: str, name: str, cache: Path, kind: str) -> None:
         settings.update(conn, versions.state_id(conn, name), settings.Changes({"provider_search_paths": [str(cache)]}), "test")
 
 
-@pytest.mark.parametrize("read_path", ["threads", "async"])
+@pytest.mark.parametrize("read_path", ["threads", "async", "async-grpcio"])
 def test_a_diagnostic_keeps_the_process_warm_a_crash_or_a_malformed_answer_does_not(db_url, tmp_path, read_path):
     events = tmp_path / "events.log"
     # FAKE_REPORT_ENV writes one "env HOME=..." line per launch of the fake.
@@ -118,7 +118,8 @@ def test_a_diagnostic_keeps_the_process_warm_a_crash_or_a_malformed_answer_does_
     def launches() -> int:
         return sum(1 for line in events.read_text().splitlines() if line.startswith("env HOME=")) if events.exists() else 0
 
-    worker = start_worker(db_url, "warm", env={"KL_READ_PATH": read_path})  # its one-instance states take threads otherwise
+    path, _, transport = read_path.partition("-")  # its one-instance states take threads otherwise
+    worker = start_worker(db_url, "warm", env={"KL_READ_PATH": path, "KL_READ_TRANSPORT": transport or "native"})
     try:
         def one(name: str, status: str) -> None:
             before = len(q(db_url, "SELECT 1 FROM refresh_runs"))

@@ -32,12 +32,16 @@ def workspace(applied_workspace: Path, tmp_path: Path) -> Path:
     return ws
 
 
-@pytest.fixture(params=["threads", "async"])
+@pytest.fixture(params=["threads", "async", "async-grpcio"])
 def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each of the orchestrator's read paths (KL_READ_PATH): its small states would
-    otherwise only ever take the threads'."""
-    monkeypatch.setenv("KL_READ_PATH", request.param)
+    otherwise only ever take the threads'. The event loop's reads go through the native HTTP/2
+    client ("async") or grpc.aio ("async-grpcio", KL_READ_TRANSPORT=grpcio)."""
+    path, _, transport = str(request.param).partition("-")
+    monkeypatch.setenv("KL_READ_PATH", path)
+    monkeypatch.setenv("KL_READ_TRANSPORT", transport or "native")
     return str(request.param)
+
 
 
 @pytest.fixture(autouse=True)

@@ -96,7 +96,7 @@ class FakeClient:
     def sensitive_paths(self, type_name, value):
         return [(sch.GetAttr("secret"),)] if "secret" in json.loads(value) else []
 
-    def async_reader(self):
+    def async_reader(self, transport="native"):
         return None  # reads from threads; the async path is exercised against real providers
 
     def stop(self):
@@ -244,7 +244,8 @@ def test_provider_parallelism_bounds_requests_in_flight(conn, make_state, parall
     assert res.status == "succeeded"
     assert f.max_in_flight == parallelism
     assert res.concurrency == [{"provider": NULL, "alias": None, "mode": "fixed", "start": parallelism, "max": parallelism,
-                                "final": parallelism, "throttled": 0, "reads": "threads"}]
+                                "final": parallelism, "throttled": 0, "reads": "threads",
+                                "transport": "grpcio"}]
 
 
 def test_auto_is_the_default_and_a_provider_cap_bounds_it(conn, make_state):

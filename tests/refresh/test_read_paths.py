@@ -1,6 +1,7 @@
 """Which way kl makes a group's reads (kilolock.refresh.orchestrator.read_path): from one event loop
-through grpc.aio for big groups, from threads for small ones, and the same result either way. The
-fault and real-provider suites run on both paths through the `read_path` fixture."""
+for big groups (through the native HTTP/2 client, or grpc.aio with KL_READ_TRANSPORT=grpcio), from
+threads for small ones, and the same result every way. The fault and real-provider suites run on
+all three through the `read_path` fixture."""
 from __future__ import annotations
 
 import json
@@ -26,25 +27,34 @@ def refresh(run_kl, name: str, *extra: str) -> dict:
 
 def test_auto_reads_a_big_group_from_the_event_loop_and_a_small_one_from_threads(run_kl, db_url, monkeypatch):
     monkeypatch.delenv("KL_READ_PATH", raising=False)
+    monkeypatch.delenv("KL_READ_TRANSPORT", raising=False)
     for name, n in (("small", ASYNC_MIN_INSTANCES - 1), ("big", ASYNC_MIN_INSTANCES)):
         assert run_kl("state", "import", name, "-", input=null_state(n, n)).returncode == 0
         out = refresh(run_kl, name)
         assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", n, 0, 0)
         [used] = out["concurrency"]
-        assert used["reads"] == ("async" if n >= ASYNC_MIN_INSTANCES else "threads"), used
+        big = n >= ASYNC_MIN_INSTANCES  # null 2.1.2 completes AutoMTLS: the native client's TLS carries these
+        assert (used["reads"], used["transport"]) == (("async", "native") if big else ("threads", "grpcio")), used
         runs = json.loads(run_kl("runs", name, "--format", "json").stdout)["runs"]
         assert runs[0]["concurrency"] == [used]
 
 
-def test_both_paths_commit_the_same_state(run_kl, db_url, monkeypatch):
+@pytest.mark.parametrize("tls", ["automtls", "plaintext"])
+def test_every_path_commits_the_same_state(run_kl, db_url, monkeypatch, tls):
+    if tls == "plaintext":  # as kl talks to every provider built with a current Go
+        monkeypatch.setenv("KL_DISABLE_PLUGIN_TLS", "1")
     docs = {}
-    for path in ("threads", "async"):
+    for path, transport in (("threads", "native"), ("async", "native"), ("async", "grpcio")):
         monkeypatch.setenv("KL_READ_PATH", path)
-        assert run_kl("state", "import", path, "-", input=null_state(40, 7)).returncode == 0
-        out = refresh(run_kl, path)
-        assert out["concurrency"][0]["reads"] == path and out["to_serial"] == 2
-        docs[path] = json.loads(run_kl("state", "pull", path).stdout)
-    assert docs["threads"] == docs["async"]
+        monkeypatch.setenv("KL_READ_TRANSPORT", transport)
+        name = f"{path}-{transport}"
+        assert run_kl("state", "import", name, "-", input=null_state(40, 7)).returncode == 0
+        out = refresh(run_kl, name)
+        used = out["concurrency"][0]
+        want = transport if path == "async" else "grpcio"
+        assert (used["reads"], used["transport"], out["to_serial"]) == (path, want, 2), used
+        docs[name] = json.loads(run_kl("state", "pull", name).stdout)
+    assert docs["threads-native"] == docs["async-native"] == docs["async-grpcio"]
 
 
 @pytest.mark.parametrize("value", ["bogus", "aio"])
@@ -54,4 +64,15 @@ def test_an_unknown_read_path_is_one_line_naming_the_variable_before_any_provide
     r = run_kl("refresh", "prod", *SEARCH)
     err = r.stderr.decode()
     assert r.returncode == 1 and err.strip() == f"kl: refresh failed: KL_READ_PATH={value!r} is not one of auto, async, threads", err
+    assert "Traceback" not in err and b"checked:  0" in r.stdout
+
+
+@pytest.mark.parametrize("value", ["h2", "grpc"])
+def test_an_unknown_read_transport_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch,
+                                                                                              value):
+    assert run_kl("state", "import", "prod", "-", input=null_state(3, 1)).returncode == 0
+    monkeypatch.setenv("KL_READ_TRANSPORT", value)
+    r = run_kl("refresh", "prod", *SEARCH)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.strip() == f"kl: refresh failed: KL_READ_TRANSPORT={value!r} is not one of native, grpcio", err
     assert "Traceback" not in err and b"checked:  0" in r.stdout

@@ -14,6 +14,11 @@ from kit.faults import fake_state, install_fake, last_run, serials
 
 pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (tests/refresh/conftest.py)
 
+def reads_report(read_path: str) -> dict[str, str]:
+    """The "reads" and "transport" of a concurrency report made under the `read_path` fixture."""
+    path, _, transport = read_path.partition("-")
+    return {"reads": path, "transport": transport or ("native" if path == "async" else "grpcio")}
+
 def _setup(run_kl, tmp_path: Path, instances: int, **env: str) -> tuple[Path, Path]:
     events = tmp_path / "events.log"
     events.touch()
@@ -32,7 +37,7 @@ def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_ur
     throttled = events.read_text().splitlines().count("throttled")
     assert throttled >= 9 and used == {"provider": "registry.terraform.io/hashicorp/fake", "alias": None, "mode": "fixed",
                                        "start": 12, "max": 12, "final": 12, "throttled": throttled,
-                                       "reads": read_path}
+                                       **reads_report(read_path)}
     assert serials(db_url) == [1, 2]
     runs = json.loads(run_kl("runs", "prod", "--format", "json").stdout)["runs"]
     assert runs[0]["concurrency"] == [used]

@@ -37,7 +37,7 @@ class StubProvider:
             raise self.fail
         return ReadResult(b"\xc1 not msgpack" if self.garbage else current_state, private, (), None, ())
 
-    def async_reads(self) -> StubAsyncReads:
+    def async_reads(self, native: bool = True) -> StubAsyncReads:
         return StubAsyncReads(self)
 
     def stop(self) -> None:
@@ -49,6 +49,8 @@ class StubProvider:
 
 class StubAsyncReads:
     """The stub's reads for the event loop: the same answers, awaited."""
+
+    transport = "stub"
 
     def __init__(self, raw: StubProvider) -> None:
         self._raw = raw

@@ -1,0 +1,468 @@
+//! gRPC unary calls over HTTP/2 (the `h2` crate on a one-thread tokio runtime), for the refresh's
+//! hot loop of ReadResource calls. Python keeps everything else: it builds the request bytes,
+//! parses the answer with its generated protobuf classes and drives its asyncio loop. This module
+//! only frames a message, sends it on its own stream and hands back the answer's message bytes or
+//! its gRPC status.
+//!
+//! Why: through grpcio, each call costs the Python event loop ~120 µs of CPU in grpc.aio's own
+//! code; here a call is one method call to start and a share of one batched wake-up to finish,
+//! and the HTTP/2 work runs on the runtime's thread without the GIL.
+//!
+//! Completions are queued in an inbox; the first one after a drain writes one byte to a socket
+//! whose other end the caller watches (asyncio's `add_reader`). Draining clears the flag under
+//! the same lock, so no completion is ever left without a byte to announce it.
+
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use h2::client::SendRequest;
+use http::{HeaderMap, Method, Request, StatusCode};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::runtime::Runtime;
+
+/// gRPC status codes used here (grpc/doc/statuscodes.md).
+pub const CANCELLED: u32 = 1;
+pub const UNKNOWN: u32 = 2;
+pub const DEADLINE_EXCEEDED: u32 = 4;
+pub const PERMISSION_DENIED: u32 = 7;
+pub const RESOURCE_EXHAUSTED: u32 = 8;
+pub const UNIMPLEMENTED: u32 = 12;
+pub const INTERNAL: u32 = 13;
+pub const UNAVAILABLE: u32 = 14;
+pub const UNAUTHENTICATED: u32 = 16;
+
+/// A gRPC status other than OK.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: u32,
+    pub message: String,
+}
+
+impl Status {
+    pub fn new(code: u32, message: impl Into<String>) -> Self {
+        Status { code, message: message.into() }
+    }
+}
+
+/// One finished call: the caller's id and the answer's message bytes or its status.
+pub struct Completion {
+    pub id: u64,
+    pub outcome: Result<Bytes, Status>,
+}
+
+struct Inbox {
+    items: Vec<Completion>,
+    signalled: bool,
+    wake: StdUnixStream,
+}
+
+fn locked(inbox: &Mutex<Inbox>) -> MutexGuard<'_, Inbox> {
+    // A panic while holding the lock cannot leave the Vec half-updated in a way that matters.
+    inbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn deliver(inbox: &Mutex<Inbox>, completion: Completion) {
+    let mut inbox = locked(inbox);
+    inbox.items.push(completion);
+    if !inbox.signalled {
+        inbox.signalled = true;
+        // Non-blocking, and at most one byte is unread at a time: it cannot fail for lack of room.
+        let _ = (&inbox.wake).write(&[1]);
+    }
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// go-plugin AutoMTLS, as grpcio does it for kl: our client certificate, and the server's
+/// certificate exactly as its handshake line gave it (kl's `PluginConnection` keeps both).
+pub struct Tls {
+    pub server_cert_der: Vec<u8>,
+    pub client_cert_pem: Vec<u8>,
+    pub client_key_pem: Vec<u8>,
+}
+
+/// Accepts the one certificate the plugin announced, and checks the handshake's signatures with
+/// it. go-plugin's clients use that certificate as the only root; pinning it is the same trust,
+/// without webpki's refusal of a CA certificate as the end entity (go-plugin's is a CA).
+#[derive(Debug)]
+struct PinnedServer {
+    cert: Vec<u8>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedServer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_slice() {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+fn tls_connector(tls: &Tls) -> Result<tokio_rustls::TlsConnector, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = PinnedServer { cert: tls.server_cert_der.clone(), algorithms: provider.signature_verification_algorithms };
+    let chain = CertificateDer::pem_slice_iter(&tls.client_cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("client certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(&tls.client_key_pem).map_err(|e| format!("client key: {e}"))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS versions: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("client certificate: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+async fn open_io(target: &str, tls: Option<&Tls>) -> Result<Box<dyn Io>, String> {
+    let plain = open_plain(target).await.map_err(|e| format!("cannot connect to {target}: {e}"))?;
+    let Some(tls) = tls else {
+        return Ok(plain);
+    };
+    let connector = tls_connector(tls)?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let stream = connector.connect(name, plain).await.map_err(|e| format!("TLS handshake with {target} failed: {e}"))?;
+    Ok(Box::new(stream))
+}
+
+async fn open_plain(target: &str) -> std::io::Result<Box<dyn Io>> {
+    // grpc target syntax as go-plugin's handshake gives it to kl: "unix:/path" or "host:port".
+    if let Some(path) = target.strip_prefix("unix:") {
+        let path = path.strip_prefix("//").unwrap_or(path);
+        return Ok(Box::new(tokio::net::UnixStream::connect(path).await?));
+    }
+    let stream = tokio::net::TcpStream::connect(target).await?;
+    stream.set_nodelay(true)?;
+    Ok(Box::new(stream))
+}
+
+struct Live {
+    runtime: Runtime,
+    sender: SendRequest<Bytes>,
+}
+
+/// One HTTP/2 connection to a plugin's gRPC server: TLS (AutoMTLS) where kl's grpcio channel to
+/// the same plugin uses it, plaintext where that does.
+pub struct Channel {
+    live: Mutex<Option<Live>>,
+    inbox: Arc<Mutex<Inbox>>,
+    wake_reader: StdUnixStream,
+    max_message: usize,
+}
+
+impl Channel {
+    /// Connects and completes the HTTP/2 preface; `max_message` bounds an answer's size.
+    pub fn connect(target: &str, tls: Option<&Tls>, max_message: usize) -> Result<Channel, String> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kl-h2")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| format!("cannot start the HTTP/2 runtime: {e}"))?;
+        let sender = runtime.block_on(async {
+            let io = open_io(target, tls).await?;
+            let (sender, connection) = h2::client::Builder::new()
+                // Big answers (a 150-attribute cloud object) in one window, as grpcio's BDP probing would reach.
+                .initial_window_size(4 << 20)
+                .initial_connection_window_size(32 << 20)
+                .handshake::<_, Bytes>(io)
+                .await
+                .map_err(|e| format!("HTTP/2 handshake with {target} failed: {e}"))?;
+            tokio::spawn(async move {
+                let _ = connection.await; // ends with the connection; calls then fail UNAVAILABLE
+            });
+            sender.ready().await.map_err(|e| format!("HTTP/2 connection to {target} failed: {e}"))
+        })?;
+        let (wake_reader, wake) = StdUnixStream::pair().map_err(|e| format!("cannot make a wake-up socket: {e}"))?;
+        wake.set_nonblocking(true).map_err(|e| e.to_string())?;
+        wake_reader.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok(Channel {
+            live: Mutex::new(Some(Live { runtime, sender })),
+            inbox: Arc::new(Mutex::new(Inbox { items: Vec::new(), signalled: false, wake })),
+            wake_reader,
+            max_message,
+        })
+    }
+
+    /// The file descriptor that becomes readable when completions wait in the inbox.
+    pub fn wake_fd(&self) -> i32 {
+        self.wake_reader.as_raw_fd()
+    }
+
+    /// Starts a unary call of `path` ("/package.Service/Method"); its completion carries `id`.
+    /// After `close`, the call completes at once with UNAVAILABLE.
+    pub fn call(&self, id: u64, path: &str, message: &[u8], timeout: Option<Duration>) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(live) = live.as_ref() else {
+            deliver(&self.inbox, Completion { id, outcome: Err(Status::new(UNAVAILABLE, "the channel is closed")) });
+            return;
+        };
+        let sender = live.sender.clone();
+        let inbox = Arc::clone(&self.inbox);
+        let uri = format!("http://localhost{path}");
+        let frame = frame(message);
+        let max = self.max_message;
+        live.runtime.spawn(async move {
+            let call = unary(sender, uri, frame, timeout, max);
+            let outcome = match timeout {
+                Some(limit) => tokio::time::timeout(limit, call)
+                    .await
+                    .unwrap_or_else(|_| Err(Status::new(DEADLINE_EXCEEDED, "Deadline Exceeded"))),
+                None => call.await,
+            };
+            deliver(&inbox, Completion { id, outcome });
+        });
+    }
+
+    /// Every completion queued since the last drain, in order of completion.
+    pub fn drain(&self) -> Vec<Completion> {
+        let mut inbox = locked(&self.inbox);
+        inbox.signalled = false;
+        std::mem::take(&mut inbox.items)
+    }
+
+    /// Ends the connection; calls in flight are dropped (their streams reset) without completing.
+    pub fn close(&self) {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(Live { runtime, sender }) = live {
+            drop(sender);
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The gRPC length-prefixed message: uncompressed flag, 4-byte big-endian length, the bytes.
+pub fn frame(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.len());
+    out.put_u8(0);
+    out.put_u32(message.len() as u32);
+    out.put_slice(message);
+    out.freeze()
+}
+
+/// The message in a unary answer's body: exactly one uncompressed length-prefixed message.
+pub fn unframe(body: Bytes, max_message: usize) -> Result<Bytes, Status> {
+    if body.len() < 5 {
+        return Err(Status::new(INTERNAL, "the server closed the stream without a response message"));
+    }
+    if body[0] != 0 {
+        return Err(Status::new(INTERNAL, "the server sent a compressed message, which was not asked for"));
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if len > max_message {
+        return Err(Status::new(RESOURCE_EXHAUSTED, format!("received message larger than max ({len} vs. {max_message})")));
+    }
+    if body.len() != 5 + len {
+        return Err(Status::new(INTERNAL, format!("malformed response body: {} bytes for a {len}-byte message", body.len())));
+    }
+    Ok(body.slice(5..))
+}
+
+/// `grpc-timeout`: at most 8 digits and a unit.
+pub fn timeout_header(limit: Duration) -> String {
+    let millis = limit.as_millis().max(1);
+    if millis < 100_000_000 {
+        format!("{millis}m")
+    } else {
+        format!("{}S", limit.as_secs().min(99_999_999))
+    }
+}
+
+/// The gRPC status in a header block (trailers, or the headers of a trailers-only answer).
+pub fn status_of(headers: &HeaderMap) -> Option<Result<(), Status>> {
+    let code = headers.get("grpc-status")?;
+    let code = code.to_str().ok().and_then(|c| c.parse::<u32>().ok()).unwrap_or(UNKNOWN);
+    if code == 0 {
+        return Some(Ok(()));
+    }
+    let message = headers.get("grpc-message").map(|m| percent_decode(m.as_bytes())).unwrap_or_default();
+    Some(Err(Status::new(code, message)))
+}
+
+/// grpc-message is percent-encoded UTF-8.
+pub fn percent_decode(raw: &[u8]) -> String {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' && i + 2 < raw.len() {
+            let hex = std::str::from_utf8(&raw[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(b) = hex {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// gRPC's mapping of an HTTP status that is not 200 (grpc/doc/http-grpc-status-mapping.md).
+pub fn http_status(status: StatusCode) -> Status {
+    let code = match status.as_u16() {
+        400 => INTERNAL,
+        401 => UNAUTHENTICATED,
+        403 => PERMISSION_DENIED,
+        404 => UNIMPLEMENTED,
+        429 | 502 | 503 | 504 => UNAVAILABLE,
+        _ => UNKNOWN,
+    };
+    Status::new(code, format!("unexpected HTTP status {status} from the plugin"))
+}
+
+fn h2_status(e: h2::Error) -> Status {
+    if e.reason() == Some(h2::Reason::CANCEL) {
+        return Status::new(CANCELLED, format!("stream cancelled: {e}"));
+    }
+    Status::new(UNAVAILABLE, format!("HTTP/2: {e}"))
+}
+
+async fn unary(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: Option<Duration>, max: usize) -> Result<Bytes, Status> {
+    let mut sender = sender.ready().await.map_err(h2_status)?;
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(limit) = timeout {
+        request = request.header("grpc-timeout", timeout_header(limit));
+    }
+    let request = request.body(()).map_err(|e| Status::new(INTERNAL, format!("cannot build the request: {e}")))?;
+    let (response, mut stream) = sender.send_request(request, false).map_err(h2_status)?;
+    stream.send_data(frame, true).map_err(h2_status)?;
+    let (head, mut body) = response.await.map_err(h2_status)?.into_parts();
+    if head.status != StatusCode::OK {
+        return Err(http_status(head.status));
+    }
+    if let Some(Err(status)) = status_of(&head.headers) {
+        return Err(status); // trailers-only answer: an error and no message
+    }
+    let mut buf = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(h2_status)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        // Most answers arrive in one DATA frame: keep it as it came rather than copy it.
+        match first.take() {
+            None if buf.is_empty() => first = Some(chunk),
+            Some(earlier) => {
+                buf.extend_from_slice(&earlier);
+                buf.extend_from_slice(&chunk);
+            }
+            None => buf.extend_from_slice(&chunk),
+        }
+        if buf.len() > max.saturating_add(5) {
+            return Err(Status::new(RESOURCE_EXHAUSTED, format!("received message larger than max ({max} bytes)")));
+        }
+    }
+    let trailers = body.trailers().await.map_err(h2_status)?;
+    match trailers.as_ref().and_then(status_of) {
+        Some(Ok(())) => {}
+        Some(Err(status)) => return Err(status),
+        None => return Err(Status::new(INTERNAL, "the server ended the stream without a grpc-status")),
+    }
+    unframe(first.unwrap_or_else(|| buf.freeze()), max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let framed = frame(b"abc");
+        assert_eq!(&framed[..], b"\x00\x00\x00\x00\x03abc");
+        assert_eq!(unframe(framed, 16).unwrap(), Bytes::from_static(b"abc"));
+    }
+
+    #[test]
+    fn unframe_rejects_what_grpc_rejects() {
+        let cases: &[(&[u8], u32)] = &[
+            (b"", INTERNAL),
+            (b"\x00\x00\x00", INTERNAL),
+            (b"\x01\x00\x00\x00\x01a", INTERNAL),
+            (b"\x00\x00\x00\x00\x02a", INTERNAL),
+            (b"\x00\x00\x00\x00\x01ab", INTERNAL),
+            (b"\x00\x00\x00\x01\x00", RESOURCE_EXHAUSTED),
+        ];
+        for (body, code) in cases {
+            assert_eq!(unframe(Bytes::copy_from_slice(body), 16).unwrap_err().code, *code, "{body:?}");
+        }
+    }
+
+    #[test]
+    fn timeouts_fit_eight_digits() {
+        let cases = [(Duration::from_millis(0), "1m"), (Duration::from_secs(30), "30000m"), (Duration::from_secs(200_000), "200000S")];
+        for (limit, want) in cases {
+            assert_eq!(timeout_header(limit), want);
+        }
+    }
+
+    #[test]
+    fn status_from_headers() {
+        let mut h = HeaderMap::new();
+        assert_eq!(status_of(&h), None);
+        h.insert("grpc-status", "0".parse().unwrap());
+        assert_eq!(status_of(&h), Some(Ok(())));
+        h.insert("grpc-status", "14".parse().unwrap());
+        h.insert("grpc-message", "plugin %E2%9C%93 gone%2".parse().unwrap());
+        assert_eq!(status_of(&h), Some(Err(Status::new(UNAVAILABLE, "plugin \u{2713} gone%2"))));
+        h.insert("grpc-status", "x".parse().unwrap());
+        assert_eq!(status_of(&h).unwrap().unwrap_err().code, UNKNOWN);
+    }
+
+    #[test]
+    fn http_errors_map_as_grpc_does() {
+        assert_eq!(http_status(StatusCode::NOT_FOUND).code, UNIMPLEMENTED);
+        assert_eq!(http_status(StatusCode::SERVICE_UNAVAILABLE).code, UNAVAILABLE);
+        assert_eq!(http_status(StatusCode::IM_A_TEAPOT).code, UNKNOWN);
+    }
+}
