@@ -57,22 +57,15 @@ def test_every_path_commits_the_same_state(run_kl, db_url, monkeypatch, tls):
     assert docs["threads-native"] == docs["async-native"] == docs["async-grpcio"]
 
 
-@pytest.mark.parametrize("value", ["bogus", "aio"])
-def test_an_unknown_read_path_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch, value):
+@pytest.mark.parametrize("variable, value, allowed", [
+    ("KL_READ_PATH", "bogus", "auto, async, threads"), ("KL_READ_PATH", "aio", "auto, async, threads"),
+    ("KL_READ_TRANSPORT", "h2", "native, grpcio"), ("KL_READ_TRANSPORT", "grpc", "native, grpcio"),
+])
+def test_an_unknown_read_choice_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch, variable,
+                                                                                           value, allowed):
     assert run_kl("state", "import", "prod", "-", input=null_state(3, 1)).returncode == 0
-    monkeypatch.setenv("KL_READ_PATH", value)
+    monkeypatch.setenv(variable, value)
     r = run_kl("refresh", "prod", *SEARCH)
     err = r.stderr.decode()
-    assert r.returncode == 1 and err.strip() == f"kl: refresh failed: KL_READ_PATH={value!r} is not one of auto, async, threads", err
-    assert "Traceback" not in err and b"checked:  0" in r.stdout
-
-
-@pytest.mark.parametrize("value", ["h2", "grpc"])
-def test_an_unknown_read_transport_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch,
-                                                                                              value):
-    assert run_kl("state", "import", "prod", "-", input=null_state(3, 1)).returncode == 0
-    monkeypatch.setenv("KL_READ_TRANSPORT", value)
-    r = run_kl("refresh", "prod", *SEARCH)
-    err = r.stderr.decode()
-    assert r.returncode == 1 and err.strip() == f"kl: refresh failed: KL_READ_TRANSPORT={value!r} is not one of native, grpcio", err
+    assert r.returncode == 1 and err.strip() == f"kl: refresh failed: {variable}={value!r} is not one of {allowed}", err
     assert "Traceback" not in err and b"checked:  0" in r.stdout
