@@ -76,7 +76,7 @@ fi
 # The stamp holds the hash of what the build reads and the extras installed ("-" for none): an
 # install is redone when the sources changed or an extra is wanted that is not there yet.
 stamp=.venv/.kl-installed
-want=$(cat pyproject.toml codec_rs/Cargo.toml codec_rs/src/*.rs 2>/dev/null | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml .cargo/config.toml codec_rs/Cargo.toml codec_rs/src/*.rs 2>/dev/null | sha256sum | cut -c1-16)
 have_hash="" have_extras=""
 [ -f "$stamp" ] && read -r have_hash have_extras < "$stamp" || true
 [ -n "$have_hash" ] && [ -z "$have_extras" ] && have_extras=test,bench,lint  # a stamp from before extras were recorded

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, TypeVar
 
@@ -172,3 +173,11 @@ async def _open_and(client: Any, use: Callable[[AsyncReads], Awaitable[T]]) -> T
         return await use(reads)
     finally:
         await reads.aclose()
+
+
+def test_the_extension_is_built_without_aws_lc_jitter_entropy(native) -> None:
+    # .cargo/config.toml: with it, a process's first TLS handshake spent ~45 ms of CPU gathering
+    # entropy, and its failing health check aborts processes on some fresh VMs. Its functions are
+    # named jent_* (83 such names were in the library built without the setting).
+    assert b"jent_" not in Path(native.__file__).read_bytes(), \
+        f"{native.__file__} was built with CPU jitter entropy: build it under the repository, where .cargo/config.toml applies"
