@@ -29,7 +29,9 @@ class H2Channel:
     def wake_fd(self) -> int:
         """Readable when completions wait; read it empty, then call drain()."""
     def call(self, id: int, path: str, message: bytes, timeout: float | None = None) -> None:
-        """Starts a unary call; its completion comes out of drain() with this id."""
+        """Queues a unary call, started at the next flush(); its completion comes out of drain() with this id."""
+    def flush(self) -> None:
+        """Starts every queued call (one wake-up of the runtime's thread for all of them)."""
     def drain(self) -> list[tuple[int, int, bytes | str]]:
         """(id, 0, answer bytes) or (id, gRPC status code, message) for every finished call."""
     def close(self) -> None:

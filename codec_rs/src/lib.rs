@@ -137,7 +137,7 @@ mod python {
             self.channel.wake_fd()
         }
 
-        /// Starts a unary call; its completion comes out of drain() with this id.
+        /// Queues a unary call, started at the next flush(); its completion comes out of drain() with this id.
         #[pyo3(signature = (id, path, message, timeout=None))]
         fn call(&self, id: u64, path: &str, message: &[u8], timeout: Option<f64>) -> PyResult<()> {
             let limit = match timeout {
@@ -147,6 +147,11 @@ mod python {
             };
             self.channel.call(id, path, message, limit);
             Ok(())
+        }
+
+        /// Starts every queued call (one wake-up of the runtime's thread for all of them).
+        fn flush(&self) {
+            self.channel.flush();
         }
 
         /// [(id, 0, answer bytes) or (id, grpc status code, message)] for every finished call.

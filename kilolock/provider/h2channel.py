@@ -63,6 +63,7 @@ class H2Calls:
         self._waiting: dict[int, asyncio.Future[bytes]] = {}
         self._ids = itertools.count()
         self._closed = False
+        self._flush_pending = False
         self._loop.add_reader(self._fd, self._on_wake)
 
     async def call(self, path: str, message: bytes, timeout: float | None) -> bytes:
@@ -72,10 +73,17 @@ class H2Calls:
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._waiting[call_id] = future
         self._channel.call(call_id, path, message, timeout)
+        if not self._flush_pending:  # one flush for every call this turn of the loop makes
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)
         try:
             return await future
         finally:
             self._waiting.pop(call_id, None)  # cancelled: its late answer is dropped
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        self._channel.flush()
 
     def _on_wake(self) -> None:
         try:
