@@ -55,7 +55,11 @@ RSS_GROWTH_GATES = {"import": 4.0, "pull": 3.0, "refresh": 6.5} if not QUICK els
 # import 7.39 s (5.1x), pull 3.01 s (2.1x), refresh 30.25 s (20.8x; 57.9 s through threads in
 # session 6). The bare baseline, PostgreSQL and json.loads in C, gains more from a quiet machine
 # than kl's Python does, so the full gates sit above these quiet figures.
-TIME_GATES = {"import": 6.0, "pull": 5.0, "refresh": 25.0} if not QUICK else {"import": 5.0, "pull": 6.0, "refresh": 30.0}
+# Session 9, reads through the native HTTP/2 client, full mode on a quiet but slower machine (its
+# bare baseline took 3.01 s, twice session 8's): import 13.27 s (4.4x), 127 MiB; pull 6.60 s (2.2x),
+# 39 MiB; refresh 39.74 s (13.2x, was 20.8x), 245 MiB. The null provider's own CPU (~250 us per
+# read) now sets most of refresh's pace on two cores. The full refresh gate moves down to 18x.
+TIME_GATES = {"import": 6.0, "pull": 5.0, "refresh": 18.0} if not QUICK else {"import": 5.0, "pull": 6.0, "refresh": 30.0}
 TARGETS_100K = {"refresh": (15.0, 300), "import": (None, 200), "pull": (None, 200)}  # (seconds, MiB)
 
 _BARE = """

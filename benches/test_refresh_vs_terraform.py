@@ -64,7 +64,11 @@ SIZES: dict[int, tuple[int, float, float, float | None]] = {
     # Reads from the event loop (session 8, quick mode, quiet machine): kl.pyz 0.78 s against
     # Terraform 1.8.5's 3.02 s, 3.88x wall, 4.27x CPU (CI's quiet run before: 2.78x, kl 1.55 s). The
     # quick gates move up so that losing the async path (back to ~2.4-2.8x) fails CI.
-    2000: (3, 4.0, 3.0 if QUICK else 4.0, 3.2 if QUICK else None),
+    # Through the native HTTP/2 client (session 9, quick mode, quiet but slower machine: every peer
+    # took ~2x session 8's time): kl.pyz 1.13 s against Terraform 1.8.5's 5.74 s, 5.07x wall, 6.00x
+    # CPU, the target met. The quick gates move to the target itself (wall) and 4.5x (CPU), ~20% below
+    # what was measured, for CI's noise.
+    2000: (3, 4.0, 4.0, 4.5 if QUICK else None),
 }
 if not QUICK:
     # Session 8, quiet machine, reads from the event loop: kl.pyz 2.84 s (100 MiB) against OpenTofu

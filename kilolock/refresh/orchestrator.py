@@ -45,15 +45,16 @@ log = logging.getLogger("kilolock.refresh")
 
 GroupKey = tuple[str, str]  # (provider source, alias)
 
-# How a group's reads are made. From one asyncio event loop through grpc.aio, a read costs about a
-# quarter less CPU than from reader threads on grpc's blocking API (benches/
-# test_refresh_per_instance.py), but the loop needs a channel of its own (grpc.aio's start-up, a
-# connection, a TLS handshake where AutoMTLS completed): a whole 10-instance refresh measured ~40 ms
-# slower through the loop, so below ASYNC_MIN_INSTANCES reads the threads, on the channel that is
-# already open, finish first. Reads limited by a fleet-wide provider limit (kl provider limit) stay
-# on threads too: those may wait for the fleet's slots, which the loop must never do.
+# How a group's reads are made. From one asyncio event loop through the native HTTP/2 client, a read
+# costs about a third of the CPU it costs from reader threads on grpc's blocking API (benches/
+# test_refresh_per_instance.py), but the loop needs a connection of its own (a runtime thread, a TLS
+# handshake where AutoMTLS worked): on the quiet machine, with null 2.1.2's AutoMTLS, the read phase
+# took 19 ms through threads against 30 ms through the loop at 10 instances, 31 against 35 at 30,
+# 81 against 66 at 100 and 185 against 120 at 300. Below ASYNC_MIN_INSTANCES reads the threads, on
+# the channel that is already open, finish first. Reads limited by a fleet-wide provider limit (kl
+# provider limit) stay on threads too: those may wait for the fleet's slots, which the loop must never do.
 # KL_READ_PATH=threads|async forces one way (the tests run both).
-ASYNC_MIN_INSTANCES = 500
+ASYNC_MIN_INSTANCES = 50
 READ_PATHS = ("auto", "async", "threads")
 # What carries the loop's calls: the extension's HTTP/2 client (kilolock.provider.h2channel: about a
 # third of grpc.aio's CPU per call), or grpc.aio, which KL_READ_TRANSPORT=grpcio forces. Without the
