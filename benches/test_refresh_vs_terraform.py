@@ -74,6 +74,9 @@ if not QUICK:
     # Session 8, quiet machine, reads from the event loop: kl.pyz 2.84 s (100 MiB) against OpenTofu
     # 1.6.3's 50.3 s (292 MiB), 17.7x; the target (25x) is not reached. (Session 7's 23.2x, kl 4.44 s,
     # was against peers slowed by a loaded machine: OpenTofu 1.8.5 took 103 s there.)
+    # Session 9, native HTTP/2 client, quiet but slower machine: kl.pyz 4.17 s (98 MiB) against
+    # OpenTofu 1.8.5's 201.0 s (281 MiB), 48.2x; every peer took 201-231 s there, four times its
+    # session 8 time, while kl took 1.5x its own, so this machine flatters the ratio.
     SIZES[10000] = (1, 25.0, 25.0, None)
 # The shapes run at each size. for_each is slow for every peer at scale (Terraform 1.0.3 evaluates
 # it per instance; on 2026-11-30 Terraform 1.8.5 was still refreshing the 2,000-key state after
