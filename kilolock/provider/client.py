@@ -323,7 +323,7 @@ class GrpcProviderClient(ProviderClient):
 
 class AsyncReads:
     """ReadResource for a refresh that keeps many reads in flight from one event loop: through the
-    native HTTP/2 client (h2channel) where the plugin talks plaintext, else through grpc.aio. Per
+    native HTTP/2 client (h2channel) where the extension is built, else through grpc.aio. Per
     call, grpc.aio costs about two thirds of the CPU of the blocking API, whose reader threads also
     contend for the GIL with each other and with grpc's own threads; the native client less again.
 

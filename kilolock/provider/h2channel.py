@@ -24,10 +24,8 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def native_module() -> ModuleType | None:
-    """The extension, when it is built and has the HTTP/2 client (and the codec is not forced
-    to pure Python, which also means: no native code at all)."""
-    if os.environ.get("KL_CODEC_BACKEND", "").strip().lower() == "pure":
-        return None
+    """The extension, when it is built and has the HTTP/2 client. Independent of KL_CODEC, which
+    chooses the codec's backend only: KL_READ_TRANSPORT=grpcio is the transport's own switch."""
     try:
         from kilolock import _codec_rs
     except ImportError:

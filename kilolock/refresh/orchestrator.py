@@ -58,24 +58,24 @@ ASYNC_MIN_INSTANCES = 50
 READ_PATHS = ("auto", "async", "threads")
 # What carries the loop's calls: the extension's HTTP/2 client (kilolock.provider.h2channel: about a
 # third of grpc.aio's CPU per call), or grpc.aio, which KL_READ_TRANSPORT=grpcio forces. Without the
-# extension (KL_CODEC_BACKEND=pure, or a kl.pyz built without it) the loop uses grpc.aio either way.
+# extension (a kl.pyz built without it) the loop uses grpc.aio either way.
 READ_TRANSPORTS = ("native", "grpcio")
 
 
-def read_path() -> str:
-    """KL_READ_PATH, checked: KlError naming it when it is not one of READ_PATHS."""
-    value = os.environ.get("KL_READ_PATH", "auto").strip().lower() or "auto"
-    if value not in READ_PATHS:
-        raise KlError(f"KL_READ_PATH={value!r} is not one of {', '.join(READ_PATHS)}")
+def _env_choice(variable: str, choices: tuple[str, ...]) -> str:
+    """VARIABLE's value (unset or empty: the first choice), checked: KlError naming it otherwise."""
+    value = os.environ.get(variable, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise KlError(f"{variable}={value!r} is not one of {', '.join(choices)}")
     return value
+
+
+def read_path() -> str:
+    return _env_choice("KL_READ_PATH", READ_PATHS)
 
 
 def read_transport() -> str:
-    """KL_READ_TRANSPORT, checked: KlError naming it when it is not one of READ_TRANSPORTS."""
-    value = os.environ.get("KL_READ_TRANSPORT", "native").strip().lower() or "native"
-    if value not in READ_TRANSPORTS:
-        raise KlError(f"KL_READ_TRANSPORT={value!r} is not one of {', '.join(READ_TRANSPORTS)}")
-    return value
+    return _env_choice("KL_READ_TRANSPORT", READ_TRANSPORTS)
 
 
 def _async_reads(instances: int) -> bool:
