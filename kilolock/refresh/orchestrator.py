@@ -29,6 +29,7 @@ import psycopg
 from kilolock import drift as attribute_drift
 from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.provider import transport
 from kilolock.redact import Redactor
 from kilolock.refresh import inflight
 from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, ResourceClient, ResourceError, ThrottledError
@@ -56,12 +57,6 @@ GroupKey = tuple[str, str]  # (provider source, alias)
 # KL_READ_PATH=threads|async forces one way (the tests run both).
 ASYNC_MIN_INSTANCES = 50
 READ_PATHS = ("auto", "async", "threads")
-# What carries the loop's calls: the extension's HTTP/2 client (kilolock.provider.h2channel: about a
-# third of grpc.aio's CPU per call), or grpc.aio, which KL_READ_TRANSPORT=grpcio forces. Without the
-# extension (a kl.pyz built without it) the loop uses grpc.aio either way.
-READ_TRANSPORTS = ("native", "grpcio")
-
-
 def _env_choice(variable: str, choices: tuple[str, ...]) -> str:
     """VARIABLE's value (unset or empty: the first choice), checked: KlError naming it otherwise."""
     value = os.environ.get(variable, "").strip().lower() or choices[0]
@@ -72,10 +67,6 @@ def _env_choice(variable: str, choices: tuple[str, ...]) -> str:
 
 def read_path() -> str:
     return _env_choice("KL_READ_PATH", READ_PATHS)
-
-
-def read_transport() -> str:
-    return _env_choice("KL_READ_TRANSPORT", READ_TRANSPORTS)
 
 
 def _async_reads(instances: int) -> bool:
@@ -535,7 +526,7 @@ class _Run:
             cap = min(cap, fleet.limit) if cap else fleet.limit
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
-        reads, transport = "threads", "grpcio"
+        reads, transport = "threads", client.info.transport
         try:
             async_transport = None
             if fleet is None and _async_reads(len(entries)):
@@ -615,7 +606,7 @@ class _Run:
 
     async def _read_all(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
                         rng: random.Random) -> str | None:
-        reader = client.async_reader(read_transport())
+        reader = client.async_reader()
         if reader is None:
             return None
         total = len(entries)
@@ -709,7 +700,7 @@ def run(
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
         read_path()
-        read_transport()
+        transport.chosen()  # KL_PROVIDER_TRANSPORT
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)
