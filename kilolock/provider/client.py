@@ -161,7 +161,6 @@ class GrpcProviderClient(ProviderClient):
         self._channel = connection.channel
         self._caps = pb.ClientCapabilities(deferral_allowed=False, write_only_attributes_allowed=True)
         self._read_path = self._path("ReadResource")
-        self._read_answer = pb.ReadResource.Response.FromString
         # Reads send bytes made by wire.read_resource_request, not a message built per read.
         self._caps_field = message_field(5, self._caps)
         self._type_fields: dict[str, bytes] = {}  # ReadResource.Request field 1, per resource type

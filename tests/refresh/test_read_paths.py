@@ -25,18 +25,23 @@ def refresh(run_kl, name: str, *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_auto_reads_a_big_group_from_the_event_loop_and_a_small_one_from_threads(run_kl, db_url, monkeypatch):
+def test_auto_reads_from_the_event_loop_from_a_threshold_that_depends_on_the_transport(run_kl, db_url, monkeypatch):
     monkeypatch.delenv("KL_READ_PATH", raising=False)
     monkeypatch.delenv("KL_PROVIDER_TRANSPORT", raising=False)
-    for name, n in (("small", ASYNC_MIN_INSTANCES - 1), ("big", ASYNC_MIN_INSTANCES)):
+    threshold = ASYNC_MIN_INSTANCES["native"]
+    for name, n in (("small", threshold - 1), ("big", threshold)):
         assert run_kl("state", "import", name, "-", input=null_state(n, n)).returncode == 0
         out = refresh(run_kl, name)
         assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", n, 0, 0)
         [used] = out["concurrency"]
-        big = n >= ASYNC_MIN_INSTANCES  # null 2.1.2 completes AutoMTLS: the native client's TLS carries both
+        big = n >= threshold  # null 2.1.2 completes AutoMTLS: the native client's TLS carries both
         assert (used["reads"], used["transport"]) == ("async" if big else "threads", "native"), used
         runs = json.loads(run_kl("runs", name, "--format", "json").stdout)["runs"]
         assert runs[0]["concurrency"] == [used]
+    # Through grpcio the loop needs a grpc.aio channel of its own: a group that size keeps the threads.
+    monkeypatch.setenv("KL_PROVIDER_TRANSPORT", "grpcio")
+    [used] = refresh(run_kl, "big")["concurrency"]
+    assert (used["reads"], used["transport"]) == ("threads", "grpcio"), used
 
 
 @pytest.mark.parametrize("tls", ["automtls", "plaintext"])
