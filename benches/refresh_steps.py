@@ -63,6 +63,18 @@ def _timed(step: str, fn: Callable[..., Any], *, once: bool = False) -> Callable
     return wrapper
 
 
+def _timed_async(step: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            _record(step, start, time.monotonic())
+
+    return wrapper
+
+
 def _wrap(obj: Any, attr: str, step: str) -> None:
     fn = getattr(obj, attr, None)
     if fn is not None:
@@ -107,6 +119,8 @@ def _patch_factory(m: ModuleType) -> None:
 
 def _patch_orchestrator(m: ModuleType) -> None:
     _wrap(m, "_refresh_one", "read")  # one event per instance: the caller spans first to last
+    if hasattr(m, "_refresh_one_async"):  # reads from the event loop (from 5 instances since session 10)
+        m._refresh_one_async = _timed_async("read", m._refresh_one_async)
     _wrap(m, "commit_refresh", "commit")
     _wrap(m, "_finish", "finish audit row")
     _wrap(m, "run", "orchestrator run")
