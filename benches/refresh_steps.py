@@ -5,7 +5,8 @@ process with a tracer that timestamps each step, and print the timeline as JSON.
 
 The tracer is an import hook: it times the first import of the heavy packages (psycopg, grpc,
 protobuf and the generated stubs) and, once kl's own modules are loaded, wraps the functions that
-make up the steps (connect, provider launch, AutoMTLS probe, schema, configure, reads, commit).
+make up the steps (connect, provider launch, channel, AutoMTLS probe, schema, configure, reads,
+commit).
 Nothing in kl changes; the figures are wall-clock seconds since the tracer started (`t`, the
 interpreter's own start-up is the gap before it, measured by the caller). Imports that happen
 inside a wrapped step are counted in both, as they really delay that step.
@@ -62,6 +63,18 @@ def _timed(step: str, fn: Callable[..., Any], *, once: bool = False) -> Callable
     return wrapper
 
 
+def _timed_async(step: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            _record(step, start, time.monotonic())
+
+    return wrapper
+
+
 def _wrap(obj: Any, attr: str, step: str) -> None:
     fn = getattr(obj, attr, None)
     if fn is not None:
@@ -82,9 +95,16 @@ def _patch_process(m: ModuleType) -> None:
 
 
 def _patch_connection(m: ModuleType) -> None:
-    _wrap(m, "_open_channel", "grpc channel")
+    # kl before the provider transport (session 10) made its grpc channel here: the same step, so
+    # traces of the code before and after line up (grpcio connects at the first call, the probe).
+    _wrap(m, "_open_channel", "channel connect (TLS for the native client)")
     _wrap(m, "_probe", "AutoMTLS / first call (health probe)")
     _wrap(m.PluginConnection, "close", "provider close (Shutdown, exit, reap)")
+
+
+def _patch_transport(m: ModuleType) -> None:
+    # The connection calls it through the module (transport.open_channel), so this wrapper is seen.
+    _wrap(m, "open_channel", "channel connect (TLS for the native client)")
 
 
 def _patch_certs(m: ModuleType) -> None:
@@ -99,6 +119,8 @@ def _patch_factory(m: ModuleType) -> None:
 
 def _patch_orchestrator(m: ModuleType) -> None:
     _wrap(m, "_refresh_one", "read")  # one event per instance: the caller spans first to last
+    if hasattr(m, "_refresh_one_async"):  # reads from the event loop (from 5 instances since session 10)
+        m._refresh_one_async = _timed_async("read", m._refresh_one_async)
     _wrap(m, "commit_refresh", "commit")
     _wrap(m, "_finish", "finish audit row")
     _wrap(m, "run", "orchestrator run")
@@ -116,6 +138,7 @@ def _patch_cli(m: ModuleType) -> None:
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "kilolock.store.db": _patch_db,
     "kilolock.provider.process": _patch_process,
+    "kilolock.provider.transport": _patch_transport,
     "kilolock.provider.connection": _patch_connection,
     "kilolock.provider.certs": _patch_certs,
     "kilolock.refresh.factory": _patch_factory,

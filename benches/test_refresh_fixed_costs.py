@@ -109,7 +109,7 @@ def steps_of(doc: dict[str, Any], before_t0: float, wall: float) -> dict[str, fl
         "AutoMTLS client certificate": _dur(ev, "AutoMTLS client certificate"),
         "provider spawn": _dur(ev, "provider spawn"),
         "provider handshake wait": _dur(ev, "provider handshake wait") or _dur(ev, "provider launch (spawn to handshake line)"),
-        "grpc channel": _dur(ev, "grpc channel"),
+        "channel connect (TLS for the native client)": _dur(ev, "channel connect (TLS for the native client)"),
         "AutoMTLS / first call (health probe)": _dur(ev, "AutoMTLS / first call (health probe)"),
         "schema (cached)": _dur(ev, "schema (cached or fetched)"),
         "validate + configure": _dur(ev, "validate + configure"),

@@ -1,6 +1,6 @@
 """Typed interface of the native extension (codec_rs/, built by maturin). The codec has the same API
 as kilolock.codec.pure, both typed by kilolock.codec.abc; its errors are
-kilolock.codec.errors.CodecError. H2Channel is the event loop's ReadResource transport."""
+kilolock.codec.errors.CodecError. H2Channel is kl's gRPC client for provider plugins."""
 from typing import final
 
 __version__: str
@@ -21,7 +21,7 @@ def compile_type(type_json: bytes | bytearray) -> CodecType:
 
 @final
 class H2Channel:
-    """One HTTP/2 connection to a plugin for unary gRPC calls (codec_rs/src/transport.rs), used by
+    """One HTTP/2 connection to a plugin for its gRPC calls (codec_rs/src/transport.rs), used by
     kilolock.provider.h2channel. Raises OSError when it cannot connect."""
     def __init__(self, target: str, max_message_bytes: int,
                  tls: tuple[bytes, bytes, bytes] | None = None) -> None:
@@ -34,5 +34,17 @@ class H2Channel:
         """Starts every queued call (one wake-up of the runtime's thread for all of them)."""
     def drain(self) -> list[tuple[int, int, bytes | str]]:
         """(id, 0, answer bytes) or (id, gRPC status code, message) for every finished call."""
+    def call_blocking(self, path: str, message: bytes, timeout: float | None = None) -> tuple[int, bytes | str]:
+        """A unary call from a thread, waited for without the GIL: (0, answer bytes) or (gRPC
+        status code, message). Signals are checked every tenth of a second (Ctrl-C interrupts)."""
+    def stream(self, path: str, message: bytes) -> H2Stream:
+        """Starts a server-streaming call."""
     def close(self) -> None:
-        """Ends the connection; calls in flight never complete."""
+        """Ends the connection; calls in flight never complete (blocking ones return UNAVAILABLE)."""
+
+@final
+class H2Stream:
+    """The messages of one server-streaming call, then its end."""
+    def recv(self, timeout: float) -> bytes | tuple[int, str] | None:
+        """The next message's bytes, or the end as (gRPC status code, message), 0 for OK; None when
+        nothing came within ``timeout`` seconds (waited for without the GIL)."""

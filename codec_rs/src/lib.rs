@@ -28,6 +28,9 @@ mod python {
     use pyo3::prelude::*;
     use pyo3::sync::GILOnceCell;
     use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyType};
+    use std::sync::mpsc::{Receiver, RecvTimeoutError};
+    use std::sync::Mutex;
+    use std::time::Duration;
 
     /// Inputs this large are worked on with the GIL released.
     const RELEASE_GIL_ABOVE: usize = 16 * 1024;
@@ -110,8 +113,8 @@ mod python {
         }
     }
 
-    /// One HTTP/2 connection to a plugin for unary gRPC calls (transport.rs); used by
-    /// kilolock.provider.h2 for ReadResource. Connect failures raise OSError.
+    /// One HTTP/2 connection to a plugin for its gRPC calls (transport.rs); used by
+    /// kilolock.provider.h2channel. Connect failures raise OSError.
     #[pyclass(frozen, module = "kilolock._codec_rs", name = "H2Channel")]
     pub struct H2Channel {
         channel: crate::transport::Channel,
@@ -140,13 +143,34 @@ mod python {
         /// Queues a unary call, started at the next flush(); its completion comes out of drain() with this id.
         #[pyo3(signature = (id, path, message, timeout=None))]
         fn call(&self, id: u64, path: &str, message: &[u8], timeout: Option<f64>) -> PyResult<()> {
-            let limit = match timeout {
-                None => None,
-                Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t.min(1e9))),
-                Some(t) => return Err(pyo3::exceptions::PyValueError::new_err(format!("invalid timeout {t}"))),
-            };
-            self.channel.call(id, path, message, limit);
+            self.channel.call(id, path, message, deadline(timeout)?);
             Ok(())
+        }
+
+        /// A unary call from a thread: waits (without the GIL) for (0, answer bytes) or
+        /// (gRPC status code, message). Signals are checked every tenth of a second, so Ctrl-C
+        /// interrupts the wait; the call itself then ends at its deadline or at close().
+        #[pyo3(signature = (path, message, timeout=None))]
+        fn call_blocking<'py>(&self, py: Python<'py>, path: &str, message: &[u8], timeout: Option<f64>) -> PyResult<(u32, Bound<'py, PyAny>)> {
+            let mut answer = self.channel.call_blocking(path, message, deadline(timeout)?);
+            loop {
+                // Moved in and out: a Receiver may move between threads but not be shared.
+                let (got, back) = py.allow_threads(move || (answer.recv_timeout(SIGNAL_CHECK), answer));
+                answer = back;
+                match got {
+                    Ok(Ok(bytes)) => return Ok((0, PyBytes::new(py, &bytes).into_any())),
+                    Ok(Err(status)) => return Ok((status.code, PyString::new(py, &status.message).into_any())),
+                    Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Ok((crate::transport::UNAVAILABLE, PyString::new(py, "the channel was closed").into_any()))
+                    }
+                }
+            }
+        }
+
+        /// Starts a server-streaming call; read it with H2Stream.recv().
+        fn stream(&self, path: &str, message: &[u8]) -> H2Stream {
+            H2Stream { events: Mutex::new(self.channel.open_stream(path, message)) }
         }
 
         /// Starts every queued call (one wake-up of the runtime's thread for all of them).
@@ -174,12 +198,50 @@ mod python {
         }
     }
 
+    const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+    fn deadline(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+        match timeout {
+            None => Ok(None),
+            Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t.min(1e9)))),
+            Some(t) => Err(pyo3::exceptions::PyValueError::new_err(format!("invalid timeout {t}"))),
+        }
+    }
+
+    /// The messages of one server-streaming call, then its end.
+    #[pyclass(frozen, module = "kilolock._codec_rs", name = "H2Stream")]
+    pub struct H2Stream {
+        events: Mutex<Receiver<crate::transport::StreamEvent>>,
+    }
+
+    #[pymethods]
+    impl H2Stream {
+        /// Waits up to `timeout` seconds (without the GIL): the next message's bytes, or the end
+        /// as (gRPC status code, message), 0 for OK; None when nothing came in time. After the
+        /// end, or once the channel is closed, it returns an end at once.
+        fn recv<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Option<Bound<'py, PyAny>>> {
+            use crate::transport::StreamEvent;
+            let limit = deadline(Some(timeout))?.unwrap_or(SIGNAL_CHECK);
+            let event = py.allow_threads(|| self.events.lock().unwrap_or_else(|p| p.into_inner()).recv_timeout(limit));
+            Ok(Some(match event {
+                Ok(StreamEvent::Message(bytes)) => PyBytes::new(py, &bytes).into_any(),
+                Ok(StreamEvent::End(Ok(()))) => (0u32, "").into_pyobject(py)?.into_any(),
+                Ok(StreamEvent::End(Err(status))) => (status.code, status.message).into_pyobject(py)?.into_any(),
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => {
+                    (crate::transport::CANCELLED, "the channel was closed").into_pyobject(py)?.into_any()
+                }
+            }))
+        }
+    }
+
     #[pymodule]
     fn _codec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("MAX_DEPTH", MAX_DEPTH)?;
         m.add_class::<CodecType>()?;
         m.add_class::<H2Channel>()?;
+        m.add_class::<H2Stream>()?;
         m.add_function(wrap_pyfunction!(compile_type, m)?)?;
         Ok(())
     }

@@ -1,20 +1,24 @@
-//! gRPC unary calls over HTTP/2 (the `h2` crate on a one-thread tokio runtime), for the refresh's
-//! hot loop of ReadResource calls. Python keeps everything else: it builds the request bytes,
-//! parses the answer with its generated protobuf classes and drives its asyncio loop. This module
-//! only frames a message, sends it on its own stream and hands back the answer's message bytes or
-//! its gRPC status.
+//! gRPC over HTTP/2 (the `h2` crate on a one-thread tokio runtime): kl's client for a provider
+//! plugin. Python keeps everything else: it builds the request bytes, parses the answers with its
+//! generated protobuf classes and drives its threads and asyncio loop. This module only frames a
+//! message, sends it on its own stream and hands back the answer's message bytes (or, for a
+//! server-streaming call, each message as it comes) and the gRPC status.
 //!
-//! Why: through grpcio, each call costs the Python event loop ~120 µs of CPU in grpc.aio's own
-//! code; here a call is one method call to start and a share of one batched wake-up to finish,
-//! and the HTTP/2 work runs on the runtime's thread without the GIL.
+//! Why: through grpcio, each ReadResource costs the Python event loop ~120 µs of CPU in grpc.aio's
+//! own code; here a call is one method call to start and a share of one batched wake-up to finish,
+//! and the HTTP/2 work runs on the runtime's thread without the GIL. A small refresh does not import
+//! grpc at all, and the TLS handshake runs without the GIL while the main thread imports.
 //!
-//! Completions are queued in an inbox; the first one after a drain writes one byte to a socket
-//! whose other end the caller watches (asyncio's `add_reader`). Draining clears the flag under
-//! the same lock, so no completion is ever left without a byte to announce it.
+//! A finished call goes where its caller waits ([`Reply`]): the event loop's completions are queued
+//! in an inbox, and the first one after a drain writes one byte to a socket whose other end the
+//! loop watches (asyncio's `add_reader`); draining clears the flag under the same lock, so no
+//! completion is ever left without a byte to announce it. A blocking caller (a thread) waits on a
+//! channel of its own, as does the reader of a server stream.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -182,12 +186,39 @@ struct Live {
     sender: SendRequest<Bytes>,
 }
 
+/// What a server-streaming call yields: each message, then its end (the gRPC status).
+#[derive(Debug)]
+pub enum StreamEvent {
+    Message(Bytes),
+    End(Result<(), Status>),
+}
+
+/// Where a finished call's outcome goes.
+enum Reply {
+    /// The event loop's calls: the inbox, announced on the wake socket, with the caller's id.
+    Inbox(u64),
+    /// A thread blocked in `call_blocking`.
+    Direct(SyncSender<Result<Bytes, Status>>),
+    /// The reader of a server-streaming call.
+    Stream(Sender<StreamEvent>),
+}
+
 /// A call waiting for the dispatcher to start it.
 struct Queued {
-    id: u64,
+    reply: Reply,
     uri: String,
     frame: Bytes,
     timeout: Option<Duration>,
+}
+
+/// The answer of a call whose deadline may pass first.
+async fn within<F: std::future::Future<Output = Result<Bytes, Status>>>(timeout: Option<Duration>, call: F) -> Result<Bytes, Status> {
+    match timeout {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(Status::new(DEADLINE_EXCEEDED, "Deadline Exceeded"))),
+        None => call.await,
+    }
 }
 
 /// Calls are queued by `call` and started by one dispatcher task when `flush` wakes it: the caller
@@ -200,15 +231,21 @@ async fn dispatch(sender: SendRequest<Bytes>, outbox: Arc<Mutex<Vec<Queued>>>, w
         let batch = std::mem::take(&mut *outbox.lock().unwrap_or_else(|p| p.into_inner()));
         for request in batch {
             let (sender, inbox) = (sender.clone(), Arc::clone(&inbox));
+            let Queued { reply, uri, frame, timeout } = request;
             tokio::spawn(async move {
-                let call = unary(sender, request.uri, request.frame, request.timeout, max);
-                let outcome = match request.timeout {
-                    Some(limit) => tokio::time::timeout(limit, call)
-                        .await
-                        .unwrap_or_else(|_| Err(Status::new(DEADLINE_EXCEEDED, "Deadline Exceeded"))),
-                    None => call.await,
-                };
-                deliver(&inbox, Completion { id: request.id, outcome });
+                match reply {
+                    Reply::Inbox(id) => {
+                        let outcome = within(timeout, unary(sender, uri, frame, timeout, max)).await;
+                        deliver(&inbox, Completion { id, outcome });
+                    }
+                    Reply::Direct(waiter) => {
+                        let _ = waiter.send(within(timeout, unary(sender, uri, frame, timeout, max)).await);
+                    }
+                    Reply::Stream(events) => {
+                        let end = server_stream(sender, uri, frame, max, &events).await;
+                        let _ = events.send(StreamEvent::End(end));
+                    }
+                }
             });
         }
     }
@@ -263,15 +300,49 @@ impl Channel {
         self.wake_reader.as_raw_fd()
     }
 
+    fn closed(&self) -> bool {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
+    fn queue(&self, reply: Reply, path: &str, message: &[u8], timeout: Option<Duration>) {
+        let request = Queued { reply, uri: format!("http://localhost{path}"), frame: frame(message), timeout };
+        self.outbox.lock().unwrap_or_else(|p| p.into_inner()).push(request);
+    }
+
     /// Queues a unary call of `path` ("/package.Service/Method"); its completion carries `id`.
     /// It starts at the next `flush`. After `close`, the call completes at once with UNAVAILABLE.
     pub fn call(&self, id: u64, path: &str, message: &[u8], timeout: Option<Duration>) {
-        if self.live.lock().unwrap_or_else(|p| p.into_inner()).is_none() {
+        if self.closed() {
             deliver(&self.inbox, Completion { id, outcome: Err(Status::new(UNAVAILABLE, "the channel is closed")) });
             return;
         }
-        let request = Queued { id, uri: format!("http://localhost{path}"), frame: frame(message), timeout };
-        self.outbox.lock().unwrap_or_else(|p| p.into_inner()).push(request);
+        self.queue(Reply::Inbox(id), path, message, timeout);
+    }
+
+    /// Starts a unary call now, for a caller that waits for it on the returned receiver (which
+    /// reports a disconnect if the channel closes first).
+    pub fn call_blocking(&self, path: &str, message: &[u8], timeout: Option<Duration>) -> Receiver<Result<Bytes, Status>> {
+        let (waiter, answer) = std::sync::mpsc::sync_channel(1);
+        if self.closed() {
+            let _ = waiter.send(Err(Status::new(UNAVAILABLE, "the channel is closed")));
+        } else {
+            self.queue(Reply::Direct(waiter), path, message, timeout);
+            self.dispatcher.notify_one();
+        }
+        answer
+    }
+
+    /// Starts a server-streaming call now: its messages, then its end, arrive on the receiver.
+    /// Dropping the receiver ends the call (its stream is reset at the next message).
+    pub fn open_stream(&self, path: &str, message: &[u8]) -> Receiver<StreamEvent> {
+        let (events, receiver) = std::sync::mpsc::channel();
+        if self.closed() {
+            let _ = events.send(StreamEvent::End(Err(Status::new(UNAVAILABLE, "the channel is closed"))));
+        } else {
+            self.queue(Reply::Stream(events), path, message, None);
+            self.dispatcher.notify_one();
+        }
+        receiver
     }
 
     /// Starts every queued call.
@@ -286,13 +357,15 @@ impl Channel {
         std::mem::take(&mut inbox.items)
     }
 
-    /// Ends the connection; calls in flight are dropped (their streams reset) without completing.
+    /// Ends the connection; calls in flight are dropped (their streams reset) without completing,
+    /// so a blocking caller's or a stream reader's receiver reports a disconnect.
     pub fn close(&self) {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(Live { runtime, sender }) = live {
             drop(sender);
             runtime.shutdown_background();
         }
+        drop(std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|p| p.into_inner())));
     }
 }
 
@@ -389,7 +462,9 @@ fn h2_status(e: h2::Error) -> Status {
     Status::new(UNAVAILABLE, format!("HTTP/2: {e}"))
 }
 
-async fn unary(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: Option<Duration>, max: usize) -> Result<Bytes, Status> {
+/// Sends the request; the answer's body once its headers say it carries messages (a trailers-only
+/// answer is its status).
+async fn start(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: Option<Duration>) -> Result<h2::RecvStream, Status> {
     let mut sender = sender.ready().await.map_err(h2_status)?;
     let mut request = Request::builder()
         .method(Method::POST)
@@ -402,13 +477,27 @@ async fn unary(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: O
     let request = request.body(()).map_err(|e| Status::new(INTERNAL, format!("cannot build the request: {e}")))?;
     let (response, mut stream) = sender.send_request(request, false).map_err(h2_status)?;
     stream.send_data(frame, true).map_err(h2_status)?;
-    let (head, mut body) = response.await.map_err(h2_status)?.into_parts();
+    let (head, body) = response.await.map_err(h2_status)?.into_parts();
     if head.status != StatusCode::OK {
         return Err(http_status(head.status));
     }
     if let Some(Err(status)) = status_of(&head.headers) {
         return Err(status); // trailers-only answer: an error and no message
     }
+    Ok(body)
+}
+
+/// The status in the trailers that end a stream.
+async fn final_status(body: &mut h2::RecvStream) -> Result<(), Status> {
+    let trailers = body.trailers().await.map_err(h2_status)?;
+    match trailers.as_ref().and_then(status_of) {
+        Some(result) => result,
+        None => Err(Status::new(INTERNAL, "the server ended the stream without a grpc-status")),
+    }
+}
+
+async fn unary(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: Option<Duration>, max: usize) -> Result<Bytes, Status> {
+    let mut body = start(sender, uri, frame, timeout).await?;
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     while let Some(chunk) = body.data().await {
@@ -427,13 +516,52 @@ async fn unary(sender: SendRequest<Bytes>, uri: String, frame: Bytes, timeout: O
             return Err(Status::new(RESOURCE_EXHAUSTED, format!("received message larger than max ({max} bytes)")));
         }
     }
-    let trailers = body.trailers().await.map_err(h2_status)?;
-    match trailers.as_ref().and_then(status_of) {
-        Some(Ok(())) => {}
-        Some(Err(status)) => return Err(status),
-        None => return Err(Status::new(INTERNAL, "the server ended the stream without a grpc-status")),
-    }
+    final_status(&mut body).await?;
     unframe(first.unwrap_or_else(|| buf.freeze()), max)
+}
+
+/// The complete messages at the front of `buf`, taken out of it; what remains is the start of
+/// the next one.
+pub fn split_messages(buf: &mut BytesMut, max: usize) -> Result<Vec<Bytes>, Status> {
+    let mut out = Vec::new();
+    while buf.len() >= 5 {
+        if buf[0] != 0 {
+            return Err(Status::new(INTERNAL, "the server sent a compressed message, which was not asked for"));
+        }
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        if len > max {
+            return Err(Status::new(RESOURCE_EXHAUSTED, format!("received message larger than max ({len} vs. {max})")));
+        }
+        if buf.len() < 5 + len {
+            break;
+        }
+        let mut message = buf.split_to(5 + len);
+        out.push(message.split_off(5).freeze());
+    }
+    Ok(out)
+}
+
+/// A server-streaming call: each message goes to `events` as it is complete; the status is
+/// returned. Ends early, resetting the stream, when nobody listens any more.
+async fn server_stream(sender: SendRequest<Bytes>, uri: String, frame: Bytes, max: usize, events: &Sender<StreamEvent>) -> Result<(), Status> {
+    let mut body = start(sender, uri, frame, None).await?;
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(h2_status)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+        for message in split_messages(&mut buf, max)? {
+            if events.send(StreamEvent::Message(message)).is_err() {
+                return Err(Status::new(CANCELLED, "the reader went away"));
+            }
+        }
+    }
+    final_status(&mut body).await?;
+    if buf.is_empty() {
+        Ok(())
+    } else {
+        Err(Status::new(INTERNAL, format!("the stream ended inside a message ({} bytes left)", buf.len())))
+    }
 }
 
 #[cfg(test)]
@@ -460,6 +588,22 @@ mod tests {
         for (body, code) in cases {
             assert_eq!(unframe(Bytes::copy_from_slice(body), 16).unwrap_err().code, *code, "{body:?}");
         }
+    }
+
+    #[test]
+    fn stream_messages_split_where_they_end() {
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(b"\x00\x00\x00\x00\x02ab\x00\x00\x00\x00\x00\x00\x00\x00");
+        let got = split_messages(&mut buf, 16).unwrap();
+        assert_eq!(got, vec![Bytes::from_static(b"ab"), Bytes::new()]);
+        assert_eq!(&buf[..], b"\x00\x00\x00"); // the next message's prefix, not yet whole
+        buf.extend_from_slice(b"\x00\x01z");
+        assert_eq!(split_messages(&mut buf, 16).unwrap(), vec![Bytes::from_static(b"z")]);
+        assert!(buf.is_empty());
+        let mut big = BytesMut::from(&b"\x00\x00\x00\x01\x00"[..]);
+        assert_eq!(split_messages(&mut big, 16).unwrap_err().code, RESOURCE_EXHAUSTED);
+        let mut packed = BytesMut::from(&b"\x01\x00\x00\x00\x00"[..]);
+        assert_eq!(split_messages(&mut packed, 16).unwrap_err().code, INTERNAL);
     }
 
     #[test]

@@ -376,7 +376,7 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
                                      on_lock_wait=progress.lock_wait if progress else None)
             used.extend(factory.used)
             if factory.unavailable is not None:
-                raise factory.unavailable  # grpc cannot load here: one line about that, not a provider failure
+                raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure
             counts = None
             if result.status == "succeeded" and counts_used(args):
                 if conn.broken:  # it broke after the commit, and the run finished its row on a new one

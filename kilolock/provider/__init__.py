@@ -13,19 +13,22 @@ Module map: handshake (parse the stdout line) → process (spawn, drain, reap) �
 certificate) → connection (channel, TLS fallback, StreamStdio, Shutdown) → client (the RPCs, one
 implementation for both protocol versions) with convert (wire messages → kilolock types, including
 the sensitive paths in ReadResource's undeclared field 6) and wire (DynamicValue bytes, unknown
-fields). discovery finds binaries; logbridge maps plugin stderr to logging
-(``kilolock.provider.<type>``), masking the secrets of the run that launched the plugin.
+fields). Under the client, rpc defines the channel it calls through; transport picks one:
+h2channel (kl's native HTTP/2 client, the default) or grpcio_channel. discovery finds binaries;
+logbridge maps plugin stderr to logging (``kilolock.provider.<type>``), masking the secrets of the
+run that launched the plugin.
 
-Importing this package does not import grpc (see launch); the client module does.
+Importing this package does not import grpc; only grpcio_channel does, when grpcio is the transport.
 
-Environment: KL_DISABLE_PLUGIN_TLS / TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER
+Environment: KL_PROVIDER_TRANSPORT=native|grpcio chooses the client; KL_DISABLE_PLUGIN_TLS /
+TF_DISABLE_PLUGIN_TLS turn AutoMTLS off; TF_LOG, TF_LOG_PROVIDER
 or KL_LOG make providers log verbosely (otherwise kl asks them for warnings only).
 """
 from __future__ import annotations
 
 import os
 
-# grpc core reads these once, when grpc is first imported (by the client and connection modules):
+# grpc core reads these once, when grpc is first imported (by grpcio_channel):
 # INFO lines from its TLS and fork handlers would otherwise reach the user's terminal.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
@@ -46,7 +49,7 @@ from kilolock.provider.process import kill_all
 if TYPE_CHECKING:
     from kilolock.provider.client import DEFAULT_TERRAFORM_VERSION, ProviderClient, ReadResult
 
-# The client module loads grpc and the protocol stubs, which a refresh imports only once its first
+# The client module loads the protocol stubs (protobuf), which a refresh imports only once its first
 # plugin is starting (kilolock.provider.launch): these names load it on first use.
 _FROM_CLIENT = ("DEFAULT_TERRAFORM_VERSION", "ProviderClient", "ReadResult")
 

@@ -1,41 +1,33 @@
 """A launched plugin plus its gRPC channel: AutoMTLS, readiness probe, StreamStdio, ordered close.
 
-AutoMTLS is on unless ``KL_DISABLE_PLUGIN_TLS`` (or Terraform's own ``TF_DISABLE_PLUGIN_TLS``) is
-set. go-plugin servers always present a P-521 certificate. Under TLS 1.2 (providers built with old
-Go, e.g. null 2.1.2) grpcio completes the handshake. Under TLS 1.3, which every current Go
-negotiates, the server must sign with ecdsa_secp521r1_sha512, and grpcio's BoringSSL does not offer
-that signature algorithm, nor can it be configured (grpc/grpc#41089): the server answers
-handshake_failure. kl then starts the provider again without ``PLUGIN_CLIENT_CERT``: plaintext gRPC
-over a unix socket in a private 0700 directory (PLUGIN_UNIX_SOCKET_DIR) that only kl's user can
-reach, logs it at INFO, and skips the attempt for that binary from then on: for the rest of the
-process, and in later runs through ``tlsmemo`` (keyed by the binary's path, size and mtime and the
-grpcio version).
+The channel is kl's native HTTP/2 client where the extension is built, else grpcio
+(kilolock.provider.transport). AutoMTLS is on unless ``KL_DISABLE_PLUGIN_TLS`` (or Terraform's own
+``TF_DISABLE_PLUGIN_TLS``) is set. go-plugin servers always present a P-521 certificate. The native
+client (rustls with aws-lc) completes the handshake under TLS 1.2 and 1.3. grpcio completes it
+only under TLS 1.2 (providers built with old Go, e.g. null 2.1.2): under TLS 1.3, which every
+current Go negotiates, the server must sign with ecdsa_secp521r1_sha512, which grpcio's BoringSSL
+neither offers nor can be configured to (grpc/grpc#41089), and the server answers
+handshake_failure. When AutoMTLS fails, kl starts the provider again without
+``PLUGIN_CLIENT_CERT``: plaintext gRPC over a unix socket in a private 0700 directory
+(PLUGIN_UNIX_SOCKET_DIR) that only kl's user can reach, logs it at INFO, and skips the attempt for
+that binary from then on: for the rest of the process, and in later runs through ``tlsmemo``
+(keyed by the binary's path, size and mtime and the client's id).
 Every plugin gets such a private socket directory, TLS or not (go-plugin < 1.5 ignores it and uses
 $TMPDIR, where the socket is still closed to other users by its mode).
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from typing import Any, Literal, overload
 
-# grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
-# below makes that routine; kl reports it through logging instead. Only a default: an operator's
-# own GRPC_VERBOSITY wins, and it must be set before grpc is first imported to take effect.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
-import grpc
-import grpc.aio
-from google.protobuf import empty_pb2
-
-from kilolock.provider import launch, tlsmemo
+from kilolock.provider import launch, tlsmemo, transport
 from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
-from kilolock.provider.certs import der_to_pem, process_client_certificate
+from kilolock.provider.certs import process_client_certificate
 from kilolock.provider.errors import PluginStartError
 from kilolock.provider.launch import DEFAULT_START_TIMEOUT, TlsChoice, choose_tls, spawn_plugin
 from kilolock.provider.process import PluginProcess
+from kilolock.provider.rpc import Channel, RpcError, StatusCode
 from kilolock.redact import Redactor
 
 _log = logging.getLogger(__name__)
@@ -46,7 +38,7 @@ _SHUTDOWN_GRACE = 2.0  # go-plugin's Kill waits 2 s before SIGKILL
 
 
 class PluginConnection:
-    def __init__(self, process: PluginProcess, channel: grpc.Channel, tls: bool) -> None:
+    def __init__(self, process: PluginProcess, channel: Channel, tls: bool) -> None:
         assert process.handshake is not None
         self.process = process
         self.channel = channel
@@ -55,28 +47,28 @@ class PluginConnection:
         self.name = process.spec.name
         self._closed = False
         self._close_lock = threading.Lock()
-        self._stdio_call: grpc.CallIterator[Any] | None = None
         self._stdio_thread = threading.Thread(target=self._drain_stdio, name=f"kl-{self.name}-stdio", daemon=True)
 
     def start_stdio(self) -> None:
         self._stdio_thread.start()
 
+    @property
+    def transport(self) -> str:
+        """Which client carries the calls: "native" or "grpcio"."""
+        return self.channel.transport
+
     def _drain_stdio(self) -> None:
-        stream = self.channel.unary_stream(
-            "/plugin.GRPCStdio/StreamStdio",
-            request_serializer=empty_pb2.Empty.SerializeToString,
-            response_deserializer=grpc_stdio_pb2.StdioData.FromString,
-        )
         try:
-            call = stream(empty_pb2.Empty())
-            self._stdio_call = call
-            for item in call:
+            for data in self.channel.stream("/plugin.GRPCStdio/StreamStdio", b""):  # google.protobuf.Empty
+                item = grpc_stdio_pb2.StdioData.FromString(data)
                 channel = "stderr" if item.channel == grpc_stdio_pb2.StdioData.STDERR else "stdout"
                 text = self.process.spec.secrets.redact(item.data.decode("utf-8", "replace").rstrip())
                 self.process.logger.info("plugin %s: %s", channel, text)
-        except grpc.RpcError as exc:
+        except RpcError as exc:
             # UNIMPLEMENTED from old go-plugin servers, CANCELLED/UNAVAILABLE at close: all normal.
-            self.process.logger.debug("StreamStdio ended: %s", exc.code())
+            self.process.logger.debug("StreamStdio ended: %s", exc.code.name)
+        except Exception as exc:  # noqa: BLE001 - a malformed message ends the log stream, not the run
+            self.process.logger.debug("StreamStdio ended: %s", exc)
 
     def close(self) -> None:
         """Shutdown → close the channel → wait up to 2 s → SIGKILL; idempotent."""
@@ -87,17 +79,12 @@ class PluginConnection:
         deadline = time.monotonic() + _SHUTDOWN_GRACE  # one 2 s budget for Shutdown and the exit
         try:
             if self.process.alive():
-                shutdown = self.channel.unary_unary(
-                    "/plugin.GRPCController/Shutdown",
-                    request_serializer=grpc_controller_pb2.Empty.SerializeToString,
-                    response_deserializer=grpc_controller_pb2.Empty.FromString,
-                )
                 try:
-                    shutdown(grpc_controller_pb2.Empty(), timeout=_SHUTDOWN_GRACE)
-                except grpc.RpcError as exc:
-                    code = exc.code()
-                    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                        self.process.logger.debug("Shutdown answered %s; killing", code)
+                    self.channel.unary("/plugin.GRPCController/Shutdown", grpc_controller_pb2.Empty().SerializeToString(),
+                                       timeout=_SHUTDOWN_GRACE)
+                except RpcError as exc:
+                    if exc.code not in (StatusCode.UNAVAILABLE, StatusCode.CANCELLED):
+                        self.process.logger.debug("Shutdown answered %s; killing", exc.code.name)
         finally:
             self.channel.close()
             if not self.process.wait(max(0.1, deadline - time.monotonic())):
@@ -105,50 +92,36 @@ class PluginConnection:
             self.process.kill()
 
 
-def open_aio_channel(connection: PluginConnection) -> grpc.aio.Channel:
-    """A second channel to the plugin, for grpc.aio: bound to the event loop running when it is
-    made, which must also close it. Same target and credentials as ``connection.channel``."""
-    return _open_channel(connection.process, connection.tls, aio=True)
-
-
-@overload
-def _open_channel(process: PluginProcess, tls: bool) -> grpc.Channel: ...
-@overload
-def _open_channel(process: PluginProcess, tls: bool, aio: Literal[True]) -> grpc.aio.Channel: ...
-def _open_channel(process: PluginProcess, tls: bool, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
-    hs = process.handshake
-    assert hs is not None
-    options: list[tuple[str, Any]] = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
-    if not tls:
-        return (grpc.aio.insecure_channel if aio else grpc.insecure_channel)(hs.grpc_target, options=options)
-    assert hs.server_cert_der is not None
-    cert = process_client_certificate()
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=der_to_pem(hs.server_cert_der),
-        private_key=cert.key_pem,
-        certificate_chain=cert.cert_pem,
-    )
-    options.append(("grpc.ssl_target_name_override", "localhost"))
-    return (grpc.aio.secure_channel if aio else grpc.secure_channel)(hs.grpc_target, creds, options=options)
-
-
-def _probe(channel: grpc.Channel) -> grpc.RpcError | None:
+def _probe(channel: Channel) -> RpcError | None:
     """Health.Check("plugin"), the service go-plugin registers; proves the channel works."""
-    check = channel.unary_unary(
-        "/grpc.health.v1.Health/Check",
-        request_serializer=grpc_health_pb2.HealthCheckRequest.SerializeToString,
-        response_deserializer=grpc_health_pb2.HealthCheckResponse.FromString,
-    )
+    request = grpc_health_pb2.HealthCheckRequest(service="plugin").SerializeToString()
     try:
-        check(grpc_health_pb2.HealthCheckRequest(service="plugin"), timeout=_PROBE_TIMEOUT, wait_for_ready=False)
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+        channel.unary("/grpc.health.v1.Health/Check", request, timeout=_PROBE_TIMEOUT)
+    except RpcError as exc:
+        if exc.code == StatusCode.UNIMPLEMENTED:
             return None
         return exc
     return None
+
+
+def _open_checked(process: PluginProcess, transport_name: str, use_tls: bool) -> tuple[Channel | None, str]:
+    """A channel that answered the probe, or None and why not."""
+    hs = process.handshake
+    assert hs is not None
+    tls = None
+    if use_tls:
+        assert hs.server_cert_der is not None
+        cert = process_client_certificate()
+        tls = (hs.server_cert_der, cert.cert_pem, cert.key_pem)
+    try:
+        channel = transport.open_channel(transport_name, hs.grpc_target, MAX_MESSAGE_BYTES, tls)
+    except OSError as exc:
+        return None, str(exc)
+    failure = _probe(channel)
+    if failure is None:
+        return channel, ""
+    channel.close()
+    return None, failure.details
 
 
 def connect(binary: str, name: str, *, tls: bool | None = None, start_timeout: float = DEFAULT_START_TIMEOUT,
@@ -167,13 +140,13 @@ def connect_spawned(process: PluginProcess, choice: TlsChoice, *, start_timeout:
     """A working connection to a plugin ``spawn_plugin`` started with ``choice``; on a failed
     AutoMTLS attempt the plugin is started again without TLS."""
     binary, name = process.spec.binary, process.spec.name
-    if choice.remembered_grpcio is not None and choice.remembered_grpcio != grpc.__version__:
+    client = transport.client_id(choice.transport)
+    if choice.remembered is not None and choice.remembered != client:
         # The failure was remembered under another grpcio, which may verify what this one cannot:
         # this plugin was started without TLS on that memory alone, so start it again and try.
         process.kill()
-        _log.info("AutoMTLS with %s failed under grpcio %s; trying again under %s", binary, choice.remembered_grpcio,
-                  grpc.__version__)
-        choice = TlsChoice(True)
+        _log.info("AutoMTLS with %s failed under %s; trying again under %s", binary, choice.remembered, client)
+        choice = TlsChoice(True, choice.transport)
         process = spawn_plugin(binary, name, choice, start_timeout, secrets, cwd)
     want_tls = choice.offered
     try:
@@ -181,29 +154,27 @@ def connect_spawned(process: PluginProcess, choice: TlsChoice, *, start_timeout:
         use_tls = want_tls and hs.server_cert_der is not None
         if want_tls and not use_tls:
             process.logger.info("%s offered no server certificate (no AutoMTLS support); using plaintext on a private socket", binary)
-        channel = _open_channel(process, use_tls)
-        failure = _probe(channel)
+        channel, detail = _open_checked(process, choice.transport, use_tls)
     except BaseException:
         process.kill()
         raise
-    if failure is None:
+    if channel is not None:
         if use_tls and tlsmemo.failed_with(binary) is not None:
-            tlsmemo.forget(binary)  # it works under this grpcio
+            tlsmemo.forget(binary)  # it works under this client
         conn = PluginConnection(process, channel, use_tls)
         conn.start_stdio()
         return conn
-    channel.close()
     alive = process.alive()
-    detail = failure.details()
     process.kill()
     if use_tls and alive:
         launch.tls_failed_here.add(binary)
-        tlsmemo.remember_failure(binary, grpc.__version__)
-        # Expected with every current Go provider (P-521 certificate under TLS 1.3, which grpcio
-        # cannot verify: README "Provider transport"), so INFO, not a warning on every run.
+        tlsmemo.remember_failure(binary, client)
+        # Expected with every current Go provider under grpcio (P-521 certificate under TLS 1.3,
+        # which grpcio cannot verify: README "Provider transport"), so INFO, not a warning on every run.
         _log.info(
-            "grpcio could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
+            "%s could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
             "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt; remembered in %s)",
+            client,
             binary,
             detail,
             tlsmemo.memo_path(),

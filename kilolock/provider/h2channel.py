@@ -1,31 +1,34 @@
-"""Unary gRPC calls through the native extension's HTTP/2 client, awaited from an asyncio loop.
+"""The provider channel through kl's own HTTP/2 client (kilolock._codec_rs.H2Channel: codec_rs/src/
+transport.rs, the h2 crate on a one-thread tokio runtime, outside the GIL): the default transport
+where the extension is built.
 
-The refresh's event-loop path makes thousands of ReadResource calls; through grpc.aio each one
-costs the loop ~120 µs of CPU in grpc's own Python and Cython, more than everything kl does per
-instance. ``H2Calls`` hands the request bytes to ``kilolock._codec_rs.H2Channel`` (codec_rs/src/
-transport.rs: the h2 crate on a one-thread tokio runtime, outside the GIL) and gets the answers
-back in batches, through one file descriptor the loop watches.
+``NativeChannel`` serves the blocking calls (schema, configure, the reader threads' ReadResource,
+StreamStdio, Shutdown) and ``H2Calls`` the event loop's ReadResource calls over the same
+connection. Through grpc.aio each of those cost the loop ~120 µs of CPU in grpc's own Python and
+Cython, more than everything kl does per instance; here the answers come back in batches through
+one file descriptor the loop watches. A refresh over this channel never imports grpc (~25-35 ms of
+a small refresh's CPU), and its TLS handshake runs without the GIL while kl imports.
 
-It speaks to the plugin as kl's grpcio channel does: AutoMTLS with the same certificates where
-that channel completed it (rustls, pinned to the certificate of the plugin's handshake), plaintext
-on the private socket where that channel is plaintext. Without the native extension, reads stay on
-grpc.aio, as they do where the orchestrator asks for grpc.aio (KL_READ_TRANSPORT=grpcio).
+AutoMTLS is rustls with aws-lc, pinned to the certificate of the plugin's handshake: it completes
+TLS 1.3 with the P-521 certificates of current Go providers, which grpcio cannot.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import os
+from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
-import grpc
+from kilolock.provider.rpc import RpcError, StatusCode
 
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_STREAM_POLL = 0.5  # seconds: how long one wait of a stream reader lasts (it waits again)
 
 
 def native_module() -> ModuleType | None:
     """The extension, when it is built and has the HTTP/2 client. Independent of KL_CODEC, which
-    chooses the codec's backend only: KL_READ_TRANSPORT=grpcio is the transport's own switch."""
+    chooses the codec's backend only: KL_PROVIDER_TRANSPORT=grpcio is the transport's own switch."""
     try:
         from kilolock import _codec_rs
     except ImportError:
@@ -33,40 +36,62 @@ def native_module() -> ModuleType | None:
     return _codec_rs if hasattr(_codec_rs, "H2Channel") else None
 
 
-class H2RpcError(grpc.RpcError):
-    """A failed call, with grpc.RpcError's code() and details() so callers treat both alike."""
+Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
 
-    def __init__(self, code: int, details: str) -> None:
-        super().__init__(details)
-        self._code = _CODES.get(code, grpc.StatusCode.UNKNOWN)
-        self._details = details
 
-    def code(self) -> grpc.StatusCode:
-        return self._code
+class NativeChannel:
+    transport = "native"
 
-    def details(self) -> str:
-        return self._details
+    def __init__(self, native: ModuleType, target: str, max_message_bytes: int, tls: Tls | None = None) -> None:
+        """Connects (TCP or unix socket, TLS, the HTTP/2 preface) without holding the GIL. Raises
+        OSError when it cannot."""
+        self.h2: Any = native.H2Channel(target, max_message_bytes, tls)
+        self.ids = itertools.count()  # the event loop's call ids, unique over the channel's life
+
+    def unary(self, path: str, request: bytes, timeout: float | None = None) -> bytes:
+        code, payload = self.h2.call_blocking(path, request, timeout)
+        if code:
+            raise RpcError(StatusCode.of(code), payload)
+        answer: bytes = payload
+        return answer
+
+    def stream(self, path: str, request: bytes) -> Iterator[bytes]:
+        stream = self.h2.stream(path, request)
+        while True:
+            event = stream.recv(_STREAM_POLL)
+            if event is None:
+                continue
+            if isinstance(event, bytes):
+                yield event
+                continue
+            code, details = event
+            if code:
+                raise RpcError(StatusCode.of(code), details)
+            return
+
+    def close(self) -> None:
+        self.h2.close()
 
 
 class H2Calls:
-    """Unary calls to one plugin from the running event loop; open and close it in that loop."""
+    """Unary calls over a NativeChannel from the running event loop; open and close it in that
+    loop. Closing it leaves the channel open (its owner, the plugin connection, closes that); one
+    H2Calls at a time per channel, since it drains the channel's completions."""
 
-    def __init__(self, native: ModuleType, target: str, max_message_bytes: int,
-                 tls: tuple[bytes, bytes, bytes] | None = None) -> None:
-        """``tls``: (server certificate DER, client certificate PEM, client key PEM) for AutoMTLS.
-        Raises OSError when it cannot connect."""
-        self._channel = native.H2Channel(target, max_message_bytes, tls)
+    def __init__(self, channel: NativeChannel) -> None:
+        self._channel = channel.h2
         self._loop = asyncio.get_running_loop()
         self._fd: int = self._channel.wake_fd()
         self._waiting: dict[int, asyncio.Future[bytes]] = {}
-        self._ids = itertools.count()
+        self._ids = channel.ids
         self._closed = False
         self._flush_pending = False
+        self._channel.drain()  # late answers to an earlier H2Calls' cancelled calls
         self._loop.add_reader(self._fd, self._on_wake)
 
     async def call(self, path: str, message: bytes, timeout: float | None) -> bytes:
         if self._closed:  # nothing would ever read its completion
-            raise H2RpcError(grpc.StatusCode.UNAVAILABLE.value[0], "the channel is closed")
+            raise RpcError(StatusCode.UNAVAILABLE, "the channel is closed")
         call_id = next(self._ids)
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._waiting[call_id] = future
@@ -96,15 +121,18 @@ class H2Calls:
             if code == 0:
                 future.set_result(payload)
             else:
-                future.set_exception(H2RpcError(code, payload))
+                future.set_exception(RpcError(StatusCode.of(code), payload))
+
+    async def aclose(self) -> None:
+        self.close()
 
     def close(self) -> None:
+        """Stops reading answers in this loop; calls still waiting fail with CANCELLED."""
         if self._closed:
             return
         self._closed = True
         self._loop.remove_reader(self._fd)
-        self._channel.close()
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(H2RpcError(grpc.StatusCode.CANCELLED.value[0], "the channel was closed"))
+                future.set_exception(RpcError(StatusCode.CANCELLED, "the calls were closed"))
         self._waiting.clear()

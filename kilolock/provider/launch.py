@@ -1,8 +1,9 @@
 """Start a provider binary and hand back a ``ProviderClient`` for whichever protocol it speaks.
 
-The plugin is spawned before grpc and the protocol stubs are imported: a Go binary takes tens of
-milliseconds to print its handshake (more with AutoMTLS, when it generates its own key), and the
-imports take about as long, so the two overlap. Nothing here imports grpc at module level.
+The plugin is spawned before the protocol stubs (and grpc, where grpcio is the transport) are
+imported: a Go binary takes tens of milliseconds to print its handshake (more with AutoMTLS, when
+it generates its own key), and the imports take about as long, so the two overlap. Nothing here
+imports grpc.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kilolock.provider import tlsmemo
+from kilolock.provider import tlsmemo, transport
 from kilolock.provider.certs import process_client_certificate
 from kilolock.provider.process import LaunchSpec, PluginProcess
 from kilolock.redact import Redactor
@@ -45,25 +46,31 @@ def provider_name_from_binary(path: str) -> str:
 
 @dataclass(frozen=True)
 class TlsChoice:
-    """Whether a launch offers AutoMTLS, and why not when it does not."""
+    """Whether a launch offers AutoMTLS, over which transport, and why not when it does not."""
 
     offered: bool  # the plugin was started with a client certificate (AutoMTLS)
-    # AutoMTLS was skipped because it failed before with this binary under this grpcio version
-    # (tlsmemo); the connection checks the version once grpc is loaded, and tries TLS on a mismatch.
-    remembered_grpcio: str | None = None
+    transport: str  # kilolock.provider.transport: "native" or "grpcio"
+    # AutoMTLS was skipped because it failed before with this binary under this client (tlsmemo's
+    # client id). grpcio's version is known only once grpc is loaded: the connection checks it
+    # then, and tries TLS on a mismatch.
+    remembered: str | None = None
 
 
 def choose_tls(binary: str, tls: bool | None) -> TlsChoice:
     """``tls`` given: exactly that. None: AutoMTLS unless the environment turns it off or it is
-    known to fail with this binary (in this process, or remembered from an earlier run)."""
+    known to fail with this binary (in this process, or remembered from an earlier run under the
+    same client). Raises KlError for an unknown KL_PROVIDER_TRANSPORT."""
+    chosen = transport.chosen()
     if tls is not None:
-        return TlsChoice(tls)
+        return TlsChoice(tls, chosen)
     if tls_disabled_by_env() or binary in tls_failed_here:
-        return TlsChoice(False)
+        return TlsChoice(False, chosen)
     remembered = tlsmemo.failed_with(binary)
-    if remembered is not None:
-        return TlsChoice(False, remembered)
-    return TlsChoice(True)
+    if remembered is None:
+        return TlsChoice(True, chosen)
+    if chosen == "native":  # its version is known without importing anything
+        return TlsChoice(False, chosen, remembered) if remembered == transport.client_id(chosen) else TlsChoice(True, chosen)
+    return TlsChoice(False, chosen, remembered) if remembered.startswith("grpcio ") else TlsChoice(True, chosen)
 
 
 def spawn_plugin(binary: str, name: str, choice: TlsChoice, start_timeout: float, secrets: Redactor,
@@ -89,9 +96,9 @@ def launch_provider(
     name = name or provider_name_from_binary(binary)
     secrets = Redactor() if secrets is None else secrets
     choice = choose_tls(binary, tls)
-    if choice.remembered_grpcio is not None:
-        _log.info("AutoMTLS with %s failed in an earlier run (grpcio %s, remembered in %s); using plaintext gRPC on a "
-                  "private 0700 unix socket directory", binary, choice.remembered_grpcio, tlsmemo.memo_path())
+    if choice.remembered is not None:
+        _log.info("AutoMTLS with %s failed in an earlier run (%s, remembered in %s); using plaintext gRPC on a "
+                  "private 0700 unix socket directory", binary, choice.remembered, tlsmemo.memo_path())
     process = spawn_plugin(binary, name, choice, start_timeout, secrets, cwd)
     try:
         # While the plugin starts.

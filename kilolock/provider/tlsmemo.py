@@ -1,15 +1,16 @@
 """Provider binaries whose AutoMTLS attempt failed, remembered across runs.
 
-Every current Go provider fails AutoMTLS with grpcio (README "Provider transport"), and finding out
-costs a whole extra launch (~0.1 s) per provider per run. A failure depends only on the binary and
-on grpcio, so it is recorded with the binary's real path, size and mtime and the grpcio version;
-a new build of either gets a fresh attempt.
+Every current Go provider fails AutoMTLS with grpcio (README "Provider transport"; kl's native
+client completes it), and finding out costs a whole extra launch (~0.1 s) per provider per run. A
+failure depends only on the binary and on the client, so it is recorded with the binary's real
+path, size and mtime and the client's id ("grpcio 1.76.0", "kl-h2 0.1.0"); a new build of either
+gets a fresh attempt.
 
 The file is a cache, never a source of truth: a missing, unreadable, corrupt or foreign file reads
 as empty, and a write that fails is skipped. Writers replace it whole (a temp file renamed over
 it), so a reader never sees half a file; two runs writing at once may lose one entry, which the
 next run learns again. Only the standard library, and no grpc: it is consulted before grpc is
-imported, so the plugin can start while grpc loads.
+imported, so the plugin can start while the client loads.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import tempfile
 from typing import Any
 
 FILE_NAME = "plugin-tls.json"
-_FORMAT = 1
+_FORMAT = 2  # 1 recorded a bare grpcio version
 _MAX_ENTRIES = 256  # binaries come and go with provider upgrades; keep the newest
 
 
@@ -70,7 +71,7 @@ def _store(failed: dict[str, Any]) -> None:
 
 
 def failed_with(binary: str) -> str | None:
-    """The grpcio version with which AutoMTLS failed for this very binary (same path, size and
+    """The id of the client with which AutoMTLS failed for this very binary (same path, size and
     mtime), or None when no failure is remembered."""
     key = _binary_key(binary)
     if key is None:
@@ -78,23 +79,23 @@ def failed_with(binary: str) -> str | None:
     entry = _load().get(key[0])
     if entry is None or any(entry.get(k) != v for k, v in key[1].items()):
         return None
-    version = entry.get("grpcio")
-    return version if isinstance(version, str) else None
+    client = entry.get("client")
+    return client if isinstance(client, str) else None
 
 
-def remember_failure(binary: str, grpcio_version: str) -> None:
+def remember_failure(binary: str, client: str) -> None:
     key = _binary_key(binary)
     if key is None:
         return
     import time
 
     failed = _load()
-    failed[key[0]] = {**key[1], "grpcio": grpcio_version, "recorded_ns": time.time_ns()}
+    failed[key[0]] = {**key[1], "client": client, "recorded_ns": time.time_ns()}
     _store(failed)
 
 
 def forget(binary: str) -> None:
-    """AutoMTLS worked after all (a newer grpcio): drop the entry."""
+    """AutoMTLS worked after all (a newer client): drop the entry."""
     key = _binary_key(binary)
     if key is None:
         return

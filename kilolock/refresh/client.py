@@ -43,6 +43,7 @@ class OpenedProvider:
     binary: str
     protocol_version: int
     schema_from_cache: bool
+    transport: str  # which client carries its calls: "native" (the extension's HTTP/2 client) or "grpcio"
 
 
 class AsyncReader(Protocol):
@@ -84,9 +85,8 @@ class ResourceClient(Protocol):
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         """Paths of schema-sensitive attributes present in value (canonical JSON)."""
 
-    def async_reader(self, transport: str = "native") -> AsyncReader | None:
-        """An AsyncReader for the running event loop; None when this client reads only from threads.
-        ``transport``: "native" for the extension's HTTP/2 client where it is built, "grpcio" for grpc.aio."""
+    def async_reader(self) -> AsyncReader | None:
+        """An AsyncReader for the running event loop; None when this client reads only from threads."""
 
     def stop(self) -> None:
         """StopProvider: interrupt in-flight calls (cancellation only)."""

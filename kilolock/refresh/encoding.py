@@ -126,8 +126,8 @@ class EncodingClient:
             raise _resource_error(exc, str(exc)) from None
         return self._read_outcome(type_name, res)
 
-    def async_reader(self, transport: str = "native") -> AsyncReader | None:
-        reads = self._raw.async_reads(native=transport == "native")
+    def async_reader(self) -> AsyncReader | None:
+        reads = self._raw.async_reads()
         return AsyncEncodingReader(self, reads) if reads is not None else None
 
     def _read_request(self, type_name: str, prior: bytes, identity: bytes | None) -> tuple[bytes, bytes | None]:
@@ -184,7 +184,8 @@ class EncodingClient:
 
 class AsyncEncodingReader:
     """EncodingClient.read_resource for an event loop (the orchestrator's async read path): the same
-    encoding before the call and decoding after it, the call itself through grpc.aio."""
+    encoding before the call and decoding after it, the call itself through the provider client's
+    AsyncReads."""
 
     def __init__(self, client: EncodingClient, reads: AsyncReads) -> None:
         self._client = client

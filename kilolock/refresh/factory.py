@@ -66,8 +66,9 @@ class ProductionFactory:
             raw = self._early_client(found.binary) or launch_provider(found.binary, rpc_timeout=self._rpc_timeout,
                                                                       secrets=secrets, cwd=self._workdir)
         except ImportError as exc:
-            # grpc loads with the first plugin (kilolock.provider.launch): one that cannot load (a kl.pyz
-            # built for another system) is kl's own failure, not this provider's; the caller reports it.
+            # The protocol stubs (and grpc, where it is the transport) load with the first plugin
+            # (kilolock.provider.launch): one that cannot load (a kl.pyz built for another system) is
+            # kl's own failure, not this provider's; the caller reports it.
             self.unavailable = exc
             raise
         try:
@@ -75,7 +76,7 @@ class ProductionFactory:
             config = resolve_env_refs(stored.config if stored else {}, secrets,
                                       f"provider {source}" + (f".{alias}" if alias else "") + " config")
             self._configure(raw, schema, config, source, secrets)
-            info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached)
+            info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached, raw.transport)
             with self._lock:
                 self.used.append((found.binary, self._workdir))
             return EncodingClient(raw, schema, info)

@@ -29,6 +29,7 @@ import psycopg
 from kilolock import drift as attribute_drift
 from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.provider import transport
 from kilolock.redact import Redactor
 from kilolock.refresh import inflight
 from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, ResourceClient, ResourceError, ThrottledError
@@ -47,19 +48,17 @@ GroupKey = tuple[str, str]  # (provider source, alias)
 
 # How a group's reads are made. From one asyncio event loop through the native HTTP/2 client, a read
 # costs about a third of the CPU it costs from reader threads on grpc's blocking API (benches/
-# test_refresh_per_instance.py), but the loop needs a connection of its own (a runtime thread, a TLS
-# handshake where AutoMTLS worked): on the quiet machine, with null 2.1.2's AutoMTLS, the read phase
-# took 19 ms through threads against 30 ms through the loop at 10 instances, 31 against 35 at 30,
-# 81 against 66 at 100 and 185 against 120 at 300. Below ASYNC_MIN_INSTANCES reads the threads, on
-# the channel that is already open, finish first. Reads limited by a fleet-wide provider limit (kl
-# provider limit) stay on threads too: those may wait for the fleet's slots, which the loop must never do.
-# KL_READ_PATH=threads|async forces one way (the tests run both).
-ASYNC_MIN_INSTANCES = 50
+# test_refresh_per_instance.py), and the loop shares the connection the threads would use, so it
+# costs only its own start: on the quiet machine, with null 2.1.2's AutoMTLS, a dry-run refresh took
+# 11.0 ms from threads against 11.2 ms from the loop at 1 instance, 12.2 against 12.7 at 3, 15.8
+# against 14.4 at 10 (process CPU 9.4 against 6.9 ms) and 26.8 against 20.1 at 30 (medians of 15).
+# Through grpcio the loop needs a grpc.aio channel of its own, which pays for itself only from
+# ~500 reads (session 8). Below ASYNC_MIN_INSTANCES[transport] the threads finish first. Reads
+# limited by a fleet-wide provider limit (kl provider limit) stay on threads too: those may wait for
+# the fleet's slots, which the loop must never do. KL_READ_PATH=threads|async forces one way (the
+# tests run both).
+ASYNC_MIN_INSTANCES = {"native": 5, "grpcio": 500}
 READ_PATHS = ("auto", "async", "threads")
-# What carries the loop's calls: the extension's HTTP/2 client (kilolock.provider.h2channel: about a
-# third of grpc.aio's CPU per call), or grpc.aio, which KL_READ_TRANSPORT=grpcio forces. Without the
-# extension (a kl.pyz built without it) the loop uses grpc.aio either way.
-READ_TRANSPORTS = ("native", "grpcio")
 
 
 def _env_choice(variable: str, choices: tuple[str, ...]) -> str:
@@ -74,13 +73,9 @@ def read_path() -> str:
     return _env_choice("KL_READ_PATH", READ_PATHS)
 
 
-def read_transport() -> str:
-    return _env_choice("KL_READ_TRANSPORT", READ_TRANSPORTS)
-
-
-def _async_reads(instances: int) -> bool:
+def _async_reads(instances: int, transport: str) -> bool:
     path = read_path()
-    return path == "async" or (path == "auto" and instances >= ASYNC_MIN_INSTANCES)
+    return path == "async" or (path == "auto" and instances >= ASYNC_MIN_INSTANCES.get(transport, 500))
 ProgressFn = Callable[[str, int, int], None]  # (group label, done, total)
 
 
@@ -535,10 +530,10 @@ class _Run:
             cap = min(cap, fleet.limit) if cap else fleet.limit
         gate = inflight.Gate(inflight.controller_for(self.options.provider_parallelism, cap), label, fleet)
         rng = random.Random()
-        reads, transport = "threads", "grpcio"
+        reads, transport = "threads", client.info.transport
         try:
             async_transport = None
-            if fleet is None and _async_reads(len(entries)):
+            if fleet is None and _async_reads(len(entries), client.info.transport):
                 async_transport = self._read_group_async(client, label, entries, gate, rng)
             if async_transport is not None:
                 reads, transport = "async", async_transport
@@ -615,7 +610,7 @@ class _Run:
 
     async def _read_all(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
                         rng: random.Random) -> str | None:
-        reader = client.async_reader(read_transport())
+        reader = client.async_reader()
         if reader is None:
             return None
         total = len(entries)
@@ -709,7 +704,7 @@ def run(
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
         read_path()
-        read_transport()
+        transport.chosen()  # KL_PROVIDER_TRANSPORT
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)

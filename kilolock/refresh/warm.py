@@ -207,7 +207,7 @@ class WarmFactory(ProductionFactory):
             log.info("provider %s: reusing a warm %s (use %d)", source, found.describe(), warm.uses + 1)
             learn_config_secrets(warm.schema, config, secrets)
             warm.redactor.run = secrets
-            info = OpenedProvider(source, alias, version, found.binary, warm.raw.protocol_version, True)
+            info = OpenedProvider(source, alias, version, found.binary, warm.raw.protocol_version, True, warm.raw.transport)
             return _WarmClient(warm, self.pool, info)
         log.info("provider %s: using %s (launching a warm process)", source, found.describe())
         own = RunRedactor()
@@ -227,7 +227,7 @@ class WarmFactory(ProductionFactory):
             raise
         self.pool.launched += 1
         warm = _Process(key, raw, schema, version, found.binary, own, uses=1)
-        return _WarmClient(warm, self.pool, OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached))
+        return _WarmClient(warm, self.pool, OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached, raw.transport))
 
 
 class _WarmClient(EncodingClient):
@@ -259,8 +259,8 @@ class _WarmClient(EncodingClient):
         else:  # KlError, or anything else: the process is not known to be sound
             self._warm.broken = True
 
-    def async_reader(self, transport: str = "native") -> AsyncReader | None:
-        reader = super().async_reader(transport)
+    def async_reader(self) -> AsyncReader | None:
+        reader = super().async_reader()
         return _GuardedAsyncReader(reader, self) if reader is not None else None
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:

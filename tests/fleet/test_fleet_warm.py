@@ -119,7 +119,7 @@ def test_a_diagnostic_keeps_the_process_warm_a_crash_or_a_malformed_answer_does_
         return sum(1 for line in events.read_text().splitlines() if line.startswith("env HOME=")) if events.exists() else 0
 
     path, _, transport = read_path.partition("-")  # its one-instance states take threads otherwise
-    worker = start_worker(db_url, "warm", env={"KL_READ_PATH": path, "KL_READ_TRANSPORT": transport or "native"})
+    worker = start_worker(db_url, "warm", env={"KL_READ_PATH": path, "KL_PROVIDER_TRANSPORT": transport or "native"})
     try:
         def one(name: str, status: str) -> None:
             before = len(q(db_url, "SELECT 1 FROM refresh_runs"))

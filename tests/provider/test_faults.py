@@ -17,6 +17,7 @@ from kilolock.provider import (
     ProviderDiagnosticsError,
     Severity,
     launch_provider,
+    transport,
 )
 from kilolock.schema import GetAttr, Index
 from kit.procs import survivors
@@ -207,7 +208,7 @@ def test_failed_tls_falls_back_to_plaintext_and_says_so(fake_binary, caplog: pyt
         assert client.connection.tls is False  # type: ignore[attr-defined]
         assert stderr_shows(client, "client cert absent")
         assert client.read_resource("fake_echo", msgpack.packb({"id": "1"})).new_state == msgpack.packb({"id": "1"})
-    assert f"grpcio could not complete AutoMTLS with {binary}" in caplog.text
+    assert f"{transport.client_id(transport.chosen())} could not complete AutoMTLS with {binary}" in caplog.text
     assert "private 0700 unix socket directory" in caplog.text
 
 

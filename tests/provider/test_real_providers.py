@@ -64,17 +64,24 @@ def terraform_schemas() -> dict[str, Any]:
     return json.loads(out.stdout)["provider_schemas"]
 
 
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
 @pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "automtls"])
-def test_handshake_schema_matches_terraform(real_provider: RealProvider, tls: bool, terraform_schemas: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+def test_handshake_schema_matches_terraform(real_provider: RealProvider, tls: bool, transport: str, terraform_schemas: dict[str, Any],
+                                            caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     caplog.set_level(logging.INFO, logger="kilolock.provider.connection")
+    monkeypatch.setenv("KL_PROVIDER_TRANSPORT", transport)
     with launch_provider(str(real_provider.path), tls=tls) as client:
         assert isinstance(client, GrpcProviderClient)
         assert client.protocol_version == real_provider.protocol
         assert client.connection.process.pid in launched_pids()
-        if tls:
-            # AutoMTLS completes where grpcio's BoringSSL can verify the server's P-521 signature
-            # (TLS 1.2, as the old null 2.1.2 build negotiates); against TLS 1.3 Go servers it falls
-            # back to plaintext on a private socket directory and says so.
+        assert client.transport == transport
+        if tls and transport == "native":
+            # rustls with aws-lc verifies go-plugin's P-521 certificate under TLS 1.2 and 1.3.
+            assert client.connection.tls, caplog.text
+        elif tls:
+            # grpcio's BoringSSL verifies the server's P-521 signature only under TLS 1.2, as the
+            # old null 2.1.2 build negotiates; against TLS 1.3 Go servers kl falls back to
+            # plaintext on a private socket directory and says so.
             assert client.connection.tls or "falling back to plaintext" in caplog.text
             if real_provider.type == "null":
                 assert client.connection.tls

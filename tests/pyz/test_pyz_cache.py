@@ -191,13 +191,17 @@ def test_required_native_that_cannot_load_is_one_line(run_pyz, home, db_url, mak
     unit = _first_run(run_pyz, home)
     _same_size_garbage(unit / "grpc" / "_cython" / "cygrpc.cpython-311-x86_64-linux-gnu.so")
     assert run_pyz("state", "import", "prod", "-", input=make_state(1, {"a": {"id": "1"}}).decode()).returncode == 0
-    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE))
+    # grpcio is the transport where kl's native client is not built, or when asked for.
+    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), env={"KL_PROVIDER_TRANSPORT": "grpcio"})
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("kl: cannot load grpcio 1.85.3 (grpc._cython.cygrpc) from kl.pyz: ")
     assert "this kl.pyz was built for CPython 3.10, 3.11, 3.12, 3.13 on manylinux2014_x86_64" in lines[0]
     assert "this is CPython 3.11" in lines[0]
+    # Through the native client (the default) a refresh never loads grpc.
+    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE))
+    assert r.returncode == 0, r.stderr
 
 
 def test_leftovers_of_a_killed_extraction_are_cleaned_up(run_pyz, tmp_path):

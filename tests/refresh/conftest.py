@@ -35,11 +35,12 @@ def workspace(applied_workspace: Path, tmp_path: Path) -> Path:
 @pytest.fixture(params=["threads", "async", "async-grpcio"])
 def read_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs a test on each of the orchestrator's read paths (KL_READ_PATH): its small states would
-    otherwise only ever take the threads'. The event loop's reads go through the native HTTP/2
-    client ("async") or grpc.aio ("async-grpcio", KL_READ_TRANSPORT=grpcio)."""
+    otherwise only ever take the threads'. The provider's calls go through the native HTTP/2
+    client ("threads", "async") or grpcio, the event loop's through grpc.aio ("async-grpcio",
+    KL_PROVIDER_TRANSPORT=grpcio)."""
     path, _, transport = str(request.param).partition("-")
     monkeypatch.setenv("KL_READ_PATH", path)
-    monkeypatch.setenv("KL_READ_TRANSPORT", transport or "native")
+    monkeypatch.setenv("KL_PROVIDER_TRANSPORT", transport or "native")
     return str(request.param)
 
 

@@ -46,7 +46,7 @@ def make_client(monkeypatch) -> tuple[EncodingClient, EchoProvider, dict[str, in
     real_compile = codec.compile_block
     monkeypatch.setattr(codec, "compile_block", lambda block: CountingType(real_compile(block), counts))
     raw = EchoProvider()
-    client = EncodingClient(raw, SCHEMA, OpenedProvider("registry.terraform.io/x/echo", "", "1.0.0", "/bin/echo", 5, False))  # type: ignore[arg-type]
+    client = EncodingClient(raw, SCHEMA, OpenedProvider("registry.terraform.io/x/echo", "", "1.0.0", "/bin/echo", 5, False, "native"))  # type: ignore[arg-type]
     return client, raw, counts
 
 

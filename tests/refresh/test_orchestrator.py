@@ -31,7 +31,7 @@ class FakeClient:
 
     def __init__(self, factory: FakeFactory, source: str, alias: str) -> None:
         self.f = factory
-        self.info = OpenedProvider(source, alias, "2.1.2", "/fake/terraform-provider-null", 5, False)
+        self.info = OpenedProvider(source, alias, "2.1.2", "/fake/terraform-provider-null", 5, False, "grpcio")
         self.closed = False
 
     def resource_schema(self, type_name):
@@ -96,7 +96,7 @@ class FakeClient:
     def sensitive_paths(self, type_name, value):
         return [(sch.GetAttr("secret"),)] if "secret" in json.loads(value) else []
 
-    def async_reader(self, transport="native"):
+    def async_reader(self):
         return None  # reads from threads; the async path is exercised against real providers
 
     def stop(self):

@@ -1,7 +1,7 @@
 """Which way kl makes a group's reads (kilolock.refresh.orchestrator.read_path): from one event loop
-for big groups (through the native HTTP/2 client, or grpc.aio with KL_READ_TRANSPORT=grpcio), from
-threads for small ones, and the same result every way. The fault and real-provider suites run on
-all three through the `read_path` fixture."""
+for big groups, from threads for small ones, through the native HTTP/2 client (or grpcio with
+KL_PROVIDER_TRANSPORT=grpcio), and the same result every way. The fault and real-provider suites
+run on three of these through the `read_path` fixture."""
 from __future__ import annotations
 
 import json
@@ -25,18 +25,23 @@ def refresh(run_kl, name: str, *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
-def test_auto_reads_a_big_group_from_the_event_loop_and_a_small_one_from_threads(run_kl, db_url, monkeypatch):
+def test_auto_reads_from_the_event_loop_from_a_threshold_that_depends_on_the_transport(run_kl, db_url, monkeypatch):
     monkeypatch.delenv("KL_READ_PATH", raising=False)
-    monkeypatch.delenv("KL_READ_TRANSPORT", raising=False)
-    for name, n in (("small", ASYNC_MIN_INSTANCES - 1), ("big", ASYNC_MIN_INSTANCES)):
+    monkeypatch.delenv("KL_PROVIDER_TRANSPORT", raising=False)
+    threshold = ASYNC_MIN_INSTANCES["native"]
+    for name, n in (("small", threshold - 1), ("big", threshold)):
         assert run_kl("state", "import", name, "-", input=null_state(n, n)).returncode == 0
         out = refresh(run_kl, name)
         assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", n, 0, 0)
         [used] = out["concurrency"]
-        big = n >= ASYNC_MIN_INSTANCES  # null 2.1.2 completes AutoMTLS: the native client's TLS carries these
-        assert (used["reads"], used["transport"]) == (("async", "native") if big else ("threads", "grpcio")), used
+        big = n >= threshold  # null 2.1.2 completes AutoMTLS: the native client's TLS carries both
+        assert (used["reads"], used["transport"]) == ("async" if big else "threads", "native"), used
         runs = json.loads(run_kl("runs", name, "--format", "json").stdout)["runs"]
         assert runs[0]["concurrency"] == [used]
+    # Through grpcio the loop needs a grpc.aio channel of its own: a group that size keeps the threads.
+    monkeypatch.setenv("KL_PROVIDER_TRANSPORT", "grpcio")
+    [used] = refresh(run_kl, "big")["concurrency"]
+    assert (used["reads"], used["transport"]) == ("threads", "grpcio"), used
 
 
 @pytest.mark.parametrize("tls", ["automtls", "plaintext"])
@@ -44,22 +49,23 @@ def test_every_path_commits_the_same_state(run_kl, db_url, monkeypatch, tls):
     if tls == "plaintext":  # as kl talks to every provider built with a current Go
         monkeypatch.setenv("KL_DISABLE_PLUGIN_TLS", "1")
     docs = {}
-    for path, transport in (("threads", "native"), ("async", "native"), ("async", "grpcio")):
+    ways = [(path, transport) for path in ("threads", "async") for transport in ("native", "grpcio")]
+    for path, transport in ways:
         monkeypatch.setenv("KL_READ_PATH", path)
-        monkeypatch.setenv("KL_READ_TRANSPORT", transport)
+        monkeypatch.setenv("KL_PROVIDER_TRANSPORT", transport)
         name = f"{path}-{transport}"
         assert run_kl("state", "import", name, "-", input=null_state(40, 7)).returncode == 0
         out = refresh(run_kl, name)
         used = out["concurrency"][0]
-        want = transport if path == "async" else "grpcio"
-        assert (used["reads"], used["transport"], out["to_serial"]) == (path, want, 2), used
+        assert (used["reads"], used["transport"], out["to_serial"]) == (path, transport, 2), used
         docs[name] = json.loads(run_kl("state", "pull", name).stdout)
-    assert docs["threads-native"] == docs["async-native"] == docs["async-grpcio"]
+    first = docs.pop("threads-native")
+    assert all(doc == first for doc in docs.values()), sorted(docs)
 
 
 @pytest.mark.parametrize("variable, value, allowed", [
     ("KL_READ_PATH", "bogus", "auto, async, threads"), ("KL_READ_PATH", "aio", "auto, async, threads"),
-    ("KL_READ_TRANSPORT", "h2", "native, grpcio"), ("KL_READ_TRANSPORT", "grpc", "native, grpcio"),
+    ("KL_PROVIDER_TRANSPORT", "h2", "native, grpcio"), ("KL_PROVIDER_TRANSPORT", "grpc", "native, grpcio"),
 ])
 def test_an_unknown_read_choice_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch, variable,
                                                                                            value, allowed):

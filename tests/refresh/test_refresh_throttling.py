@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (tests/refr
 def reads_report(read_path: str) -> dict[str, str]:
     """The "reads" and "transport" of a concurrency report made under the `read_path` fixture."""
     path, _, transport = read_path.partition("-")
-    return {"reads": path, "transport": transport or ("native" if path == "async" else "grpcio")}
+    return {"reads": path, "transport": transport or "native"}
 
 def _setup(run_kl, tmp_path: Path, instances: int, **env: str) -> tuple[Path, Path]:
     events = tmp_path / "events.log"

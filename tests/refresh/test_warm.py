@@ -17,7 +17,7 @@ from kilolock.refresh.warm import RunRedactor, WarmProviders, _Process, _WarmCli
 
 BLOCK = sch.Block(attributes=(sch.Attribute("id", b'"string"', computed=True),))
 SCHEMA = sch.ProviderSchema(5, sch.Schema(0, sch.Block()), {"thing": sch.Schema(0, BLOCK)})
-INFO = OpenedProvider("registry.terraform.io/x/stub", "", "1.0.0", "/bin/stub", 5, False)
+INFO = OpenedProvider("registry.terraform.io/x/stub", "", "1.0.0", "/bin/stub", 5, False, "native")
 
 
 class StubProvider:
@@ -37,7 +37,7 @@ class StubProvider:
             raise self.fail
         return ReadResult(b"\xc1 not msgpack" if self.garbage else current_state, private, (), None, ())
 
-    def async_reads(self, native: bool = True) -> StubAsyncReads:
+    def async_reads(self) -> StubAsyncReads:
         return StubAsyncReads(self)
 
     def stop(self) -> None:

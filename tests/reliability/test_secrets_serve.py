@@ -3,7 +3,7 @@
 Covered elsewhere, not repeated here: a non-loopback address without authentication (or TLS) is
 refused (tests/server/test_serve_cli.py::test_refuses_bad_or_unsafe_setups), and the provider's
 plugin socket lives in a private 0700 directory (tests/provider/test_faults.py::
-test_socket_lives_in_a_private_directory_removed_at_close; AutoMTLS where grpcio can do it:
+test_socket_lives_in_a_private_directory_removed_at_close; AutoMTLS by default:
 test_automtls_is_the_default_and_env_turns_it_off)."""
 from __future__ import annotations
 
