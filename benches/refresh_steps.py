@@ -120,7 +120,7 @@ def _patch_factory(m: ModuleType) -> None:
 def _patch_orchestrator(m: ModuleType) -> None:
     _wrap(m, "_refresh_one", "read")  # one event per instance: the caller spans first to last
     if hasattr(m, "_refresh_one_async"):  # reads from the event loop (from 5 instances since session 10)
-        m._refresh_one_async = _timed_async("read", m._refresh_one_async)
+        setattr(m, "_refresh_one_async", _timed_async("read", getattr(m, "_refresh_one_async")))  # noqa: B009, B010
     _wrap(m, "commit_refresh", "commit")
     _wrap(m, "_finish", "finish audit row")
     _wrap(m, "run", "orchestrator run")
