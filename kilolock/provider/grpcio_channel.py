@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 # grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
 # makes that routine with this client; kl reports it through logging instead. Only a default: an
@@ -21,17 +21,15 @@ import grpc
 import grpc.aio
 
 from kilolock.provider.certs import der_to_pem
-from kilolock.provider.rpc import RpcError, StatusCode
+from kilolock.provider.rpc import RpcError, StatusCode, Tls
 
 CLIENT_ID = f"grpcio {grpc.__version__}"
 
-Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
-
 
 def rpc_error(exc: grpc.RpcError) -> RpcError:
-    code = exc.code() if hasattr(exc, "code") else None
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return RpcError(StatusCode.of(code.value[0]) if code is not None else StatusCode.UNKNOWN, details or "")
+    # Every RpcError grpcio's calls raise is also a grpc.Call, which carries the status.
+    call = cast(grpc.Call, exc)
+    return RpcError(StatusCode.of(call.code().value[0]), call.details() or "")
 
 
 def _options(tls: Tls | None, max_message_bytes: int) -> list[tuple[str, Any]]:

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from kilolock.provider.rpc import RpcError, StatusCode
+from kilolock.provider.rpc import RpcError, StatusCode, Tls
 
 _STREAM_POLL = 0.5  # seconds: how long one wait of a stream reader lasts (it waits again)
 
@@ -36,7 +36,6 @@ def native_module() -> ModuleType | None:
     return _codec_rs if hasattr(_codec_rs, "H2Channel") else None
 
 
-Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
 
 
 class NativeChannel:

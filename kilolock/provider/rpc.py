@@ -12,6 +12,8 @@ import enum
 from collections.abc import Iterator
 from typing import Protocol
 
+Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
+
 
 class StatusCode(enum.IntEnum):
     """gRPC status codes (grpc/doc/statuscodes.md)."""

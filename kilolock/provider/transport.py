@@ -7,23 +7,16 @@ Imports neither client at module level: grpc loads only when grpcio is chosen.
 """
 from __future__ import annotations
 
-import os
-
-from kilolock.errors import KlError
+from kilolock.errors import env_choice
 from kilolock.provider.h2channel import NativeChannel, native_module
-from kilolock.provider.rpc import Channel
+from kilolock.provider.rpc import Channel, Tls
 
 VARIABLE = "KL_PROVIDER_TRANSPORT"
 TRANSPORTS = ("native", "grpcio")
 
-Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
-
-
 def chosen() -> str:
     """The transport this process uses; KlError naming the variable when its value is unknown."""
-    value = os.environ.get(VARIABLE, "").strip().lower() or TRANSPORTS[0]
-    if value not in TRANSPORTS:
-        raise KlError(f"{VARIABLE}={value!r} is not one of {', '.join(TRANSPORTS)}")
+    value = env_choice(VARIABLE, TRANSPORTS)
     if value == "native" and native_module() is None:
         return "grpcio"
     return value

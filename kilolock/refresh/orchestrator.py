@@ -28,7 +28,7 @@ import psycopg
 
 from kilolock import drift as attribute_drift
 from kilolock import tfstate
-from kilolock.errors import KlError
+from kilolock.errors import KlError, env_choice
 from kilolock.provider import transport
 from kilolock.redact import Redactor
 from kilolock.refresh import inflight
@@ -61,16 +61,8 @@ ASYNC_MIN_INSTANCES = {"native": 5, "grpcio": 500}
 READ_PATHS = ("auto", "async", "threads")
 
 
-def _env_choice(variable: str, choices: tuple[str, ...]) -> str:
-    """VARIABLE's value (unset or empty: the first choice), checked: KlError naming it otherwise."""
-    value = os.environ.get(variable, "").strip().lower() or choices[0]
-    if value not in choices:
-        raise KlError(f"{variable}={value!r} is not one of {', '.join(choices)}")
-    return value
-
-
 def read_path() -> str:
-    return _env_choice("KL_READ_PATH", READ_PATHS)
+    return env_choice("KL_READ_PATH", READ_PATHS)
 
 
 def _async_reads(instances: int, transport: str) -> bool:
