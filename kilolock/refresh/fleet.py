@@ -351,40 +351,47 @@ class Worker:
 
     def _run_job(self, flight: _InFlight) -> None:
         job = flight.job
-        conn: psycopg.Connection | None = None
         try:
             with db.reconnect(self.conn) as conn:
-                refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
                 try:
-                    result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id, self.warm)
-                except StateBusy as busy:  # never two runs of one state: try again shortly
-                    fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
-                    self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
-                    return
-                if flight.shutdown and result.status == "cancelled":
-                    fleet.requeue(conn, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run")
-                    self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")
-                    return
-                kept = fleet.finish_job(conn, job.id, self.worker_id, result.status, result.run_id, result.error)
-                if result.status == "succeeded":
-                    self.completed += 1
-                else:
-                    self.failed += 1
-                lag = f", {_lag(job.due_at)} after due" if result.status == "succeeded" else ""
-                self.say(f"kl worker {self.name}: {job.state}: {result.status}"
-                         + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
-                         + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
-                         + ("" if kept else " (the job's lease had been taken over)"))
-        except (KlError, psycopg.Error) as exc:
-            if isinstance(exc, psycopg.Error) and not db.lost(exc, conn):
-                self._internal_error(job, exc)
-            else:  # no database to record it in: the lease runs out and another worker takes the job
-                self.failed += 1
-                self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
+                    self._refresh_job(conn, flight)
+                except psycopg.Error as exc:
+                    # Judged while the connection is open: once closed, any connection looks lost,
+                    # and a bug (a psycopg error without SQLSTATE) would pass for a lost database.
+                    if db.lost(exc, conn):
+                        raise db.ConnectionLost(first_line(exc)) from exc
+                    raise
+        except KlError as exc:  # no connection, or it broke: the lease runs out and another worker takes the job
+            self.failed += 1
+            self.say(f"kl worker {self.name}: {job.state}: {first_line(exc)}")
         except Exception as exc:  # noqa: BLE001 - a bug: logged and recorded on the job by _internal_error
             self._internal_error(job, exc)
         finally:
             self._wake.set()
+
+    def _refresh_job(self, conn: psycopg.Connection, flight: _InFlight) -> None:
+        job = flight.job
+        refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
+        try:
+            result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id, self.warm)
+        except StateBusy as busy:  # never two runs of one state: try again shortly
+            fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
+            self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
+            return
+        if flight.shutdown and result.status == "cancelled":
+            fleet.requeue(conn, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run")
+            self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")
+            return
+        kept = fleet.finish_job(conn, job.id, self.worker_id, result.status, result.run_id, result.error)
+        if result.status == "succeeded":
+            self.completed += 1
+        else:
+            self.failed += 1
+        lag = f", {_lag(job.due_at)} after due" if result.status == "succeeded" else ""
+        self.say(f"kl worker {self.name}: {job.state}: {result.status}"
+                 + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
+                 + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
+                 + ("" if kept else " (the job's lease had been taken over)"))
 
     def _internal_error(self, job: fleet.Job, exc: Exception) -> None:
         """A bug: the run's audit row is finished; record it on the job, keep working."""

@@ -161,3 +161,37 @@ def test_kl_runs_stale_ends_a_dead_workers_run_at_its_last_heartbeat(conn, db_ur
     assert refresh_runs.finish_stale(conn, sid, "t") == [run_id]
     assert conn.execute("SELECT rr.finished_at = j.heartbeat_at FROM refresh_runs rr JOIN fleet_jobs j "
                         "ON j.refresh_run_id = rr.id").fetchone() == (True,)
+
+
+@pytest.mark.parametrize("error", ["bug", "lost"])
+def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, error) -> None:
+    """A psycopg error without SQLSTATE is a bug (a wrong query, a misused adapter) unless the
+    connection is broken. The worker judged it after closing the job's connection, when any
+    connection looks lost, and so reported bugs as a lost database and recorded nothing."""
+    from datetime import datetime, timezone
+
+    import psycopg
+
+    from kilolock.refresh import fleet as refresh_fleet
+    from kilolock.refresh.fleet import Worker, WorkerConfig, _InFlight
+    from kilolock.store import fleet as store_fleet
+
+    def failing(job_conn, *args, **kwargs):
+        if error == "lost":
+            job_conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        raise psycopg.ProgrammingError("the query has 2 placeholders but 1 parameters were passed")
+
+    monkeypatch.setattr(refresh_fleet, "refresh_state", failing)
+    said: list[str] = []
+    recorded: list[str] = []
+    worker = Worker(conn, WorkerConfig(warm_providers=0), lambda stored: None, say=said.append)  # type: ignore[arg-type,return-value]
+    monkeypatch.setattr(worker, "_record_internal_error", lambda job, message: recorded.append(message))
+    job = store_fleet.Job(id=1, state_id="00000000-0000-0000-0000-000000000000", state="s",
+                          due_at=datetime.now(timezone.utc), attempts=1)
+    worker._run_job(_InFlight(job))
+    assert worker.failed == 1
+    if error == "bug":
+        assert recorded == ["internal error: ProgrammingError: the query has 2 placeholders but 1 parameters were passed"]
+        assert not said
+    else:
+        assert not recorded and len(said) == 1 and said[0].startswith("kl worker ") and ": s: " in said[0], said
