@@ -72,8 +72,9 @@ def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: s
             if landed is None:
                 found = versions.find_version(fresh, sid, serial, versions.content_hash(raw))
                 landed = (found.id, found.serial) if found else None
-    except KlError:  # no new connection, or it broke too
-        raise KlError(f"lost the database connection during the commit ({why}) and cannot reconnect; whether v{serial} "
+    except KlError as again:  # no new connection, or it broke too
+        raise KlError(f"lost the database connection during the commit ({why}), and the new connection to settle it "
+                      f"failed too ({first_line(again)}); whether v{serial} "
                       f"was written is unknown and the state may still be locked by this run (lock {lock_id}): "
                       f"see `kl state versions {name}` and `kl status {name}` once the database is back") from None
     if landed is None:
