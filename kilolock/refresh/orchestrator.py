@@ -404,28 +404,6 @@ class _Run:
         self.concurrency: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.backoff = inflight.Backoff()
-        self.closers: list[threading.Thread] = []
-
-    def close_later(self, client: ResourceClient) -> None:
-        """Close CLIENT (Shutdown, the plugin's exit) on a thread of its own: a group's provider
-        stops while the run goes on to its drift and commit, not before them (~5 ms of a small
-        refresh). The run joins every closer before it returns (join_closers)."""
-        def close() -> None:
-            try:
-                client.close()
-            except Exception as exc:  # noqa: BLE001 - best effort, as ever: close kills what does not stop
-                log.debug("closing provider %s: %s", client.info.source, exc)
-
-        closer = threading.Thread(target=close, name=f"kl-close-{client.info.source.rsplit('/', 1)[-1]}", daemon=True)
-        with self.lock:
-            self.closers.append(closer)
-        closer.start()
-
-    def join_closers(self) -> None:
-        with self.lock:
-            closers = list(self.closers)
-        for closer in closers:
-            closer.join()
 
     def record_failure(self, entry: _Entry, message: str) -> None:
         # Failure messages are printed, stored in refresh_runs and quoted in cancel reasons;
@@ -558,7 +536,7 @@ class _Run:
                 self.clients.remove(client)
                 self.concurrency.append({"provider": source, "alias": alias or None, **gate.report(), "reads": reads,
                                          "transport": transport})
-            self.close_later(client)
+            client.close()
 
     def _read_group_threads(self, client: ResourceClient, label: str, entries: list[_Entry], gate: inflight.Gate,
                             rng: random.Random) -> None:
@@ -712,7 +690,6 @@ def run(
         raise KlError(f"lost the database connection ({first_line(exc)}); nothing was refreshed") from None
 
     to_version_id: str | None = None
-    shared: _Run | None = None
     try:
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
@@ -820,11 +797,7 @@ def run(
             raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)
-        try:
-            _finish(conn, result, to_version_id)
-        finally:
-            if shared is not None:
-                shared.join_closers()  # no provider outlives its run
+        _finish(conn, result, to_version_id)
     return result
 
 
