@@ -672,6 +672,10 @@ def run(
     cancel = cancel or Cancellation()
     secrets = Redactor() if secrets is None else secrets
     result = Result(state=name, dry_run=options.dry_run)
+    # A mistyped environment variable is the user's mistake, not a failed run: refused before the
+    # audit row (which `kl runs` would list and a channel would be notified of).
+    read_path()
+    transport.chosen()  # KL_PROVIDER_TRANSPORT
 
     try:
         sid = versions.state_id(conn, name)
@@ -695,8 +699,6 @@ def run(
             raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
-        read_path()
-        transport.chosen()  # KL_PROVIDER_TRANSPORT
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)

@@ -69,9 +69,15 @@ def test_every_path_commits_the_same_state(run_kl, db_url, monkeypatch, tls):
 ])
 def test_an_unknown_read_choice_is_one_line_naming_the_variable_before_any_provider_starts(run_kl, db_url, monkeypatch, variable,
                                                                                            value, allowed):
+    """A mistyped variable is the user's mistake, not a failed run: refused before the audit row
+    (which `kl runs` would list and a notification channel would hear of)."""
+    import psycopg
+
     assert run_kl("state", "import", "prod", "-", input=null_state(3, 1)).returncode == 0
     monkeypatch.setenv(variable, value)
     r = run_kl("refresh", "prod", *SEARCH)
     err = r.stderr.decode()
-    assert r.returncode == 1 and err.strip() == f"kl: refresh failed: {variable}={value!r} is not one of {allowed}", err
-    assert "Traceback" not in err and b"checked:  0" in r.stdout
+    assert r.returncode == 1 and err.strip() == f"kl: {variable}={value!r} is not one of {allowed}", err
+    assert "Traceback" not in err and r.stdout == b""
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM refresh_runs").fetchone() == (0,)
