@@ -58,19 +58,26 @@ class ParserUsageError(UsageError):
 
 
 def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
-    """" (did you mean --dry-run?)" for an unrecognized option close to one the command has."""
-    if not message.startswith("unrecognized arguments:"):
-        return ""
+    """" (did you mean --dry-run?)" for an unrecognized option close to one the command has, and
+    " (did you mean refresh?)" for a command, action or choice close to one it offers."""
     import difflib
+    import re
 
-    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    for word in message.split(":", 1)[1].split():
-        flag = word.split("=", 1)[0]
-        if flag.startswith("-"):
-            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
-            if close:
-                return f" (did you mean {close[0]}?)"
-    return ""
+    if message.startswith("unrecognized arguments:"):
+        options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("-"):
+                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+    typed = re.search(r"invalid choice: '([^']*)'", message)  # argparse's "invalid choice: %(value)r"
+    if typed is None:
+        return ""
+    offered = [str(c) for a in parser._actions if a.choices for c in a.choices]
+    close = difflib.get_close_matches(typed.group(1), offered, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 class _Subcommands(argparse._SubParsersAction):  # type: ignore[type-arg]
@@ -168,6 +175,25 @@ def _send_notifications() -> None:
     after_command()
 
 
+def _with_close_state(exc: KlError) -> str:
+    """EXC's message; for a state name that does not exist, the stored name closest to it, if one
+    is close (a mistyped name). Looked up here, on the error's way out, so the store's own callers
+    (the HTTP backend's first GET of a new state) never pay for it."""
+    versions = sys.modules.get("kilolock.store.versions")  # only loaded by commands that use the database
+    store_db = sys.modules.get("kilolock.store.db")
+    if versions is None or store_db is None or not isinstance(exc, versions.StateNotFound):
+        return str(exc)
+    url = store_db.opened_url()
+    if url is None:
+        return str(exc)
+    try:
+        with store_db.connect(url) as conn:
+            close = versions.closest_name(conn, exc.name)
+    except Exception:  # noqa: BLE001 - a hint only: the error itself is what matters
+        close = None
+    return str(exc.suggesting(close))
+
+
 def exit_process(code: int) -> NoReturn:
     """End kl with CODE, skipping the interpreter's teardown once kl's own work is done: freeing
     every module and object (grpc and psycopg hold thousands) costs a small refresh about a tenth
@@ -217,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
         # argument may hold a newline. A parser's usage error adds the command's usage line.
-        print("kl: " + one_line(str(exc)), file=sys.stderr)
+        print("kl: " + one_line(_with_close_state(exc)), file=sys.stderr)
         if isinstance(exc, ParserUsageError):
             print(one_line(exc.usage), file=sys.stderr)
         return exit_code(error=True, detailed=detailed, code=exc.exit_code)

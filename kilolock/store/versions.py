@@ -35,6 +35,10 @@ class StateNotFound(KlError):
         super().__init__(f"no state named {name!r} (see `kl state list`)")
         self.name = name
 
+    def suggesting(self, close: str | None) -> str:
+        """The message, naming CLOSE (closest_name) when there is one."""
+        return f"no state named {self.name!r}; did you mean {close!r}? (see `kl state list`)" if close else str(self)
+
 
 class VersionConflict(KlError):
     """A write that would overwrite or fork history (serial not advancing, foreign lineage)."""
@@ -164,6 +168,15 @@ def state_id(conn: psycopg.Connection, name: str) -> str:
     if row is None:
         raise StateNotFound(name)
     return str(row[0])
+
+
+def closest_name(conn: psycopg.Connection, name: str) -> str | None:
+    """The stored state name most like NAME, if one is close enough to be a typo of it."""
+    import difflib
+
+    names = [r[0] for r in conn.execute("SELECT name FROM states")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def lock_state_row(conn: psycopg.Connection, name: str, *, create: bool) -> str | None:

@@ -41,6 +41,11 @@ def test_a_usage_error_has_one_kl_prefix_the_usage_line_and_a_suggestion():
 def test_a_usage_error_of_kl_itself_and_of_a_bad_value():
     code, _, err = _kl("drfit")
     assert code == 2 and err.startswith("kl: argument COMMAND: invalid choice: 'drfit'") and "kl: kl" not in err
+    assert err.splitlines()[0].endswith(" (did you mean drift?)"), err
+    code, _, err = _kl("state", "imprt", "x")
+    assert code == 2 and err.splitlines()[0].endswith(" (did you mean import?)"), err
+    code, _, err = _kl("xyzzy")  # nothing close: no guess
+    assert code == 2 and "did you mean" not in err, err
     code, _, err = _kl("drift", "prod", "--limit", "0")
     assert code == 2 and err.splitlines()[0] == "kl: drift: argument --limit: '0' must be at least 1", err
 

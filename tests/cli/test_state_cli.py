@@ -92,6 +92,17 @@ def test_unknown_state_and_missing_file(db_url, run_kl, tmp_path):
         assert r.returncode == 1 and message in r.stderr.decode() and r.stderr.decode().count("\n") == 1, (args, r.stderr)
 
 
+def test_a_mistyped_state_name_is_told_the_closest_stored_one(db_url, run_kl, make_state):
+    for name in ("team/prod", "team/staging"):
+        assert run_kl("state", "import", name, "-", input=make_state(1, {"a": {"id": "1"}})).returncode == 0
+    for args in (("status", "team/prd"), ("refresh", "team/prdo"), ("state", "pull", "tema/prod")):
+        r = run_kl(*args)
+        assert r.returncode == 1 and r.stderr.decode() == (
+            f"kl: no state named {args[-1]!r}; did you mean 'team/prod'? (see `kl state list`)\n"), r.stderr
+    r = run_kl("status", "elsewhere")  # nothing close: no guess
+    assert r.returncode == 1 and r.stderr.decode() == "kl: no state named 'elsewhere' (see `kl state list`)\n", r.stderr
+
+
 def test_serial_conflicts_from_the_cli(db_url, run_kl, make_state):
     assert run_kl("state", "import", "prod", "-", input=make_state(3, {"a": {"id": "1"}})).returncode == 0
     r = run_kl("state", "import", "prod", "-", input=make_state(3, {"a": {"id": "2"}}))
