@@ -58,7 +58,13 @@ SIZES: dict[int, tuple[int, float, float, float | None]] = {
     # up to what the new code holds with room for the spread. The quick wall gate moves to 0.7x:
     # CI's quiet box held 0.80-0.83x with the code before and holds ~0.9x now (the target, 1.2x,
     # is not reached yet); a machine as loaded as above can sag below it.
-    10: (7, 1.2, 0.7 if QUICK else 1.2, 0.9 if QUICK else None),
+    # Session 10 moved every provider call to kl's native HTTP/2 client (no grpc import): CI's quick
+    # runs since held 0.97-1.09x wall and 1.10-1.25x CPU against the fastest peer (sessions 10 and
+    # 11, eight runs). The quick gates follow, with room for CI's spread: 0.85x wall, 1.0x CPU. The
+    # target stays out of reach on two cores: importing psycopg alone is ~80-120 ms of kl's ~300 ms
+    # critical path, and the store's round trips (~30 statements before the reads, ~20 in the
+    # commit, three synchronous commits) most of the rest.
+    10: (7, 1.2, 0.85 if QUICK else 1.2, 1.0 if QUICK else None),
     # On a quiet machine with all five peers (CI of 2026-11-30, load ~1): 2.37x wall, 2.64x CPU
     # against OpenTofu 1.8.5. (A loaded machine slows the peers more than kl: 4.4-6.9x there.)
     # Reads from the event loop (session 8, quick mode, quiet machine): kl.pyz 0.78 s against
