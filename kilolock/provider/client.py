@@ -174,12 +174,15 @@ class GrpcProviderClient(ProviderClient):
 
     def _call(self, rpc: str, request: Any, answer: type[Any], timeout: float | None = None) -> Any:
         """``rpc`` of this dialect with ``request`` (a message); the answer parsed as ``answer``."""
+        return self._parse(rpc, answer, self._send(rpc, self._path(rpc), request.SerializeToString(), timeout))
+
+    def _send(self, rpc: str, path: str, data: bytes, timeout: float | None) -> bytes:
+        """The answer's bytes to ``data`` sent to ``path``; a ProviderCallError naming ``rpc``."""
         timeout = self._rpc_timeout if timeout is None else timeout
         try:
-            data = self._channel.unary(self._path(rpc), request.SerializeToString(), timeout)
+            return self._channel.unary(path, data, timeout)
         except RpcError as exc:
             raise self._call_error(rpc, exc, timeout) from None
-        return self._parse(rpc, answer, data)
 
     def _parse(self, rpc: str, answer: type[Any], data: bytes) -> Any:
         try:
@@ -276,12 +279,7 @@ class GrpcProviderClient(ProviderClient):
         timeout: float | None = None,
     ) -> ReadResult:
         req = self._read_request(type_name, current_state, private, provider_meta, current_identity)
-        timeout = self._rpc_timeout if timeout is None else timeout
-        try:
-            data = self._channel.unary(self._read_path, req, timeout)
-        except RpcError as exc:
-            raise self._call_error("ReadResource", exc, timeout) from None
-        return self._read_result(type_name, data)
+        return self._read_result(type_name, self._send("ReadResource", self._read_path, req, timeout))
 
     def async_reads(self) -> AsyncReads:
         return AsyncReads(self)

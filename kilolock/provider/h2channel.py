@@ -36,8 +36,6 @@ def native_module() -> ModuleType | None:
     return _codec_rs if hasattr(_codec_rs, "H2Channel") else None
 
 
-
-
 class NativeChannel:
     transport = "native"
 

@@ -14,6 +14,7 @@ from kilolock.provider.rpc import Channel, Tls
 VARIABLE = "KL_PROVIDER_TRANSPORT"
 TRANSPORTS = ("native", "grpcio")
 
+
 def chosen() -> str:
     """The transport this process uses; KlError naming the variable when its value is unknown."""
     value = env_choice(VARIABLE, TRANSPORTS)
