@@ -39,6 +39,17 @@ What is left is CPU under one GIL: measured alone, psycopg ~65 ms, asyncio ~30 (
 grpc both import it), grpc ~25, protobuf ~10, kilolock's own modules ~25-35, and the commit
 (~45 statements in five transactions, ~25 ms). The issue's 1.2x at 10 instances needs about a
 third of that off the critical path: the store in a second process (psycopg on the other core).
+
+Session 12 (2026-12-01, a machine about twice as slow as session 8's: the peers took 0.47-0.52 s
+there) tried the other half of that split: the provider's start (its imports, the plugin, AutoMTLS)
+in a forked helper process that then served the plugin's calls over a socketpair (branch
+s12-hosted, not merged). 5 traced runs, main -> helper: critical path 501.5 -> 472.2 ms, imports
+before connect 224.8 -> 210.2, psycopg 126.7 -> 117.6, reads 5.0 -> 10.9 (threads and a socket
+instead of the event loop); 20 interleaved whole-process rounds: median 0.465 -> 0.460 s (1%).
+The early start already overlapped the imports almost entirely. What is left on the critical path
+is serial: interpreter and kl.pyz (~55 ms), psycopg (~120), the store's round trips before the
+first read (~45), the commit (~52), each waiting for the one before. A store in a second process
+would not shorten it either: the reads wait for the state, which waits for psycopg.
 """
 from __future__ import annotations
 
