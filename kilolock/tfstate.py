@@ -658,16 +658,6 @@ def _index_streamed(text: str, origin: str) -> State:
     return State(raw=top, instances=index.instances)
 
 
-# Terraform writes keys in these orders (statefile/version4.go); `kl state pull` restores them,
-# since jsonb does not keep key order, so a pulled state diffs cleanly against Terraform's own.
-TOP_LEVEL_ORDER = ("version", "terraform_version", "serial", "lineage", "outputs", "resources", "check_results")
-RESOURCE_ORDER = ("module", "mode", "type", "name", "each", "provider", "instances")
-INSTANCE_ORDER = (
-    "index_key", "status", "deposed", "schema_version", "attributes", "attributes_flat", "sensitive_attributes",
-    "identity_schema_version", "identity", "private", "dependencies", "create_before_destroy",
-)
-
-
 # --- writing state back out --------------------------------------------------------------------
 #
 # jsonb keeps neither key order nor formatting, so `kl state pull` re-creates Terraform's own
