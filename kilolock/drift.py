@@ -159,6 +159,62 @@ def _block_shape(block: sch.Block) -> Shape:
     return _Obj(fields)
 
 
+def stored_steps(block: sch.Block, path: sch.AttributePath) -> list[str]:
+    """PATH, in schema terms (``manifest.metadata.name``), as jsonb path steps into the attributes
+    as stored: through the ``{"value": ..., "type": ...}`` wrapper of each dynamic value on the way
+    (``{manifest,value,metadata,name}``), by the rules the shapes above follow. Below a dynamic
+    attribute the value's own type is concrete: nothing there is wrapped again. A step the schema
+    does not know is taken as it is."""
+    steps: list[str] = []
+    node: _Node = block
+    for step in path:
+        key = step.name if isinstance(step, sch.GetAttr) else step.key
+        steps.append(str(key))
+        node, wrapped = _stored_child(node, key)
+        if wrapped:
+            steps.append("value")
+    return steps
+
+
+# What stored_steps stands on: a block, the attributes of a nested object, a collection of either
+# (its nesting), a cty type in JSON, or None (no schema from here on).
+_Node = sch.Block | tuple[sch.Attribute, ...] | tuple[str, Any] | Any
+
+
+def _stored_child(node: _Node, key: str | int) -> tuple[_Node, bool]:
+    """The node under KEY, and whether its value is stored wrapped."""
+    if isinstance(node, sch.Block):
+        for nb in node.block_types:
+            if nb.type_name == key:
+                if nb.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP):
+                    return nb.block, False
+                return ("nested", nb.block), nb.nesting in (sch.NestingMode.LIST, sch.NestingMode.MAP) and _has_dynamic_attributes(nb.block)
+        return _stored_child(node.attributes, key)
+    if isinstance(node, tuple) and node and isinstance(node[0], sch.Attribute):
+        attr = next((a for a in node if a.name == key), None)
+        if attr is None:
+            return None, False
+        if attr.nested_type is not None:
+            inner = attr.nested_type.attributes
+            return (inner if attr.nested_type.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP) else ("nested", inner)), False
+        t = json.loads(attr.type) if attr.type is not None else None
+        return (None, True) if t == "dynamic" else (t, False)
+    if isinstance(node, tuple) and len(node) == 2 and node[0] == "nested":
+        return node[1], False  # an element of a nested collection: its block or attributes
+    if isinstance(node, list) and len(node) == 2:  # a cty type: [list|set|map, elem], [object, attrs], [tuple, elems]
+        kind, inner = node
+        if kind in ("list", "set", "map"):
+            t = inner
+        elif kind == "object" and isinstance(inner, dict):
+            t = inner.get(key)
+        elif kind == "tuple" and isinstance(inner, list) and isinstance(key, int) and 0 <= key < len(inner):
+            t = inner[key]
+        else:
+            return None, False
+        return (None, True) if t == "dynamic" else (t, False)
+    return None, False
+
+
 def choose_block(blocks: Sequence[sch.Block], *values: Any) -> sch.Block | None:
     """Of several cached schemas of one resource type (one per provider version), the one whose
     top-level names are exactly those of VALUES, else one that has them all, else the first."""

@@ -190,3 +190,45 @@ def test_notifications_shape_paths_with_the_cached_schema_as_kl_drift_does() -> 
     assert [c["path"] for c in shaped["changes"]] == ['labels[="b"]', "single.n"]
     [guessed] = payload.addresses(detail, rows)  # no schema cached: keys guessed, lists by position
     assert [c["path"] for c in guessed["changes"]] == ["labels", 'single["n"]']
+
+
+# (path as a person writes it, jsonb steps into the stored attributes) under SCHEMA
+STORED_STEPS = [
+    ("id", ["id"]),
+    ('tags["env"]', ["tags", "env"]),
+    ("obj.v", ["obj", "v"]),
+    ("dyn", ["dyn", "value"]),
+    ("dyn.metadata.name", ["dyn", "value", "metadata", "name"]),
+    ("dyn[0]", ["dyn", "value", "0"]),
+    ('dyn_map["k"]', ["dyn_map", "k", "value"]),
+    ('dyn_map["k"].x', ["dyn_map", "k", "value", "x"]),
+    ("single.a", ["single", "a"]),
+    ("list_nested[1].n", ["list_nested", "1", "n"]),
+    ('map_nested["m"].a', ["map_nested", "m", "a"]),
+    ('deep.inner["i"].n', ["deep", "inner", "i", "n"]),
+    ("b_single.a", ["b_single", "a"]),
+    ("b_list[0].n", ["b_list", "0", "n"]),
+    ('b_map["m"].a', ["b_map", "m", "a"]),
+    # A list of blocks holding a dynamic attribute is stored wrapped, and so is the attribute in it.
+    ("b_dyn_list[0].d", ["b_dyn_list", "value", "0", "d", "value"]),
+    ("b_dyn_list[0].d.x", ["b_dyn_list", "value", "0", "d", "value", "x"]),
+    ("unknown.x", ["unknown", "x"]),
+    ("id.x", ["id", "x"]),
+]
+
+
+@pytest.mark.parametrize(("path", "steps"), STORED_STEPS, ids=[r[0] for r in STORED_STEPS])
+def test_a_schema_path_finds_its_value_through_dynamic_wrappers(path: str, steps: list[str]) -> None:
+    assert drift.stored_steps(SCHEMA, sch.path_parse(path)) == steps
+
+
+def test_stored_steps_reach_the_values_the_drift_rows_store() -> None:
+    """The stored documents of the rows above: the steps land on the value the path names."""
+    doc = {"dyn": wrap({"metadata": {"name": "web"}}, ["object", {"metadata": ["object", {"name": "string"}]}]),
+           "dyn_map": {"k": wrap({"x": 1}, ["object", {"x": "number"}])},
+           "b_dyn_list": wrap([{"d": wrap({"x": 2}, ["object", {"x": "number"}])}], ["tuple", [["object", {"d": "dynamic"}]]])}
+    for path, want in [("dyn.metadata.name", "web"), ('dyn_map["k"].x', 1), ("b_dyn_list[0].d.x", 2)]:
+        value: Any = doc
+        for step in drift.stored_steps(SCHEMA, sch.path_parse(path)):
+            value = value[int(step)] if isinstance(value, list) else value[step]
+        assert value == want, path

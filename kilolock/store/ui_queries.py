@@ -7,12 +7,14 @@ the states a principal may see; these functions never decide that.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from kilolock.store.versions import StateNotFound, current_version_of
 
@@ -296,20 +298,29 @@ class Search:
     path: list[str] | None = None  # the attribute path as jsonb path steps ({tags,env}, {rule,0,cidr})
     value: str | None = None  # a JSON document the value at PATH must equal
     exclude_types: tuple[str, ...] = ()  # types whose schema calls PATH secret
+    # Types whose schema stores the value at PATH elsewhere (under a dynamic value's wrapper): the
+    # jsonb paths to look at instead, one per cached schema of the type.
+    stored_paths: Mapping[str, list[list[str]]] = field(default_factory=dict)
 
 
 # A mark (sensitive_attributes element) as its steps' values, in the loose form of the search path:
 # a mark at or above the path, or below it, makes the row's value at the path a secret.
 _MARK_STEPS = "ARRAY(SELECT COALESCE(s.step -> 'value' ->> 'value', s.step ->> 'value') FROM jsonb_array_elements(m.mark) WITH ORDINALITY s(step, n) ORDER BY s.n)"
 
-_SEARCH_WHERE = f"""
+_SEARCH_FILTERS = """
 FROM resources r JOIN states st ON st.id = r.state_id
 WHERE r.delete_serial IS NULL AND r.state_id = ANY(%(ids)s::uuid[])
   AND (%(type)s::text IS NULL OR r.type = %(type)s)
   AND (%(address)s::text IS NULL OR r.address ~ %(address)s)
   AND (%(provider)s::text IS NULL OR strpos(lower(r.provider), lower(%(provider)s)) > 0)
+"""
+
+_SEARCH_WHERE = f"""{_SEARCH_FILTERS}
   AND (%(path)s::text[] IS NULL OR (
-        r.attributes #> %(path)s::text[] = %(value)s::jsonb
+        CASE WHEN %(stored)s::jsonb ? r.type
+             THEN EXISTS (SELECT 1 FROM jsonb_array_elements(%(stored)s::jsonb -> r.type) p(steps)
+                          WHERE r.attributes #> ARRAY(SELECT jsonb_array_elements_text(p.steps)) = %(value)s::jsonb)
+             ELSE r.attributes #> %(path)s::text[] = %(value)s::jsonb END
         AND NOT (r.type = ANY(%(exclude)s::text[]))
         AND NOT EXISTS (
             SELECT 1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(r.sensitive_attributes) = 'array'
@@ -326,16 +337,19 @@ ORDER BY st.name, r.address, r.deposed
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
-_SEARCH_KINDS = f"SELECT DISTINCT r.provider, r.mode, r.type {_SEARCH_WHERE}"
+# Every kind that holds PATH's attribute, whatever its value: which schemas to ask where the value
+# is stored (a dynamic attribute's is under its wrapper) and whether it is secret.
+_SEARCH_KINDS = f"SELECT DISTINCT r.provider, r.mode, r.type {_SEARCH_FILTERS} AND r.attributes ? (%(path)s::text[])[1]"
 
 
 def _search_params(s: Search) -> dict[str, Any]:
     return {"ids": s.state_ids, "type": s.type, "address": s.address_regex, "provider": s.provider,
-            "path": s.path, "value": s.value, "exclude": list(s.exclude_types)}
+            "path": s.path, "value": s.value, "exclude": list(s.exclude_types), "stored": Jsonb(dict(s.stored_paths))}
 
 
 def search_kinds(conn: psycopg.Connection, s: Search) -> list[dict[str, Any]]:
-    """The (provider, mode, type) of every match: whose schemas to ask whether the path is secret."""
+    """The (provider, mode, type) of every instance S may match, by every filter but the value at
+    the path (which needs them): whose schemas say where the value is stored and whether it is secret."""
     return _dicts(conn).execute(_SEARCH_KINDS, _search_params(s)).fetchall()
 
 

@@ -45,7 +45,8 @@ def write(conn: psycopg.Connection, name: str, serial: int, resources: list[dict
 
 
 def cache_cloud_schema(conn: psycopg.Connection) -> None:
-    """The provider's schema as a refresh would have cached it: `password` sensitive."""
+    """The provider's schema as a refresh would have cached it: `password` sensitive, `spec` dynamic
+    (stored as Terraform's {"value": ..., "type": ...} wrapper)."""
     from kilolock import schema as sch
     from kilolock.store import provider_schemas
 
@@ -53,7 +54,7 @@ def cache_cloud_schema(conn: psycopg.Connection) -> None:
         sch.Attribute("id", b'"string"', computed=True), sch.Attribute("name", b'"string"', required=True),
         sch.Attribute("port", b'"number"', optional=True), sch.Attribute("tags", b'["map","string"]', optional=True),
         sch.Attribute("password", b'"string"', optional=True, sensitive=True),
-        sch.Attribute("notes", b'"string"', optional=True)))
+        sch.Attribute("notes", b'"string"', optional=True), sch.Attribute("spec", b'"dynamic"', optional=True)))
     ps = sch.ProviderSchema(6, sch.Schema(0, sch.Block()), {"cloud_server": sch.Schema(0, block)})
     provider_schemas.put(conn, CLOUD_SOURCE, "1.0.0", ps)
 

@@ -135,6 +135,23 @@ def test_search_by_attribute_value_type_address_and_provider(ui: Client) -> None
     assert "cloud_server.charlie" not in globbed  # deleted: search looks at current instances only
 
 
+def test_search_finds_a_value_inside_a_dynamic_attribute_by_its_schema_path(ui: Client, conn) -> None:
+    from kit.uistates import server, write
+
+    spec = {"value": {"metadata": {"name": "web", "replicas": 3}},
+            "type": ["object", {"metadata": ["object", {"name": "string", "replicas": "number"}]}]}
+    write(conn, "k8s", 1, [server("kilo", extra={"spec": spec}), server("lima", extra={"spec": {**spec, "value": {"metadata": {
+        "name": "api", "replicas": 3}}}})], "import", "alice")
+    web = page(ui, "/ui/search", attr='spec.metadata.name = "web"')
+    assert "cloud_server.kilo" in web and "1 result<" in web
+    both = page(ui, "/ui/search", attr="spec.metadata.replicas = 3")
+    assert "cloud_server.kilo" in both and "cloud_server.lima" in both and "2 results" in both
+    whole = page(ui, "/ui/search", attr='spec = {"metadata": {"name": "api", "replicas": 3}}')
+    assert "cloud_server.lima" in whole and "1 result<" in whole
+    # The wrapper is how the value is stored, not a path anyone writes.
+    assert "0 results" in page(ui, "/ui/search", attr='spec.value.metadata.name = "web"')
+
+
 def test_search_never_answers_about_a_secret(ui: Client) -> None:
     for attr in ('password = "hunter2-alpha-secret"', 'password = "nope"'):
         html = page(ui, "/ui/search", attr=attr)

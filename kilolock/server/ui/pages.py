@@ -330,6 +330,21 @@ def _path_steps(path: sch.AttributePath) -> list[str]:
     return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path]
 
 
+def _stored_paths(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas,
+                  path: sch.AttributePath) -> dict[str, list[list[str]]]:
+    """The types whose cached schemas store the value at PATH elsewhere than PATH's own steps (it
+    crosses a dynamic value: ``manifest.metadata.name`` is under ``manifest``'s wrapper), with
+    every place their instances may hold it. Without a cached schema a type is searched at PATH."""
+    plain = tuple(_path_steps(path))
+    places: dict[str, set[tuple[str, ...]]] = {}
+    for kind in kinds:
+        key = versiondiff.schema_key(kind)
+        blocks = schemas.get(key, ()) if key else ()
+        found = places.setdefault(str(kind["type"]), set())
+        found |= {tuple(drift.stored_steps(sch.schema_from_json(b).block, path)) for b in blocks} or {plain}
+    return {t: [list(p) for p in sorted(found)] for t, found in places.items() if found != {plain}}
+
+
 def _secret_types(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas, path: sch.AttributePath) -> set[str]:
     """Types whose cached schema calls the value at PATH (or one inside it) secret."""
     out = set()
@@ -365,9 +380,9 @@ def search(conn: psycopg.Connection, request: Request) -> View:
         schemas = history.cached_schemas(conn, versiondiff.schema_keys(
             [{**k, "address": "", "deposed": ""} for k in kinds]))
         secret = _secret_types(kinds, schemas, path)
-        if secret:
-            query = ui_queries.Search(**{**query.__dict__, "exclude_types": tuple(sorted(secret))})
-            context["hidden"] = sorted(secret)
+        query = ui_queries.Search(**{**query.__dict__, "exclude_types": tuple(sorted(secret)),
+                                     "stored_paths": _stored_paths(kinds, schemas, path)})
+        context["hidden"] = sorted(secret)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
     context.update(results=found.rows, pager=pager.with_total(found.total))
     return View("search.html", context)
