@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from kilolock import tfstate
 from kilolock.schema import (
     AttributePath,
     Block,
@@ -163,10 +164,14 @@ def merged_marks(prior: Iterable[Any], new: Iterable[AttributePath], value: Any)
 
 
 def _lookup(doc: Any, path: AttributePath) -> tuple[bool, Any]:
-    """(True, the value at PATH inside DOC, a decoded JSON object) or (False, None) when absent."""
+    """(True, the value at PATH inside DOC, a decoded JSON object) or (False, None) when absent.
+    PATH is a cty path, which does not see how state JSON stores a dynamic value: a step that a
+    ``{"value": ..., "type": ...}`` wrapper lacks is looked for inside its value."""
     value = doc
     for step in path:
         key = step.name if isinstance(step, GetAttr) else step.key
+        if isinstance(value, dict) and key not in value and tfstate.is_dynamic_wrapper(value):
+            value = value["value"]
         if isinstance(value, dict):
             if not isinstance(key, str) or key not in value:
                 return False, None

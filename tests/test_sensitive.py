@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from kilolock.schema import Attribute, Block, GetAttr, Index, NestedBlock, NestedObject, NestingMode
-from kilolock.sensitive import sensitive_attributes_json, sensitive_paths
+from kilolock.sensitive import merged_marks, sensitive_attributes_json, sensitive_paths, values_at
 
 # --- schema-sensitive paths -----------------------------------------------------------------------
 
@@ -97,3 +97,25 @@ def test_union_with_prior_paths_is_sorted_and_unique() -> None:
         [{"type": "get_attr", "value": "password"}],
         [{"type": "get_attr", "value": "tags"}, {"type": "index", "value": {"value": "k", "type": "string"}}],
     ]
+
+
+SPEC_T = ["object", {"password": "string", "ports": ["list", "number"]}]
+SPEC = {"spec": {"value": {"password": "pw-in-dynamic", "ports": [80, 443]}, "type": SPEC_T}}  # as state JSON stores it
+
+
+def test_marks_inside_a_dynamic_value_survive_a_refresh_merge() -> None:
+    # Terraform's marks are cty paths: they do not see the {"value", "type"} wrapper state JSON has.
+    prior = [[{"type": "get_attr", "value": "spec"}, {"type": "get_attr", "value": "password"}]]
+    assert merged_marks(prior, [], SPEC) == prior
+    new = [(GetAttr("spec"), GetAttr("ports"), Index(1))]
+    assert merged_marks([], new, SPEC) == sensitive_attributes_json(new)
+    assert merged_marks([], [(GetAttr("spec"), GetAttr("gone"))], SPEC) == []  # a path the value lacks is dropped
+    assert merged_marks([], [(GetAttr("spec"), GetAttr("ports"), Index(2))], SPEC) == []
+
+
+def test_values_inside_a_dynamic_value_are_found_for_redaction() -> None:
+    assert list(values_at(SPEC, [(GetAttr("spec"), GetAttr("password"))])) == ["pw-in-dynamic"]
+    assert list(values_at(SPEC, [(GetAttr("spec"),)])) == [SPEC["spec"]]  # the attribute itself: as stored
+    # An object attribute that has keys named value and type is read as it is.
+    plain = {"obj": {"value": "v", "type": "string"}}
+    assert list(values_at(plain, [(GetAttr("obj"), GetAttr("value"))])) == ["v"]

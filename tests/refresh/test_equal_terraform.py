@@ -136,7 +136,9 @@ def _nothing(ws: Path) -> None:
 # Our test provider (tests/testprovider), both builds: each remote object is <workspace>/remote/<id>.json
 # (KL_TESTPROVIDER_DIR, set per workspace by Cli.run and _kl_refresh), so editing a file is an
 # out-of-band change of a complex value and deleting it a removal. Private state counts the reads
-# (testfw) or holds sdk/v2's meta (testsdk); identity is written by Terraform >= 1.12 only.
+# (testfw) or holds sdk/v2's meta (testsdk); identity is written by Terraform >= 1.12 only. testfw's
+# dyn.pin is marked sensitive by the configuration: a mark inside a dynamic value, which state JSON
+# stores under the value's {"value", "type"} wrapper while the mark's path does not name it.
 _TESTPROVIDER_KEYS = ("kept", "edited", "gone")
 _WRITE_ONLY_TOOLS = {"terraform-1.12.2"}
 
@@ -150,7 +152,7 @@ resource "testfw_thing" "t" {{
   name        = "thing ${{each.key}}"
   tags        = {{ env = "dev", team = "core" }}
   secret      = "hunter2"{write_only}
-  dyn         = {{ x = 1, y = ["a", "b"] }}
+  dyn         = {{ x = 1, y = ["a", "b"], pin = sensitive("pin-${{each.key}}") }}
   objects     = [{{ k = "one", v = 1 }}, {{ k = "two", v = 2.5 }}]
   single      = {{ a = "s", n = 3, token = "tok-1" }}
   list_nested = [{{ a = "l0", n = 0 }}, {{ a = "l1", n = 1 }}]
@@ -400,14 +402,17 @@ def test_an_instance_stored_without_identity_gets_the_identity_its_read_returns(
 
 
 def _the_testprovider_rows_hold_what_they_test(state: dict[str, Any], tool: str) -> None:
-    """Private state always, identity where the CLI keeps it, write-only values nowhere: else the
-    comparison of those fields would pass without comparing anything."""
+    """Private state always, identity where the CLI keeps it, write-only values nowhere, a mark
+    inside a dynamic value: else the comparison of those fields would pass without comparing anything."""
     things = [(r["type"], i) for r in state["resources"] if r["type"] in ("testfw_thing", "testsdk_thing") for i in r["instances"]]
     assert {t for t, _ in things} == {"testfw_thing", "testsdk_thing"}, things
     for type_, instance in things:
         assert instance.get("private"), (type_, instance)
         assert instance["attributes"]["password_wo"] is None, (type_, instance)
         assert ("identity" in instance) == tool.startswith("terraform-1.12"), (tool, type_, instance)
+    pin = [{"type": "get_attr", "value": "dyn"}, {"type": "get_attr", "value": "pin"}]
+    kept = [i for t, i in things if t == "testfw_thing" and i["attributes"]["id"] == "fw-kept"]
+    assert kept and pin in kept[0]["sensitive_attributes"], kept  # a mark inside a dynamic value, kept
 
 
 def _identity_checked_and_left_out(state: dict[str, Any]) -> dict[str, Any]:
