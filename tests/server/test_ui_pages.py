@@ -230,3 +230,24 @@ def test_a_page_reads_in_one_read_only_snapshot(conn) -> None:
     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), conn.transaction():
         ui_queries.read_only_snapshot(conn)
         conn.execute("INSERT INTO states (name) VALUES ('nope')")
+
+
+def test_a_secret_marked_inside_a_dynamic_value_never_reaches_a_page(ui: Client, conn) -> None:
+    from kit.uistates import PASSWORD_MARK, server, write
+
+    pin_mark = [{"type": "get_attr", "value": "spec"}, {"type": "get_attr", "value": "pin"}]
+
+    def secret_server(pin: str, replicas: int) -> dict:
+        spec = {"value": {"pin": pin, "replicas": replicas}, "type": ["object", {"pin": "string", "replicas": "number"}]}
+        res = server("mike", extra={"spec": spec})
+        res["instances"][0]["sensitive_attributes"] = [PASSWORD_MARK, pin_mark]
+        return res
+
+    write(conn, "dyn", 1, [secret_server("pin-one-secret", 1)], "import", "alice")
+    write(conn, "dyn", 2, [secret_server("pin-two-secret", 2)], "refresh", "kl-refresh")
+    pages = [page(ui, "/ui/resource", state="dyn", address="cloud_server.mike"), page(ui, "/ui/state", name="dyn"),
+             page(ui, "/ui/diff", state="dyn", **{"from": 1, "to": 2})]
+    for html in pages:
+        assert "pin-one-secret" not in html and "pin-two-secret" not in html
+    assert "replicas" in pages[2]  # the change beside it is shown
+    assert "0 results" in page(ui, "/ui/search", attr='spec.pin = "pin-two-secret"')
