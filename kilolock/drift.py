@@ -176,9 +176,17 @@ def stored_steps(block: sch.Block, path: sch.AttributePath) -> list[str]:
     return steps
 
 
-# What stored_steps stands on: a block, the attributes of a nested object, a collection of either
-# (its nesting), a cty type in JSON, or None (no schema from here on).
-_Node = sch.Block | tuple[sch.Attribute, ...] | tuple[str, Any] | Any
+@dataclass(frozen=True)
+class _Each:
+    """In stored_steps: a nested collection (of blocks or of nested attributes' objects), whose
+    every element is ELEMENT."""
+
+    element: sch.Block | tuple[sch.Attribute, ...]
+
+
+# What stored_steps stands on: a block, the attributes of a nested object, a nested collection, a cty
+# type in JSON, or None (the schema says nothing from here on).
+_Node = sch.Block | tuple[sch.Attribute, ...] | _Each | Any
 
 
 def _stored_child(node: _Node, key: str | int) -> tuple[_Node, bool]:
@@ -188,19 +196,20 @@ def _stored_child(node: _Node, key: str | int) -> tuple[_Node, bool]:
             if nb.type_name == key:
                 if nb.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP):
                     return nb.block, False
-                return ("nested", nb.block), nb.nesting in (sch.NestingMode.LIST, sch.NestingMode.MAP) and _has_dynamic_attributes(nb.block)
+                wrapped = nb.nesting in (sch.NestingMode.LIST, sch.NestingMode.MAP) and _has_dynamic_attributes(nb.block)
+                return _Each(nb.block), wrapped
         return _stored_child(node.attributes, key)
-    if isinstance(node, tuple) and node and isinstance(node[0], sch.Attribute):
+    if isinstance(node, _Each):
+        return node.element, False
+    if isinstance(node, tuple):  # a nested object's attributes
         attr = next((a for a in node if a.name == key), None)
         if attr is None:
             return None, False
         if attr.nested_type is not None:
             inner = attr.nested_type.attributes
-            return (inner if attr.nested_type.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP) else ("nested", inner)), False
+            return (inner if attr.nested_type.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP) else _Each(inner)), False
         t = json.loads(attr.type) if attr.type is not None else None
         return (None, True) if t == "dynamic" else (t, False)
-    if isinstance(node, tuple) and len(node) == 2 and node[0] == "nested":
-        return node[1], False  # an element of a nested collection: its block or attributes
     if isinstance(node, list) and len(node) == 2:  # a cty type: [list|set|map, elem], [object, attrs], [tuple, elems]
         kind, inner = node
         if kind in ("list", "set", "map"):
