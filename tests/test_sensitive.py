@@ -116,6 +116,8 @@ def test_marks_inside_a_dynamic_value_survive_a_refresh_merge() -> None:
 def test_values_inside_a_dynamic_value_are_found_for_redaction() -> None:
     assert list(values_at(SPEC, [(GetAttr("spec"), GetAttr("password"))])) == ["pw-in-dynamic"]
     assert list(values_at(SPEC, [(GetAttr("spec"),)])) == [SPEC["spec"]]  # the attribute itself: as stored
+    assert list(values_at(SPEC, [(GetAttr("nothing"),), (GetAttr("spec"), GetAttr("nothing"))])) == []
+    assert merged_marks([[{"type": "get_attr", "value": "nothing"}]], [], {"a": 1}) == []  # no wrapper, no key
     # An object attribute that has keys named value and type is read as it is.
     plain = {"obj": {"value": "v", "type": "string"}}
     assert list(values_at(plain, [(GetAttr("obj"), GetAttr("value"))])) == ["v"]
