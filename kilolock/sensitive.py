@@ -170,8 +170,7 @@ def _lookup(doc: Any, path: AttributePath) -> tuple[bool, Any]:
     value = doc
     for step in path:
         key = step.name if isinstance(step, GetAttr) else step.key
-        if isinstance(value, dict) and key not in value and len(value) == 2 and "value" in value and "type" in value \
-                and tfstate.is_dynamic_wrapper(value):
+        if isinstance(value, dict) and key not in value and tfstate.is_dynamic_wrapper(value):
             value = value["value"]
         if isinstance(value, dict):
             if not isinstance(key, str) or key not in value:

@@ -684,7 +684,7 @@ class _Number(str):
 
 def _sorted_deep(v: Any) -> Any:
     if isinstance(v, dict):
-        if len(v) == 2 and "value" in v and "type" in v and is_dynamic_wrapper(v):
+        if is_dynamic_wrapper(v):
             # ctyjson writes a value of a `dynamic` attribute (terraform_data's input and output,
             # terraform_remote_state's outputs) value-first; below it the type is concrete, so
             # nothing inside is such a wrapper.
@@ -707,11 +707,13 @@ def _sorted_plain(v: Any) -> Any:
 _PRIMITIVE_TYPES = {"string", "number", "bool"}
 
 
-def is_dynamic_wrapper(v: dict[str, Any]) -> bool:
-    """Whether ``{"value": …, "type": …}`` is how ctyjson wrote a dynamically typed value: its type
-    is a type specification and its value fits it. Without the provider's schema that is the only
-    sign; an object attribute with exactly these two keys that happens to pass is laid out the
-    same way (README, "What kl reads")."""
+def is_dynamic_wrapper(v: Any) -> bool:
+    """Whether V is how ctyjson wrote a dynamically typed value: an object of exactly ``value`` and
+    ``type``, the type a type specification that the value fits. Without the provider's schema that
+    is the only sign; an object attribute with exactly these two keys that happens to pass is laid
+    out the same way (README, "What kl reads")."""
+    if not (isinstance(v, dict) and len(v) == 2 and "value" in v and "type" in v):
+        return False
     try:
         return _fits(v["value"], v["type"])
     except RecursionError:
