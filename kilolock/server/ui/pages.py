@@ -330,30 +330,29 @@ def _path_steps(path: sch.AttributePath) -> list[str]:
     return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path]
 
 
-def _stored_paths(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas,
-                  path: sch.AttributePath) -> dict[str, list[list[str]]]:
+def _kind_blocks(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas) -> list[tuple[str, list[sch.Block]]]:
+    """Each kind's type with its cached schemas' blocks, parsed once for the helpers below."""
+    out = []
+    for kind in kinds:
+        key = versiondiff.schema_key(kind)
+        out.append((str(kind["type"]), [sch.schema_from_json(b).block for b in schemas.get(key, ())] if key else []))
+    return out
+
+
+def _stored_paths(kinds: list[tuple[str, list[sch.Block]]], path: sch.AttributePath) -> dict[str, list[list[str]]]:
     """The types whose cached schemas store the value at PATH elsewhere than PATH's own steps (it
     crosses a dynamic value: ``manifest.metadata.name`` is under ``manifest``'s wrapper), with
     every place their instances may hold it. Without a cached schema a type is searched at PATH."""
     plain = tuple(_path_steps(path))
     places: dict[str, set[tuple[str, ...]]] = {}
-    for kind in kinds:
-        key = versiondiff.schema_key(kind)
-        blocks = schemas.get(key, ()) if key else ()
-        found = places.setdefault(str(kind["type"]), set())
-        found |= {tuple(drift.stored_steps(sch.schema_from_json(b).block, path)) for b in blocks} or {plain}
+    for type_, blocks in kinds:
+        places.setdefault(type_, set()).update({tuple(drift.stored_steps(b, path)) for b in blocks} or {plain})
     return {t: [list(p) for p in sorted(found)] for t, found in places.items() if found != {plain}}
 
 
-def _secret_types(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas, path: sch.AttributePath) -> set[str]:
+def _secret_types(kinds: list[tuple[str, list[sch.Block]]], path: sch.AttributePath) -> set[str]:
     """Types whose cached schema calls the value at PATH (or one inside it) secret."""
-    out = set()
-    for kind in kinds:
-        key = versiondiff.schema_key(kind)
-        for block in schemas.get(key, ()) if key else ():
-            if versiondiff.schema_marks_path(sch.schema_from_json(block).block, path):
-                out.add(str(kind["type"]))
-    return out
+    return {type_ for type_, blocks in kinds if any(versiondiff.schema_marks_path(b, path) for b in blocks)}
 
 
 def search(conn: psycopg.Connection, request: Request) -> View:
@@ -379,9 +378,10 @@ def search(conn: psycopg.Connection, request: Request) -> View:
         kinds = ui_queries.search_kinds(conn, query)
         schemas = history.cached_schemas(conn, versiondiff.schema_keys(
             [{**k, "address": "", "deposed": ""} for k in kinds]))
-        secret = _secret_types(kinds, schemas, path)
+        blocks = _kind_blocks(kinds, schemas)
+        secret = _secret_types(blocks, path)
         query = ui_queries.Search(**{**query.__dict__, "exclude_types": tuple(sorted(secret)),
-                                     "stored_paths": _stored_paths(kinds, schemas, path)})
+                                     "stored_paths": _stored_paths(blocks, path)})
         context["hidden"] = sorted(secret)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
     context.update(results=found.rows, pager=pager.with_total(found.total))
