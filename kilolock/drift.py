@@ -208,8 +208,7 @@ def _stored_child(node: _Node, key: str | int) -> tuple[_Node, bool]:
         if attr.nested_type is not None:
             inner = attr.nested_type.attributes
             return (inner if attr.nested_type.nesting in (sch.NestingMode.SINGLE, sch.NestingMode.GROUP) else _Each(inner)), False
-        t = json.loads(attr.type) if attr.type is not None else None
-        return (None, True) if t == "dynamic" else (t, False)
+        return _typed(json.loads(attr.type) if attr.type is not None else None)
     if isinstance(node, list) and len(node) == 2:  # a cty type: [list|set|map, elem], [object, attrs], [tuple, elems]
         kind, inner = node
         if kind in ("list", "set", "map"):
@@ -220,8 +219,13 @@ def _stored_child(node: _Node, key: str | int) -> tuple[_Node, bool]:
             t = inner[key]
         else:
             return None, False
-        return (None, True) if t == "dynamic" else (t, False)
+        return _typed(t)
     return None, False
+
+
+def _typed(t: Any) -> tuple[_Node, bool]:
+    """A value of cty type T: a dynamic one is wrapped, and its own type, below, is concrete."""
+    return (None, True) if t == "dynamic" else (t, False)
 
 
 def choose_block(blocks: Sequence[sch.Block], *values: Any) -> sch.Block | None:
