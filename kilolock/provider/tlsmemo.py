@@ -6,18 +6,16 @@ failure depends only on the binary and on the client, so it is recorded with the
 path, size and mtime and the client's id ("grpcio 1.76.0", "kl-h2 0.1.0"); a new build of either
 gets a fresh attempt.
 
-The file is a cache, never a source of truth: a missing, unreadable, corrupt or foreign file reads
-as empty, and a write that fails is skipped. Writers replace it whole (a temp file renamed over
-it), so a reader never sees half a file; two runs writing at once may lose one entry, which the
-next run learns again. Only the standard library, and no grpc: it is consulted before grpc is
-imported, so the plugin can start while the client loads.
+The file is a cache (kilolock.provider.cachefile: anything wrong with it reads as empty, a write
+that fails is skipped), consulted before grpc is imported, so the plugin can start while the client
+loads.
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from typing import Any
+
+from kilolock.provider import cachefile
 
 FILE_NAME = "plugin-tls.json"
 _FORMAT = 2  # 1 recorded a bare grpcio version
@@ -26,9 +24,7 @@ _MAX_ENTRIES = 256  # binaries come and go with provider upgrades; keep the newe
 
 def memo_path() -> str:
     """``$XDG_CACHE_HOME/kilolock/plugin-tls.json``, else ``~/.cache/kilolock/plugin-tls.json``."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kilolock", FILE_NAME)
+    return cachefile.path(FILE_NAME)
 
 
 def _binary_key(binary: str) -> tuple[str, dict[str, int]] | None:
@@ -41,33 +37,14 @@ def _binary_key(binary: str) -> tuple[str, dict[str, int]] | None:
 
 
 def _load() -> dict[str, Any]:
-    try:
-        with open(memo_path(), encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or doc.get("format") != _FORMAT or not isinstance(doc.get("failed"), dict):
-        return {}
-    return {k: v for k, v in doc["failed"].items() if isinstance(k, str) and isinstance(v, dict)}
+    return cachefile.read(FILE_NAME, _FORMAT, "failed")
 
 
 def _store(failed: dict[str, Any]) -> None:
-    path = memo_path()
     if len(failed) > _MAX_ENTRIES:
         newest = sorted(failed.items(), key=lambda kv: kv[1].get("recorded_ns", 0) if isinstance(kv[1].get("recorded_ns"), int) else 0)
         failed = dict(newest[-_MAX_ENTRIES:])
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"format": _FORMAT, "failed": failed}, fh, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a read-only home: every run tries AutoMTLS, as before
+    cachefile.write(FILE_NAME, _FORMAT, "failed", failed)  # a read-only home: every run tries AutoMTLS, as before
 
 
 def failed_with(binary: str) -> str | None:

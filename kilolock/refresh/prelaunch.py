@@ -11,20 +11,18 @@ truth (as tlsmemo): missing, corrupt or stale entries cost only the early start.
 
 The file is keyed by a hash of the database URL (never the URL: it may hold a password) and the
 state name, and lists each binary's path, size and mtime (a new build is not started early) and
-the directory it ran in. Nothing here imports psycopg or grpc.
+the directory it ran in (kilolock.provider.cachefile). Nothing here imports psycopg or grpc.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import tempfile
 import threading
 from typing import Any
 
 from kilolock.errors import KlError
-from kilolock.provider import tlsmemo
+from kilolock.provider import cachefile
 from kilolock.provider.launch import EarlyLaunch
 from kilolock.redact import Redactor
 
@@ -36,8 +34,8 @@ _MAX_STATES = 512
 
 
 def memo_path() -> str:
-    """Next to tlsmemo's file: ``~/.cache/kilolock/refresh-providers.json`` (or under $XDG_CACHE_HOME)."""
-    return os.path.join(os.path.dirname(tlsmemo.memo_path()), FILE_NAME)
+    """``$XDG_CACHE_HOME/kilolock/refresh-providers.json``, else ``~/.cache/kilolock/refresh-providers.json``."""
+    return cachefile.path(FILE_NAME)
 
 
 def _key(state: str) -> str:
@@ -46,15 +44,7 @@ def _key(state: str) -> str:
 
 
 def _load() -> dict[str, Any]:
-    try:
-        with open(memo_path(), encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or doc.get("format") != _FORMAT or not isinstance(doc.get("states"), dict):
-        return {}
-    states: dict[str, Any] = doc["states"]
-    return states
+    return cachefile.read(FILE_NAME, _FORMAT, "states")
 
 
 def _stat(binary: str) -> dict[str, int] | None:
@@ -131,16 +121,4 @@ def _remember(state: str, used: list[tuple[str, str]]) -> None:
     states[_key(state)] = {"providers": providers}  # last written last: the oldest go first below
     while len(states) > _MAX_STATES:
         states.pop(next(iter(states)))
-    path = memo_path()
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"format": _FORMAT, "states": states}, fh)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass  # a read-only home: every run starts its providers once it knows them, as before
+    cachefile.write(FILE_NAME, _FORMAT, "states", states)  # a read-only home: providers start once known, as before
