@@ -11,8 +11,11 @@ from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs 3.11
+
     from kilolock.redact import Redactor
     from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.prelaunch import Prelaunched
     from kilolock.store.settings import StateSettings
 
@@ -317,6 +320,30 @@ def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
         return drift_store.count_drift(conn, result.state), drift_store.count_ignored(conn, result.state)
 
 
+class _Interrupts:
+    """While the block runs, SIGINT and SIGTERM cancel the refresh rather than raise: the
+    orchestrator stops every provider, closes them, and finishes the audit row as cancelled.
+    ``sigint`` says whether Ctrl-C was among them (exit 130)."""
+
+    def __init__(self, cancel: Cancellation) -> None:
+        self._cancel = cancel
+        self.sigint = False
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT:
+            self.sigint = True
+        self._cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
+
+    def __enter__(self) -> Self:
+        self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.all or args.states or args.parallel_states:
         return run_all(args)
@@ -350,60 +377,49 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
     from kilolock.store import db, settings, versions
 
     cancel = Cancellation()
-    interrupted = {"sigint": False}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        # Cancel rather than raise: the orchestrator stops every provider, closes them, and
-        # finishes the audit row as cancelled.
-        if signum == signal.SIGINT:
-            interrupted["sigint"] = True
-        cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress = _Progress() if sys.stderr.isatty() else None
     # The handlers stay until the result is printed: a signal after the commit must not kill kl
     # before it says what it committed.
-    try:
-        with db.open_store() as conn:
-            sid = versions.state_id(conn, args.state)
-            options = options_from_args(args, settings.get(conn, sid))
-            wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
-            factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                        workdir=options.workdir, early=early)
-            with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
-                result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
-                                     progress=progress, cancel=cancel, secrets=secrets,
-                                     on_lock_wait=progress.lock_wait if progress else None)
-            used.extend(factory.used)
-            if factory.unavailable is not None:
-                raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure
-            counts = None
-            if result.status == "succeeded" and counts_used(args):
-                if conn.broken:  # it broke after the commit, and the run finished its row on a new one
-                    with db.reconnect(conn) as fresh:
-                        counts = drift_counts(result, fresh)
-                else:
-                    counts = drift_counts(result, conn)
-        if progress:
-            progress.end()
-            progress = None
-        if args.format == "json":
-            render.emit_json(result_json(result, counts))
-        elif args.quiet:
-            pass
-        elif args.format == "markdown":
-            render_markdown(result, counts)
-        else:
-            render_table(result, counts)
-    finally:
-        if progress:
-            progress.end()
-        for s, h in previous.items():
-            signal.signal(s, h)
+    with _Interrupts(cancel) as interrupts:
+        progress = _Progress() if sys.stderr.isatty() else None
+        try:
+            with db.open_store() as conn:
+                sid = versions.state_id(conn, args.state)
+                options = options_from_args(args, settings.get(conn, sid))
+                wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
+                factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
+                                            workdir=options.workdir, early=early)
+                with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
+                    result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
+                                         progress=progress, cancel=cancel, secrets=secrets,
+                                         on_lock_wait=progress.lock_wait if progress else None)
+                used.extend(factory.used)
+                if factory.unavailable is not None:
+                    raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure
+                counts = None
+                if result.status == "succeeded" and counts_used(args):
+                    if conn.broken:  # it broke after the commit, and the run finished its row on a new one
+                        with db.reconnect(conn) as fresh:
+                            counts = drift_counts(result, fresh)
+                    else:
+                        counts = drift_counts(result, conn)
+            if progress:
+                progress.end()
+                progress = None
+            if args.format == "json":
+                render.emit_json(result_json(result, counts))
+            elif args.quiet:
+                pass
+            elif args.format == "markdown":
+                render_markdown(result, counts)
+            else:
+                render_table(result, counts)
+        finally:
+            if progress:
+                progress.end()
     if result.status == "succeeded":
         return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=counts[0] if counts else 0)
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
-    return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)
+    return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupts.sigint else 1)
 
 
 def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict[str, Any]:
@@ -427,12 +443,6 @@ def run_all(args: argparse.Namespace) -> int:
         raise UsageError("refresh: --states and --parallel-states go with --all")
     options_from_args(args)  # flag errors first
     cancel = Cancellation()
-    interrupted = {"sigint": False}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if signum == signal.SIGINT:
-            interrupted["sigint"] = True
-        cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
 
     def line(result: Any) -> None:
         if args.format == "table" and not args.quiet:
@@ -442,26 +452,21 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"{result.state}  {result.status}  {frm} → {to}  checked {result.checked}, changed {result.changed}, "
                   f"failed {result.failed}  {result.duration_s:.2f}s{tail}", flush=True)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with db.open_store() as conn:
-            names = [name for _, name in fleet.refreshable_states(conn, args.states or "**")]
-            if not names:  # an error, not a passing gate: a mistyped glob must not look like "no drift"
-                raise KlError(f"refresh --all: no refreshable state matches {args.states!r} (kl state list shows the states)"
-                              if args.states else "refresh --all: there is no refreshable state")
-            results = refresh_many(conn, names, lambda stored: options_from_args(args, stored),
-                                   args.parallel_states or 1, cancel, on_done=line)
-            open_drift: dict[str, int] = {}
-            if args.detailed_exitcode:
-                for r in results:
-                    if r.status == "succeeded":
-                        open_drift[r.state] = drift_counts(r, conn)[0]
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    with _Interrupts(cancel) as interrupts, db.open_store() as conn:
+        names = [name for _, name in fleet.refreshable_states(conn, args.states or "**")]
+        if not names:  # an error, not a passing gate: a mistyped glob must not look like "no drift"
+            raise KlError(f"refresh --all: no refreshable state matches {args.states!r} (kl state list shows the states)"
+                          if args.states else "refresh --all: there is no refreshable state")
+        results = refresh_many(conn, names, lambda stored: options_from_args(args, stored),
+                               args.parallel_states or 1, cancel, on_done=line)
+        open_drift: dict[str, int] = {}
+        if args.detailed_exitcode:
+            for r in results:
+                if r.status == "succeeded":
+                    open_drift[r.state] = drift_counts(r, conn)[0]
     errors = [r for r in results if r.status != "succeeded"]
     if errors:
-        code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupted["sigint"] else 1)
+        code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupts.sigint else 1)
     else:
         code = exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=sum(open_drift.values()))
     if args.format == "json":

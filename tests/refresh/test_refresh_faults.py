@@ -103,6 +103,30 @@ def test_sigint_cancels_cleanly_with_exit_130(db_url, fake_cache, tmp_path):
     assert audit(db_url)[0] == "cancelled" and serials(db_url) == [1]
 
 
+def test_sigint_cancels_every_state_of_refresh_all_with_exit_130(db_url, fake_cache, tmp_path):
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="60")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for name in ("team/a", "team/b"):
+        subprocess.run(kl_cmd("state", "import", name, "-"), input=fake_state(["fake_slow"]), env=env, check=True,
+                       capture_output=True)
+        subprocess.run(kl_cmd("state", "set", name, "--provider-search-path", str(cache)), env=env, check=True,
+                       capture_output=True)
+    proc = subprocess.Popen(kl_cmd("refresh", "--all", "--states", "team/*", "--parallel-states", "2", "--format", "json"),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path))
+    deadline = time.monotonic() + 30
+    while events.read_text().count("read") < 2 and time.monotonic() < deadline:  # both states' reads in flight
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    result = json.loads(out)
+    assert result["cancelled"] == 2 and {r["error"] for r in result["results"]} == {"interrupted (SIGINT)"}, result
+    with psycopg.connect(db_url) as c:
+        runs = c.execute("SELECT status, count(*) FROM refresh_runs GROUP BY 1").fetchall()
+    assert runs == [("cancelled", 2)] and serials(db_url) == [1, 1]
+
+
 def test_provider_crash_fails_its_instances_by_name_and_commits_nothing(run_kl, db_url, fake_cache):
     make, _ = fake_cache
     cache = make()
