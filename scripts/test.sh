@@ -16,7 +16,8 @@ RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-d
 export KL_TEST_PYZ="$PWD/dist/kl.pyz"
 # The web UI's browser tests leave a screenshot of every page here (desktop and phone width).
 export KL_UI_SCREENSHOTS="${KL_UI_SCREENSHOTS:-$PWD/dist/ui-screenshots}"
-.venv/bin/python -m pytest tests "$@"
+# The slowest tests are listed at the end: the budget (README, CI) is spent there first.
+.venv/bin/python -m pytest tests --durations=25 "$@"
 if [ -d benches ] && ls benches/test_*.py >/dev/null 2>&1; then
     KL_BENCH_QUICK=1 .venv/bin/python -m pytest benches -q --benchmark-disable-gc --benchmark-columns=min,mean,ops -p no:cacheprovider
 fi
