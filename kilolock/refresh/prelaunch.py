@@ -28,14 +28,9 @@ from kilolock.redact import Redactor
 
 log = logging.getLogger("kilolock.refresh.prelaunch")
 
-FILE_NAME = "refresh-providers.json"
+FILE_NAME = "refresh-providers.json"  # under ~/.cache/kilolock (cachefile.path)
 _FORMAT = 1
 _MAX_STATES = 512
-
-
-def memo_path() -> str:
-    """``$XDG_CACHE_HOME/kilolock/refresh-providers.json``, else ``~/.cache/kilolock/refresh-providers.json``."""
-    return cachefile.path(FILE_NAME)
 
 
 def _key(state: str) -> str:
