@@ -9,6 +9,8 @@
 #   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
 #   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)
 #   KL_SETUP_TERRAFORMS  CLIs for test-terraform.sh, space-separated (default all)
+#   KL_SETUP_CLIS=background  with all CLIs: those needing a Go build build in the background
+#                        (scripts/test.sh sets it; see the end of this file)
 #   KL_SETUP_LOG=FILE    what apt-get, pip, maturin and go print goes to FILE (appended), not the
 #                        terminal; a failure prints the file's last lines and its path
 set -euo pipefail
@@ -101,6 +103,35 @@ bash scripts/test-providers.sh ${KL_SETUP_PROVIDERS:-all} >/dev/null
 # cold on 2 cores), Terraform 1.12.2 and OpenTofu 1.8.5 (go build of their module source: 29 and
 # 18 min cold on 2 cores shared with other builds, load average 13-22),
 # each built once per cache; the demo needs only 1.0.3 (KL_SETUP_TERRAFORMS=terraform-1.0.3).
-# shellcheck disable=SC2086
-bash scripts/test-terraform.sh ${KL_SETUP_TERRAFORMS:-all} >/dev/null
+clis="${KL_SETUP_TERRAFORMS:-all}"
+cli_bin="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}/bin"
+missing=()
+if [ "${KL_SETUP_CLIS:-}" = background ] && [ "$clis" = all ]; then
+    for tool in terraform-1.8.5 terraform-1.12.2 tofu-1.6.3 tofu-1.8.5; do [ -x "$cli_bin/$tool" ] || missing+=("$tool"); done
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+    # shellcheck disable=SC2086
+    bash scripts/test-terraform.sh $clis >/dev/null
+else
+    # KL_SETUP_CLIS=background (scripts/test.sh): the compiled CLIs that are missing (a cold machine:
+    # about 20 minutes of Go builds on two cores) build in the background at the lowest CPU priority,
+    # on what the test run leaves idle; the tests that drive them run last and wait for them
+    # (tests/kit/clis.py: the same file names), and test.sh waits before the benchmarks. The build
+    # goes on if the run is interrupted: it only fills the cache.
+    bash scripts/test-terraform.sh terraform-1.0.3 >/dev/null
+    mkdir -p "$cli_bin"
+fi
+if [ ${#missing[@]} -gt 0 ] && [ -f "$cli_bin/background-build.pid" ] && kill -0 "$(cat "$cli_bin/background-build.pid")" 2>/dev/null; then
+    log "${missing[*]}: already building in the background (log: $cli_bin/background-build.log)"
+elif [ ${#missing[@]} -gt 0 ]; then
+    rm -f "$cli_bin/background-build.status"
+    log "building ${missing[*]} in the background (log: $cli_bin/background-build.log); the tests that drive them run last"
+    (
+        set +e
+        KL_SETUP_LOG="" nice -n 19 bash scripts/test-terraform.sh "${missing[@]}" >"$cli_bin/background-build.log" 2>&1
+        echo $? >"$cli_bin/background-build.status"
+        rm -f "$cli_bin/background-build.pid"
+    ) </dev/null >/dev/null 2>&1 &  # holds none of setup's output open: a caller reading it is not kept waiting
+    echo $! >"$cli_bin/background-build.pid"
+fi
 log "ready"

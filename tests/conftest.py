@@ -31,6 +31,21 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="kl-test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
+_CLI_KITS = ("kit.tfcli", "kit.clis")
+
+
+def _drives_compiled_clis(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and any(getattr(v, "__module__", None) in _CLI_KITS for v in vars(module).values())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that drive Terraform / OpenTofu CLIs (they import from kit.tfcli or kit.clis) run
+    last, in their usual order: on a cold machine the compiled CLIs are still building in the
+    background while the rest of the suite runs (kit.clis)."""
+    items[:] = [i for i in items if not _drives_compiled_clis(i)] + [i for i in items if _drives_compiled_clis(i)]
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """A libpq URL of a server (its `postgres` database) the tests may create databases on."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -57,21 +58,37 @@ def test_demo_is_quiet_and_ends_with_commands_that_work_as_printed(db_url, tmp_p
     assert 'local_file.config["a"]' in drift.stdout and 'local_file.config["b"]' in drift.stdout, drift.stdout
 
 
-def _setup_with_fake_go(tmp_path: Path, go_exit: int) -> tuple[subprocess.CompletedProcess, Path]:
-    """scripts/setup-dev.sh narrowed as the demo narrows it, with a `go` that prints what a cold
-    `go install` prints and exits GO_EXIT (on success it leaves the binary go install would)."""
-    from kit.paths import TERRAFORM
-
+def _fake_go(tmp_path: Path, go_exit: int, terraform_exit: int = 0) -> Path:
+    """A `go` that prints what a cold `go install` prints and exits GO_EXIT; on success it leaves
+    the binary go install would. `go install` of Terraform takes 3 s and exits TERRAFORM_EXIT."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "go").write_text("#!/bin/sh\n"
+                                 "for a; do last=$a; done; module=${last%@*}\n"
                                  "for i in 1 2 3; do echo \"go: downloading example.com/m$i v1.0.$i\" >&2; done\n"
-                                 f"[ {go_exit} = 0 ] && printf '#!/bin/sh\\n' > \"$GOBIN/terraform-provider-local\"\n"
-                                 f"exit {go_exit}\n")
+                                 f"code={go_exit}\n"
+                                 f"case $module in */hashicorp/terraform) sleep 3; code={terraform_exit};; esac\n"
+                                 "[ $code = 0 ] && printf '#!/bin/sh\\n' > \"$GOBIN/${module##*/}\"\n"
+                                 "exit $code\n")
     (fake_bin / "go").chmod(0o755)
+    return fake_bin
+
+
+def _fake_cache(tmp_path: Path, *compiled: str) -> Path:
+    from kit.paths import TERRAFORM
+
     cache = tmp_path / "cache"
     (cache / "bin").mkdir(parents=True)
     (cache / "bin" / "terraform-1.0.3").symlink_to(TERRAFORM)
+    for tool in compiled:
+        (cache / "bin" / tool).write_text("#!/bin/sh\n")
+        (cache / "bin" / tool).chmod(0o755)
+    return cache
+
+
+def _setup_with_fake_go(tmp_path: Path, go_exit: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """scripts/setup-dev.sh narrowed as the demo narrows it, with a fake `go` (_fake_go)."""
+    fake_bin, cache = _fake_go(tmp_path, go_exit), _fake_cache(tmp_path)
     log = tmp_path / "logs" / "setup.log"
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "KL_TEST_CACHE": str(cache),
            "KL_SETUP_EXTRAS": "", "KL_SETUP_PROVIDERS": "local", "KL_SETUP_TERRAFORMS": "terraform-1.0.3",
@@ -95,3 +112,40 @@ def test_setup_failure_shows_the_logs_tail_and_path(tmp_path):
     assert f"setup: failed; the last lines of {log}:" in r.stderr, r.stderr
     assert "  | go: downloading example.com/m3 v1.0.3" in r.stderr, r.stderr
     assert r.stderr.rstrip().endswith(f"setup: full output: {log}"), r.stderr
+
+
+def _setup_in_background_mode(tmp_path: Path, terraform_exit: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """setup-dev.sh as scripts/test.sh runs it, with every CLI in place but Terraform 1.8.5."""
+    fake_bin = _fake_go(tmp_path, 0, terraform_exit)
+    cache = _fake_cache(tmp_path, "terraform-1.12.2", "tofu-1.6.3", "tofu-1.8.5")
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "KL_TEST_CACHE": str(cache),
+           "KL_SETUP_EXTRAS": "", "KL_SETUP_PROVIDERS": "local", "KL_SETUP_CLIS": "background"}
+    env.pop("KL_SETUP_TERRAFORMS", None)
+    r = subprocess.run(["bash", str(REPO / "scripts" / "setup-dev.sh")], capture_output=True, text=True, timeout=900, env=env)
+    return r, cache / "bin"
+
+
+def test_setup_builds_a_missing_compiled_cli_in_the_background_and_its_tests_wait_for_it(tmp_path):
+    from kit.clis import compiled_cli
+
+    r, bin_dir = _setup_in_background_mode(tmp_path, terraform_exit=0)
+    assert r.returncode == 0, r.stderr
+    assert "setup: building terraform-1.8.5 in the background" in r.stderr and r.stderr.rstrip().endswith("setup: ready")
+    assert not (bin_dir / "terraform-1.8.5").exists()  # setup did not wait for the build
+    assert compiled_cli("terraform-1.8.5", bin_dir=bin_dir, limit_s=120, poll_s=0.1) == bin_dir / "terraform-1.8.5"
+    deadline = time.monotonic() + 30
+    while (bin_dir / "background-build.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (bin_dir / "background-build.status").read_text().strip() == "0"
+    assert not (bin_dir / "background-build.pid").exists()
+
+
+def test_a_failed_background_build_fails_the_tests_that_wait_with_its_log(tmp_path):
+    from kit.clis import compiled_cli
+
+    r, bin_dir = _setup_in_background_mode(tmp_path, terraform_exit=1)
+    assert r.returncode == 0, r.stderr  # the failure belongs to the tests that need the CLI
+    with pytest.raises(pytest.fail.Exception) as failed:
+        compiled_cli("terraform-1.8.5", bin_dir=bin_dir, limit_s=120, poll_s=0.1)
+    message = str(failed.value)
+    assert "its background build ended with status 1" in message and "go: downloading example.com/m3" in message, message

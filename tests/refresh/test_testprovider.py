@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from kilolock.redact import Redactor
-from kit.paths import CACHE, PLUGIN_CACHE
+from kit.clis import compiled_cli
+from kit.paths import PLUGIN_CACHE
 from kit.tfworkspace import terraform_env
 
-TERRAFORM_18 = CACHE / "bin" / "terraform-1.8.5"
 FW, SDK = "testfw_thing.a", "testsdk_thing.b"
 BUILDS = {  # address -> (provider type, protocol, remote object id)
     FW: ("testfw", 6, "fw-a"),
@@ -84,7 +84,7 @@ resource "testsdk_thing" "b" {
 def _tf(ws: Path, *args: str) -> None:
     env = terraform_env()
     env["KL_TESTPROVIDER_DIR"] = str(ws / "remote")
-    r = subprocess.run([str(TERRAFORM_18), *args, "-input=false", "-no-color"], cwd=ws, env=env,
+    r = subprocess.run([str(compiled_cli("terraform-1.8.5")), *args, "-input=false", "-no-color"], cwd=ws, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"terraform {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
 
@@ -94,8 +94,7 @@ def testprovider_applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for type_ in ("testfw", "testsdk"):
         if not (PLUGIN_CACHE / "registry.terraform.io/kilolock" / type_).exists():
             pytest.fail(f"the {type_} test provider is missing: run scripts/test-providers.sh {type_}", pytrace=False)
-    if not TERRAFORM_18.exists():
-        pytest.fail(f"{TERRAFORM_18} is missing: run scripts/test-terraform.sh terraform-1.8.5", pytrace=False)
+    compiled_cli("terraform-1.8.5")
     ws = tmp_path_factory.mktemp("tp-applied")
     (ws / "main.tf").write_text(MAIN_TF)
     _tf(ws, "init")
