@@ -20,8 +20,11 @@ export KL_UI_SCREENSHOTS="${KL_UI_SCREENSHOTS:-$PWD/dist/ui-screenshots}"
 .venv/bin/python -m pytest tests --durations=25 "$@"
 # The benchmarks race every CLI: a background build of them (setup-dev.sh) must be over, and good.
 cli_bin="$KL_TEST_CACHE/bin"
+waited=0
 while [ -f "$cli_bin/background-build.pid" ] && kill -0 "$(cat "$cli_bin/background-build.pid" 2>/dev/null)" 2>/dev/null; do
+    [ "$waited" -lt 3600 ] || { echo "test: the background build of the Terraform/OpenTofu CLIs is still running after an hour (log: $cli_bin/background-build.log)" >&2; exit 1; }
     sleep 5
+    waited=$((waited + 5))
 done
 if [ -f "$cli_bin/background-build.status" ] && [ "$(cat "$cli_bin/background-build.status")" != 0 ]; then
     echo "test: the background build of the Terraform/OpenTofu CLIs failed; $cli_bin/background-build.log ends:" >&2
