@@ -112,6 +112,8 @@ fi
 if [ ${#missing[@]} -eq 0 ]; then
     # shellcheck disable=SC2086
     bash scripts/test-terraform.sh $clis >/dev/null
+    # A background build's status from an earlier run says nothing about this one (test.sh reads it).
+    [ -f "$cli_bin/background-build.pid" ] || rm -f "$cli_bin/background-build.status"
 else
     # KL_SETUP_CLIS=background (scripts/test.sh): the compiled CLIs that are missing (a cold machine:
     # about 20 minutes of Go builds on two cores) build in the background at the lowest CPU priority,

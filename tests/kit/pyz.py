@@ -56,10 +56,12 @@ def extracted_files(unit: Path) -> dict[str, list[int]]:
 
 
 def find_python(minor: str) -> Path:
-    """A CPython 3.<minor> interpreter: $KL_TEST_PYTHON3<minor>, the system's, or pyenv's."""
+    """A CPython 3.<minor> interpreter: $KL_TEST_PYTHON3<minor>, the system's, or pyenv's (under
+    $PYENV_ROOT, where pyenv keeps them when that is set, else ~/.pyenv)."""
     env = os.environ.get(f"KL_TEST_PYTHON3{minor}", "")
     candidates = [Path(p) for p in (env, f"/usr/bin/python3.{minor}", f"/usr/local/bin/python3.{minor}") if p]
-    candidates += sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+    for root in dict.fromkeys(Path(p) for p in (os.environ.get("PYENV_ROOT", ""), Path.home() / ".pyenv") if str(p)):
+        candidates += sorted(root.glob(f"versions/3.{minor}.*/bin/python3.{minor}"))
     found = next((p for p in candidates if p.exists()), None)
     if found is None:
         pytest.fail(f"no CPython 3.{minor} found (set KL_TEST_PYTHON3{minor}, or install one: apt-get install "
