@@ -22,6 +22,16 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot; None if it is gone): with the pid, it names one
+    process, where a pid alone may name a later one (pids wrap at 32768 here, fast while Go builds)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def survivors(pids: list[int]) -> list[int]:
     return [pid for pid in pids if running(pid)]
 

@@ -11,7 +11,7 @@ import pytest
 from kilolock.provider import process as plugin_process
 from kilolock.provider.process import LaunchSpec
 from kit.paths import FAKE_PROVIDER, REPO
-from kit.procs import running
+from kit.procs import running, start_ticks
 from kit.providers import REAL_PROVIDERS, RealProvider, launched, require
 
 
@@ -45,8 +45,14 @@ def fake_binary(tmp_path: Path):
 _original_init = plugin_process.PluginProcess.__init__
 
 
+# When each launched process started: a pid recorded early in a long session may belong to another
+# process by its end.
+_started: dict[int, int | None] = {}
+
+
 def _recording_init(self: plugin_process.PluginProcess, spec: LaunchSpec, popen: subprocess.Popen[bytes], socket_dir: str) -> None:
     launched.append((popen.pid, spec.binary))
+    _started[popen.pid] = start_ticks(popen.pid)
     _original_init(self, spec, popen, socket_dir)
 
 
@@ -55,7 +61,7 @@ def no_provider_survives():
     plugin_process.PluginProcess.__init__ = _recording_init  # type: ignore[method-assign]
     yield
     plugin_process.PluginProcess.__init__ = _original_init  # type: ignore[method-assign]
-    alive = [(pid, b) for pid, b in launched if running(pid)]
+    alive = [(pid, b) for pid, b in launched if running(pid) and start_ticks(pid) == _started.get(pid)]
     assert not alive, f"provider processes survived the test session: {alive}"
 
 
