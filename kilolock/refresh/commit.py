@@ -20,10 +20,11 @@ from kilolock.store.db import first_line, reconnected
 
 def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
                    start: versions.VersionRow, actor: str, run_id: str | None,
-                   touched: set[tuple[str, str]], *, lock_timeout: float = 0.0, sleep: SleepFn | None = None,
-                   on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
+                   touched: set[tuple[str, str]], *, same_resources: bool = False, lock_timeout: float = 0.0,
+                   sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
     A lock held by someone else is waited for up to ``lock_timeout`` seconds (lockwait).
+    ``touched`` and ``same_resources``: how the state differs from ``start`` (versions.write_version).
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
@@ -49,6 +50,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
             written = versions.write_version(
                 conn, name, state, raw, source="refresh", actor=actor,
                 expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
+                same_resources=same_resources,
             )
             landed = written.version.id, written.version.serial
         finally:

@@ -773,13 +773,16 @@ def run(
                     dataclasses.replace(i, provider=result.provider_addresses.get(i.provider, i.provider))
                     for i in state.instances])
             # In place: drift is computed, and nothing reads the prior document after the commit.
-            new_state, moved = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser, in_place=True)
+            spliced = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser, in_place=True)
+            new_state = spliced.state
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
-            touched = {by_position[p] for p in moved | rewritten}
+            touched = {by_position[p] for p in spliced.touched | rewritten}
+            same_resources = spliced.same_resources and not result.provider_addresses  # a rewrite may touch no object
             # The reads' bookkeeping is done with: free it before the commit serialises the document.
-            del updates, by_position, entries, groups, state, doc, modern_doc
+            del updates, by_position, entries, groups, state, doc, modern_doc, spliced
             to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_state, parser, current, options.actor,
-                                                             result.run_id, touched, lock_timeout=options.lock_timeout,
+                                                             result.run_id, touched, same_resources=same_resources,
+                                                             lock_timeout=options.lock_timeout,
                                                              sleep=cancel.wait, on_lock_wait=on_lock_wait)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"

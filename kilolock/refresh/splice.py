@@ -4,7 +4,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kilolock import schema as sch
 from kilolock import tfstate
@@ -31,14 +31,24 @@ class InstanceUpdate:
 _INDEXED_FIELDS = ("schema_version", "status", "attributes", "sensitive_attributes", "identity")
 
 
+class Spliced(NamedTuple):
+    """A refreshed state, and how it differs from the prior one."""
+
+    state: tfstate.State
+    # (resource, instance) positions, in the prior document, of objects removed or now different
+    # in an indexed field: what the lifecycle index must look at.
+    touched: set[tuple[int, int]]
+    # No object removed or changed in any field (private data included) and no resource dropped:
+    # the document's resources are the prior's, so storing it needs no more than its top level.
+    same_resources: bool
+
+
 def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], InstanceUpdate], serial: int,
                           parser: tfstate.ExactJSON | None = None, *,
-                          in_place: bool = False) -> tuple[tfstate.State, set[tuple[int, int]]]:
+                          in_place: bool = False) -> Spliced:
     """A new state: refreshed objects spliced in, gone objects removed (and resources left
     without instances dropped, as Terraform does), serial set, lineage kept, its instances indexed
-    (from the prior state's: nothing here needs validating again). Also returns the (resource,
-    instance) positions, in the prior document, of objects that were removed or now differ in an
-    indexed field.
+    (from the prior state's: nothing here needs validating again).
 
     ``in_place``: the caller is done with the prior state, so an object that differs is updated
     where it is rather than copied (a first refresh, which rewrites every object's private data,
@@ -53,6 +63,7 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
     out["serial"] = serial
     kept_resources: list[dict[str, Any]] = []
     touched: set[tuple[int, int]] = set()
+    same = True
     for ri, res in enumerate(doc.get("resources", [])):
         res = dict(res)
         kept = []
@@ -66,6 +77,7 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
                 continue
             if upd.removed:
                 touched.add((ri, ii))
+                same = False
                 continue
             # A new object only where something differs: a refresh that changes nothing shares every
             # object with the prior document instead of copying 100,000 of them.
@@ -91,6 +103,7 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
             differs = [k for k, v in fields.items() if k in ("attributes", "identity")
                        or (k in obj) != (v is not None) or (v is not None and obj[k] != v)]
             if differs:
+                same = False
                 if any(k in _INDEXED_FIELDS and obj.get(k) != fields[k] for k in differs):
                     touched.add((ri, ii))
                 if not in_place:
@@ -105,8 +118,11 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
         if kept or res.get("mode") != "managed":
             res["instances"] = kept
             kept_resources.append(res)
+        else:
+            same = False  # dropped, even one that had no instances to begin with
     out["resources"] = kept_resources
-    return tfstate.State(raw=out, instances=instances), touched
+    # A prior without a resources list gains one (an empty list is not no list).
+    return Spliced(tfstate.State(raw=out, instances=instances), touched, same and "resources" in doc)
 
 
 def _placed(inst: tfstate.Instance, ri: int, ii: int, obj: dict[str, Any]) -> tfstate.Instance:

@@ -760,6 +760,14 @@ ON CONFLICT (state_id, hash) DO NOTHING
 _HEAD_PIECE = "SELECT p.id FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash WHERE k.kind = 'd'"
 _SET_LAYOUT = "UPDATE state_versions SET layout = %(layout)s WHERE id = %(vid)s"
 
+# A version whose resources another version holds (_insert_sharing_layout): that version's layout,
+# if it is pieced with the serial out of its head, and the head piece of the new top level, hashed
+# as _PARTS_TABLE hashes kind 'd' (jsonb's text of the body, which does not depend on key order).
+_SHARED_LAYOUT = "SELECT layout FROM state_versions WHERE id = %s AND head_piece IS NOT NULL AND head_serial AND layout IS NOT NULL"
+_HEAD_HASH = "sha256(convert_to('d' || %(head)s::jsonb::text, 'UTF8'))"
+_FIND_HEAD = f"SELECT id FROM version_pieces WHERE state_id = %(sid)s AND hash = {_HEAD_HASH}"
+_ADD_HEAD = f"INSERT INTO version_pieces (state_id, hash, body) VALUES (%(sid)s, {_HEAD_HASH}, %(head)s::jsonb) RETURNING id"
+
 _INSERT_PIECED_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
                             content_hash, actor, encrypted)
@@ -807,6 +815,7 @@ def write_version(
     expect_serial: int | None = None,
     expect_lineage: str | None = None,
     touched: set[tuple[str, str]] | None = None,
+    same_resources: bool = False,
     origin: str = "state",
     envelope: tfstate.EnvelopeIds | None = None,
 ) -> WriteResult:
@@ -822,7 +831,11 @@ def write_version(
     ``touched`` (only with ``expect_serial``) lists the (address, deposed) objects that may differ
     from that version, removed ones included; the caller guarantees every other object is
     unchanged, so the lifecycle index looks at the touched ones only and a refresh commit costs
-    what drifted, not what exists. ``origin`` names the input in error messages.
+    what drifted, not what exists. ``same_resources`` (only with an empty ``touched``): the caller
+    guarantees more, that the document's resources are exactly those of that version, byte for
+    byte (a refresh that changed no object, the common case); the new version then shares that
+    version's layout and stores only its top level, so such a commit costs a few statements
+    whatever the state's size. ``origin`` names the input in error messages.
     ``raw`` as a str (a refresh's own serialisation; only with ``state``) is the version's UTF-8,
     sent a slice at a time: neither its bytes nor libpq's copy of a parameter are ever held whole.
     """
@@ -830,6 +843,8 @@ def write_version(
         raise ValueError("touched needs expect_serial: it describes a change against a known version")
     if state is None and expect_serial is not None:
         raise ValueError("an encrypted envelope has no serial to compare and swap on")
+    if same_resources and touched != set():
+        raise ValueError("same_resources needs an empty touched: it says no object differs from a known version")
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
     if isinstance(raw, str) and state is None:
@@ -861,6 +876,14 @@ def write_version(
             if cur is not None and _check_advance(conn, sid, name, cur, state, new_hash, force):
                 return WriteResult(state_id=sid, version=cur, created=False)
             serial, lineage, terraform_version = state.serial, state.lineage, state.terraform_version or None
+            if same_resources:
+                assert cur is not None  # the compare-and-swap above found it
+                version = _insert_sharing_layout(conn, sid, cur, state, serial, lineage, terraform_version, source,
+                                                 new_hash, actor)
+                if version is not None:
+                    if source != "refresh":  # as below: a refresh that closed nothing has no drift to record
+                        drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+                    return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
         cur_versions = _versions(conn)
         cur_versions.adapters.register_dumper(_JsonbText, _JsonbTextDumper)
         try:
@@ -925,6 +948,27 @@ def _insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: st
         (sid, serial, lineage, terraform_version, source, head[0], strip_serial, None, new_hash, actor)).fetchone()
     assert version is not None
     return version, True, bool(has_resources)
+
+
+def _insert_sharing_layout(conn: psycopg.Connection, sid: str, prior: VersionRow, state: tfstate.State, serial: int,
+                           lineage: str, terraform_version: str | None, source: str, new_hash: str,
+                           actor: str | None) -> VersionRow | None:
+    """The version row of a document whose resources are exactly ``prior``'s (the caller's word):
+    prior's layout under the document's own head piece, as _insert_version and _store_pieces would
+    have stored them from the whole text. None when prior is not stored that way (whole, or with the
+    serial left in its head): the caller then stores the document."""
+    doc = state.raw
+    if type(doc.get("serial")) is not int or doc["serial"] != serial:  # a head that must keep it (_insert_version)
+        return None
+    layout = conn.execute(_SHARED_LAYOUT, (prior.id,)).fetchone()
+    if layout is None:
+        return None
+    params = {"sid": sid, "head": tfstate.dumps_compact({k: v for k, v in doc.items() if k not in ("resources", "serial")})}
+    head = conn.execute(_FIND_HEAD, params).fetchone() or conn.execute(_ADD_HEAD, params).fetchone()
+    assert head is not None
+    return _versions(conn).execute(
+        _INSERT_PIECED_VERSION,
+        (sid, serial, lineage, terraform_version, source, head[0], True, layout[0], new_hash, actor)).fetchone()
 
 
 def _store_pieces(conn: psycopg.Connection, sid: str, version: VersionRow) -> None:

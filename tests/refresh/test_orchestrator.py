@@ -177,6 +177,27 @@ def test_unchanged_state_commits_a_refresh_version_with_zero_changed(conn, make_
     assert conn.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0] == 3
 
 
+def test_a_refresh_that_changes_no_object_commits_with_the_same_resources(conn, make_state, monkeypatch):
+    # The first run rewrites every object's private data (the fake provider's own), so it stores
+    # the document; the second reads them all back as they are, and says so to the store, which
+    # then writes the top level alone (tests/store/test_version_pieces.py).
+    seed(conn, make_state, attrs(3))
+    said: list[bool] = []
+    real = versions.write_version
+
+    def spy(*args, **kwargs):
+        said.append(kwargs.get("same_resources", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(versions, "write_version", spy)
+    docs = []
+    for _ in range(2):
+        assert run(conn, FakeFactory()).status == "succeeded"
+        docs.append(current(conn))
+    assert said == [False, True]
+    assert docs[1][2] == {**docs[0][2], "serial": 3}
+
+
 def test_changed_and_removed_objects(conn, make_state):
     seed(conn, make_state, attrs(4))
     f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "drifted"}}, "id3": None})

@@ -71,6 +71,24 @@ def test_unchanged_state_refreshes_to_zero_changed_exactly_as_terraform_refresh_
         assert one_row(c, "SELECT count(*) FROM current_resource_drift")[0] == 0
 
 
+def test_a_refresh_that_changes_nothing_stores_its_top_level_only_and_pulls_back_whole(run_kl, db_url, workspace):
+    # The first refresh after Terraform's write may rewrite private data; the second reads every
+    # object back as it is, so its version shares the layout of the one before (no document sent)
+    # and still pulls back as that document with the next serial.
+    serial = import_state(run_kl, workspace)
+    for _ in range(2):
+        r, out = kl_refresh(run_kl, workspace)
+        assert r.returncode == 0 and out["resources_changed"] == 0, r.stderr
+    before, after = pulled(run_kl, "--serial", str(serial + 1)), pulled(run_kl)
+    assert after["serial"] == serial + 2
+    assert {**before, "serial": after["serial"]} == after
+    with psycopg.connect(db_url) as c:
+        layouts = c.execute("SELECT serial, layout, head_piece FROM state_versions ORDER BY serial").fetchall()
+        assert layouts[-1][1:] == layouts[-2][1:] and layouts[-1][1] is not None, layouts
+        # The lifecycle rows stand as the first refresh left them: every object open, once.
+        assert one_row(c, "SELECT count(*), count(DISTINCT address) FROM resources WHERE delete_serial IS NULL") == (10, 10)
+
+
 def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.options import RefreshOptions

@@ -28,7 +28,7 @@ def _same() -> InstanceUpdate:
 def test_unchanged_objects_are_shared_and_untouched():
     state = _state()
     updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
-    new, touched = build_refreshed_state(state, updates, serial=4)
+    new, touched, _ = build_refreshed_state(state, updates, serial=4)
     assert touched == set() and new.serial == 4
     assert all(a.obj is b.obj for a, b in zip(state.instances, new.instances, strict=True))
     assert all(a is b for a, b in zip(state.instances, new.instances, strict=True))  # same place, same index entry
@@ -39,7 +39,7 @@ def test_removals_move_the_index_with_the_objects():
     updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
     updates[(0, 1)] = updates[(1, 0)] = InstanceUpdate(removed=True, changed=True)
     updates[(2, 0)] = InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"new"}')
-    new, touched = build_refreshed_state(state, updates, serial=4)
+    new, touched, _ = build_refreshed_state(state, updates, serial=4)
     assert touched == {(0, 1), (1, 0), (2, 0)}
     again = tfstate.parse_state(json.dumps(new.raw))  # what a full parse of the new document indexes
     assert [(i.address, i.resource_index, i.instance_index) for i in new.instances] == \
@@ -57,9 +57,9 @@ def test_in_place_updates_the_objects_it_changes_and_agrees_with_a_copy():
         ups[(1, 0)] = InstanceUpdate(removed=True, changed=True)
         ups[(0, 2)] = InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"x"}', private=b"p")
         return ups
-    copied, touched_copy = build_refreshed_state(fresh, updates_of(fresh), serial=4)
+    copied, touched_copy, _ = build_refreshed_state(fresh, updates_of(fresh), serial=4)
     objs = [i.obj for i in state.instances]
-    moved, touched = build_refreshed_state(state, updates_of(state), serial=4, in_place=True)
+    moved, touched, _ = build_refreshed_state(state, updates_of(state), serial=4, in_place=True)
     assert moved.raw == copied.raw and touched == touched_copy == {(1, 0), (0, 2)}
     assert moved.instances[0].obj is objs[0] and objs[0]["private"] == "cA=="  # updated where it was
     assert [(i.address, i.resource_index, i.instance_index) for i in moved.instances] == \
@@ -70,8 +70,40 @@ def test_an_identity_goes_in_with_the_identity_version_it_is_under():
     state = _state()
     updates = {(i.resource_index, i.instance_index): _same() for i in state.instances}
     updates[(0, 0)] = InstanceUpdate(removed=False, changed=False, identity=b'{"id":"0"}', identity_schema_version=2)
-    new, touched = build_refreshed_state(state, updates, serial=4)
+    new, touched, _ = build_refreshed_state(state, updates, serial=4)
     obj = new.raw["resources"][0]["instances"][0]
     assert (obj["identity"], obj["identity_schema_version"]) == ({"id": "0"}, 2)
     assert touched == {(0, 0)}  # identity is part of the lifecycle's content
     assert "identity_schema_version" not in new.raw["resources"][0]["instances"][1]  # none without an identity
+
+
+def _all_same(state: tfstate.State) -> dict[tuple[int, int], InstanceUpdate]:
+    return {(i.resource_index, i.instance_index): _same() for i in state.instances}
+
+
+def test_same_resources_only_when_no_object_differs_in_any_field():
+    # What lets the commit store the top level alone (versions.write_version(same_resources=...)):
+    # private data is no indexed field, but it is in the document.
+    state = _state()
+    assert build_refreshed_state(state, _all_same(state), serial=4).same_resources
+    cases = {
+        "private": InstanceUpdate(removed=False, changed=False, private=b"p"),
+        "removed": InstanceUpdate(removed=True, changed=True),
+        "attributes": InstanceUpdate(removed=False, changed=True, attributes=b'{"id":"x"}'),
+        "schema version": InstanceUpdate(removed=False, changed=False, schema_version=1),
+    }
+    for what, update in cases.items():
+        state = _state()
+        spliced = build_refreshed_state(state, {**_all_same(state), (0, 1): update}, serial=4, in_place=True)
+        assert not spliced.same_resources, what
+        assert spliced.touched <= {(0, 1)}, what  # private data touches no lifecycle, yet differs
+
+
+def test_a_dropped_empty_resource_is_not_the_same_resources():
+    # A managed resource without instances is dropped, as Terraform does: no object differs, the
+    # document does.
+    doc = json.loads(json.dumps(_state().raw))
+    doc["resources"].append({"mode": "managed", "type": "null_resource", "name": "empty", "provider": NULL, "instances": []})
+    state = tfstate.parse_state(json.dumps(doc))
+    spliced = build_refreshed_state(state, _all_same(state), serial=4)
+    assert not spliced.same_resources and len(spliced.state.raw["resources"]) == 3

@@ -178,3 +178,84 @@ def test_a_refresh_commit_after_a_whole_version_reads_back_exactly(conn):
     assert _pull(conn, "prod", 1) == tfstate.pretty_state(_doc(1, ids).decode())
     assert _pull(conn, "prod", 2) == tfstate.pretty_state(second.decode())
     assert first.version.serial == 1
+
+
+def _rows_of(conn: psycopg.Connection, name: str) -> list[tuple[Any, ...]]:
+    """A state's versions as stored, by piece body and list items rather than ids (which differ
+    from state to state): what two ways of storing the same history must agree on."""
+    return conn.execute(
+        """SELECT v.serial, v.content_hash, v.head_serial, h.body, l.items IS NOT NULL,
+                  (SELECT array_agg(p.body ORDER BY x.n) FROM unnest(l.items) WITH ORDINALITY x(item, n)
+                   JOIN version_pieces p ON p.id = x.item)
+           FROM state_versions v JOIN states s ON s.id = v.state_id
+           LEFT JOIN version_pieces h ON h.id = v.head_piece LEFT JOIN version_lists l ON l.id = v.layout
+           WHERE s.name = %s ORDER BY v.serial""", (name,)).fetchall()
+
+
+def _refresh_write(conn: psycopg.Connection, name: str, raw: bytes, *, same: bool) -> versions.WriteResult:
+    cur = versions.current_version(conn, versions.state_id(conn, name))
+    assert cur is not None
+    return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="refresh", actor="test",
+                                  expect_serial=cur.serial, expect_lineage=cur.lineage, touched=set(),
+                                  same_resources=same)
+
+
+@pytest.mark.parametrize("top", [{}, {"outputs": {"o": {"value": 2.50, "type": "number"}}}], ids=["serial only", "new top level"])
+def test_a_commit_with_the_same_resources_stores_what_the_whole_document_would(conn, top):
+    # Two states with one history: one stores its no-change refreshes through the shortcut, the
+    # other as the whole text. Same pieces, same layout, same text, serial after serial.
+    ids = {f"r{n}": f"id-{n}" for n in range(5)}
+    for name in ("short", "whole"):
+        _write(conn, _doc(1, ids), name)
+    pieces = _pieces(conn)
+    for serial in (2, 3):
+        raw = _doc(serial, ids, **top)
+        short = _refresh_write(conn, "short", raw, same=True)
+        _refresh_write(conn, "whole", raw, same=False)
+        assert (short.created, short.version.serial, short.unchanged, short.opened, short.closed) == (True, serial, 5, 0, 0)
+        assert _pull(conn, "short") == _pull(conn, "whole") == tfstate.pretty_state(raw.decode())
+        assert _loaded(conn, "short") == _loaded(conn, "whole")
+    assert _rows_of(conn, "short") == _rows_of(conn, "whole")
+    # Nothing new but the changed top level's head, once per state.
+    assert _pieces(conn) == (pieces[0] + (2 if top else 0), pieces[1])
+
+
+def test_a_commit_with_the_same_resources_sends_no_document(conn, monkeypatch):
+    # The point of the shortcut: a few statements, none over the document (no temporary tables,
+    # no COPY), whatever the state's size.
+    ids = {f"r{n}": f"id-{n}" for n in range(50)}
+    _write(conn, _doc(1, ids))
+    sent: list[str] = []
+    real_execute = psycopg.Connection.execute
+
+    def recording(self, query, *args, **kwargs):
+        sent.append(str(query))
+        return real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", recording)
+    monkeypatch.setattr(psycopg.Cursor, "copy", lambda *a, **k: pytest.fail("COPY of a document with the same resources"))
+    _refresh_write(conn, "prod", _doc(2, ids), same=True)
+    assert not [q for q in sent if "TEMP TABLE" in q]
+    assert len(sent) <= 6, sent
+    assert _pull(conn, "prod") == tfstate.pretty_state(_doc(2, ids).decode())
+
+
+def test_a_commit_with_the_same_resources_after_a_whole_version_stores_the_document(conn):
+    # The prior version is stored whole (before migration 0014): it has no layout to share, so
+    # the write stores the text as ever, and reads back exactly.
+    ids = {f"r{n}": f"id-{n}" for n in range(3)}
+    _write(conn, _doc(1, ids))
+    conn.execute("UPDATE state_versions SET raw_state = kl_version_document(id), head_piece = NULL, layout = NULL")
+    conn.execute("DELETE FROM version_lists; DELETE FROM version_pieces")
+    written = _refresh_write(conn, "prod", _doc(2, ids), same=True)
+    assert one_row(conn, "SELECT layout IS NOT NULL FROM state_versions WHERE id = %s", (written.version.id,)) == (True,)
+    assert _pull(conn, "prod", 2) == tfstate.pretty_state(_doc(2, ids).decode())
+    assert _pull(conn, "prod", 1) == tfstate.pretty_state(_doc(1, ids).decode())
+
+
+def test_same_resources_needs_an_empty_touched(conn):
+    _write(conn, _doc(1, {"a": "1"}))
+    raw = _doc(2, {"a": "1"})
+    with pytest.raises(ValueError, match="empty touched"):
+        versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="test",
+                               expect_serial=1, expect_lineage="l", touched={("null_resource.a", "")}, same_resources=True)
