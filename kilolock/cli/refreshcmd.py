@@ -352,6 +352,9 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
     options_from_args(args)  # flag errors (a bad duration) before the database is opened
+    from kilolock import gcpolicy
+
+    gcpolicy.hold()  # until the state is loaded: see kilolock.gcpolicy
     from kilolock.redact import Redactor as RunSecrets
     from kilolock.refresh import prelaunch
 
@@ -369,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from dataclasses import replace
 
+    from kilolock import gcpolicy
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
@@ -391,7 +395,8 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
                 with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
                     result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
                                          progress=progress, cancel=cancel, secrets=secrets,
-                                         on_lock_wait=progress.lock_wait if progress else None)
+                                         on_lock_wait=progress.lock_wait if progress else None,
+                                         on_loaded=gcpolicy.settled)
                 used.extend(factory.used)
                 if factory.unavailable is not None:
                     raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure

@@ -665,9 +665,11 @@ def run(
     cancel: Cancellation | None = None,
     secrets: Redactor | None = None,
     on_lock_wait: LockWaitFn | None = None,
+    on_loaded: Callable[[], None] | None = None,
 ) -> Result:
     """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given);
-    ``on_lock_wait`` hears about every retry while waiting for someone else's lock."""
+    ``on_lock_wait`` hears about every retry while waiting for someone else's lock; ``on_loaded`` is
+    called once the state is loaded and indexed, before any read (kilolock.gcpolicy)."""
     started = time.monotonic()
     cancel = cancel or Cancellation()
     secrets = Redactor() if secrets is None else secrets
@@ -706,6 +708,8 @@ def run(
         stored = versions.open_attributes(conn, sid)
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
         del stored
+        if on_loaded is not None:
+            on_loaded()
         shared = _Run(factory, options, progress, cancel, secrets)
         timer = None
         if options.timeout:

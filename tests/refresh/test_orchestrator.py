@@ -198,6 +198,16 @@ def test_a_refresh_that_changes_no_object_commits_with_the_same_resources(conn, 
     assert docs[1][2] == {**docs[0][2], "serial": 3}
 
 
+def test_on_loaded_is_called_once_the_state_is_loaded_and_before_any_read(conn, make_state):
+    # kl refresh freezes what it holds there (kilolock.gcpolicy): the state, not yet the reads.
+    seed(conn, make_state, attrs(3))
+    f = FakeFactory()
+    seen: list[int] = []
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO)),
+                           on_loaded=lambda: seen.append(len(f.reads())))
+    assert res.status == "succeeded" and seen == [0] and len(f.reads()) == 3
+
+
 def test_changed_and_removed_objects(conn, make_state):
     seed(conn, make_state, attrs(4))
     f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "drifted"}}, "id3": None})

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.paths import PLUGIN_CACHE
+from kit.paths import PLUGIN_CACHE, REPO
 from kit.pg import one_row
 from kit.tfworkspace import terraform
 
@@ -87,6 +87,36 @@ def test_a_refresh_that_changes_nothing_stores_its_top_level_only_and_pulls_back
         assert layouts[-1][1:] == layouts[-2][1:] and layouts[-1][1] is not None, layouts
         # The lifecycle rows stand as the first refresh left them: every object open, once.
         assert one_row(c, "SELECT count(*), count(DISTINCT address) FROM resources WHERE delete_serial IS NULL") == (10, 10)
+
+
+# Loaded before kl by the interpreter's site hook: notes the collector's state around
+# kilolock.gcpolicy.settled, the moment `kl refresh` has loaded its state.
+_GC_SPY = """
+import gc, os
+import kilolock.gcpolicy as policy
+real = policy.settled
+def settled():
+    before = gc.isenabled()
+    real()
+    with open(os.environ["KL_TEST_GC_SPY"], "a") as f:
+        f.write(f"{before} {gc.isenabled()} {gc.get_freeze_count()}\\n")
+policy.settled = settled
+"""
+
+
+def test_kl_refresh_collects_nothing_until_its_state_is_loaded_then_freezes_it(run_kl, db_url, workspace, tmp_path):
+    # kilolock.gcpolicy: the imports and the loaded state are never walked by the collector.
+    import_state(run_kl, workspace)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_GC_SPY)
+    spy = tmp_path / "gc.txt"
+    r = run_kl("refresh", "prod", *SEARCH, "-q", cwd=workspace,
+               env={"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_GC_SPY": str(spy)})
+    assert r.returncode == 0, r.stderr
+    before, after, frozen = spy.read_text().split()
+    assert (before, after) == ("False", "True")
+    assert int(frozen) > 10_000  # the imports alone (psycopg, grpc, protobuf) are tens of thousands
 
 
 def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):
