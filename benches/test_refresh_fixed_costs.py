@@ -50,6 +50,17 @@ The early start already overlapped the imports almost entirely. What is left on 
 is serial: interpreter and kl.pyz (~55 ms), psycopg (~120), the store's round trips before the
 first read (~45), the commit (~52), each waiting for the one before. A store in a second process
 would not shorten it either: the reads wait for the state, which waits for psycopg.
+
+Session 14 (2026-12-02, the same slower machine, quiet; quick mode, medians of 5) cut two of those
+links. A refresh that changes no object commits its top level only, sharing the prior version's
+layout (versions.write_version(same_resources=True)): commit 53.0 -> 10.7 ms (CI of session 13 ->
+this run), ~35 statements fewer. And `kl refresh` runs no garbage collection until its state is
+loaded, then freezes what it holds (kilolock.gcpolicy): the collector had walked the imports' tens
+of thousands of objects again and again. Whole process, 15 interleaved rounds of kl.pyz before and
+after (the 10-instance state): 0.43 -> 0.38 s. Critical path now 402 ms (imports before connect
+217, of which psycopg 122; state load, audit row and lock check 23; TLS for the native client 31 on
+the early thread), kl's CPU 343 ms. What is left on the critical path is the list above, less the
+commit.
 """
 from __future__ import annotations
 
