@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # psycopg is imported where a connection is made, not by every importer of kit.pg
     import psycopg
+    import pytest
     from psycopg.rows import TupleRow
 
 
@@ -85,3 +86,19 @@ def one_row(conn: psycopg.Connection[TupleRow], query: str, params: Sequence[Any
     row = conn.execute(query, params).fetchone()
     assert row is not None, f"no row from {query!r}"
     return row
+
+
+def record_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement any cursor executes from now on (Connection.execute goes through one too),
+    as text, in order: for tests of how many statements, and which, a write costs."""
+    import psycopg
+
+    sent: list[str] = []
+    real_execute = psycopg.Cursor.execute
+
+    def recording(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> psycopg.Cursor[Any]:
+        sent.append(query if isinstance(query, str) else repr(query))
+        return real_execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recording)
+    return sent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kilolock import tfstate
 from kilolock.store import versions
+from kit.pg import record_statements
 
 
 def test_a_write_runs_without_jit_and_leaves_the_session_setting_alone(conn, make_state) -> None:
@@ -23,18 +24,9 @@ def test_a_write_runs_without_jit_and_leaves_the_session_setting_alone(conn, mak
 
 
 def test_a_refresh_that_closes_no_lifecycle_skips_the_drift_statement(conn, make_state, monkeypatch) -> None:
-    import psycopg
-
     from kilolock.store import drift_records
 
-    sent: list[str] = []
-    real_execute = psycopg.Connection.execute
-
-    def recording(self, query, *args, **kwargs):
-        sent.append(str(query))
-        return real_execute(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", recording)
+    sent = record_statements(monkeypatch)
 
     def refresh(serial: int, attributes: dict[str, str]) -> versions.WriteResult:
         raw = make_state(serial, {"a": attributes, "b": {"id": "2"}})
