@@ -9,19 +9,20 @@ So `kl refresh` collects nothing until its state is loaded, then freezes what it
 walked again, still freed by reference counting when dropped) and collects as usual from there:
 the reads' objects come and go. What it could leak is cyclic garbage made before the freeze, which
 a process that exits after its refresh does not keep for long. A long-running process (`kl serve`,
-a fleet worker) never calls these, and neither does a process kl's entry points did not start (a
-test calling kilolock.cli.main).
+a fleet worker) never calls these, and neither does a process kl did not start itself
+(kilolock.cli.run_process: the `kl` command, `python -m kilolock`, kl.pyz), such as a test calling
+kilolock.cli.main.
 """
 from __future__ import annotations
 
 import gc
 
-_own_process = False  # kl's entry points started this process (kl.pyz, python -m kilolock)
+_own_process = False  # kilolock.cli.run_process started this process
 _holding = False
 
 
 def own_process() -> None:
-    """Said by kl's entry points: the process is kl's command and ends with it."""
+    """Said by kilolock.cli.run_process: the process is kl's command and ends with it."""
     global _own_process
     _own_process = True
 

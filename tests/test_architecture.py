@@ -26,9 +26,9 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
     "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
                      "kilolock.refresh", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy"},
-    "kilolock.gcpolicy": set(),  # the process's collector: the entry points and `kl refresh` set it
-    "kilolock.__main__": {"kilolock.cli", "kilolock.gcpolicy"},
-    "kilolock._pyz": {"kilolock.cli", "kilolock.gcpolicy"},  # the zipapp bootstrap: the standard library, then the CLI
+    "kilolock.gcpolicy": set(),  # the process's collector: cli.run_process and `kl refresh` set it
+    "kilolock.__main__": {"kilolock.cli"},
+    "kilolock._pyz": {"kilolock.cli"},  # the zipapp bootstrap: the standard library, then the CLI
 }
 # One module each, beyond its part's rule: the extension is also the event loop's HTTP/2 transport,
 # which the provider layer may use (H2Channel) while it still never touches the codec.

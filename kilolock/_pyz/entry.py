@@ -36,11 +36,7 @@ def main(archive_path: str) -> NoReturn:
     if extracted is not None:
         bytecode.install(archive_path, os.path.join(extracted, "__pycache__"))
     os.environ["KL_BUILD_ID"] = build_id()
-    from kilolock import gcpolicy
-    from kilolock.cli import exit_process
-    from kilolock.cli import main as kl_main
-
-    gcpolicy.own_process()
+    from kilolock.cli import run_process
 
     sys.argv[0] = os.path.basename(archive_path)
-    exit_process(kl_main(sys.argv[1:]))
+    run_process(sys.argv[1:])

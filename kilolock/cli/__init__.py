@@ -222,6 +222,16 @@ def exit_process(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def run_process(argv: Sequence[str] | None = None) -> NoReturn:
+    """kl as a process of its own: each way of starting kl ends here (the `kl` command pip installs,
+    `python -m kilolock`, kl.pyz), so each gets the same collector policy (kilolock.gcpolicy) and the
+    same quick exit (exit_process)."""
+    from kilolock import gcpolicy
+
+    gcpolicy.own_process()
+    exit_process(main(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, argv = _parser_for(argv)

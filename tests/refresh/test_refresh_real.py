@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -104,15 +107,24 @@ policy.settled = settled
 """
 
 
-def test_kl_refresh_collects_nothing_until_its_state_is_loaded_then_freezes_it(run_kl, db_url, workspace, tmp_path):
-    # kilolock.gcpolicy: the imports and the loaded state are never walked by the collector.
+@pytest.mark.parametrize("started_as", ["python -m kilolock", "kl"])
+def test_kl_refresh_collects_nothing_until_its_state_is_loaded_then_freezes_it(run_kl, db_url, workspace, tmp_path,
+                                                                                started_as):
+    # kilolock.gcpolicy: the imports and the loaded state are never walked by the collector, however
+    # kl was started (the `kl` command pip installs is what scripts/demo.sh and users run).
     import_state(run_kl, workspace)
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_GC_SPY)
     spy = tmp_path / "gc.txt"
-    r = run_kl("refresh", "prod", *SEARCH, "-q", cwd=workspace,
-               env={"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_GC_SPY": str(spy)})
+    env = {"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_GC_SPY": str(spy)}
+    if started_as == "kl":
+        script = Path(sys.executable).parent / "kl"
+        assert script.exists(), f"{script} is missing: pip install -e . (scripts/setup-dev.sh) installs the kl command"
+        r = subprocess.run([str(script), "refresh", "prod", *SEARCH, "-q"], cwd=workspace, capture_output=True,
+                           env={**os.environ, **env}, timeout=120)
+    else:
+        r = run_kl("refresh", "prod", *SEARCH, "-q", cwd=workspace, env=env)
     assert r.returncode == 0, r.stderr
     before, after, frozen = spy.read_text().split()
     assert (before, after) == ("False", "True")
