@@ -211,14 +211,25 @@ struct Queued {
     timeout: Option<Duration>,
 }
 
-/// The answer of a call whose deadline may pass first.
+/// The answer of a call whose deadline may pass first. The plugin keeps the same deadline (the
+/// `grpc-timeout` header) and resets the stream when it passes: that reset can be seen before this
+/// side's timer is, so a cancel that comes at or after the deadline is the deadline too.
 async fn within<F: std::future::Future<Output = Result<Bytes, Status>>>(timeout: Option<Duration>, call: F) -> Result<Bytes, Status> {
     match timeout {
-        Some(limit) => tokio::time::timeout(limit, call)
-            .await
-            .unwrap_or_else(|_| Err(Status::new(DEADLINE_EXCEEDED, "Deadline Exceeded"))),
+        Some(limit) => {
+            let started = tokio::time::Instant::now();
+            match tokio::time::timeout(limit, call).await {
+                Ok(Err(status)) if status.code == CANCELLED && started.elapsed() >= limit => Err(deadline_exceeded()),
+                Ok(answer) => answer,
+                Err(_) => Err(deadline_exceeded()),
+            }
+        }
         None => call.await,
     }
+}
+
+fn deadline_exceeded() -> Status {
+    Status::new(DEADLINE_EXCEEDED, "Deadline Exceeded")
 }
 
 /// Calls are queued by `call` and started by one dispatcher task when `flush` wakes it: the caller
@@ -604,6 +615,28 @@ mod tests {
         assert_eq!(split_messages(&mut big, 16).unwrap_err().code, RESOURCE_EXHAUSTED);
         let mut packed = BytesMut::from(&b"\x01\x00\x00\x00\x00"[..]);
         assert_eq!(split_messages(&mut packed, 16).unwrap_err().code, INTERNAL);
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn a_cancel_at_the_deadline_is_the_deadline() {
+        let limit = Duration::from_millis(10);
+        let cancelled = || Err(Status::new(CANCELLED, "stream cancelled: stream no longer needed"));
+        // The plugin's reset, read before this side's timer: the call ends cancelled past its limit.
+        let late = run(within(Some(limit), async move {
+            std::thread::sleep(limit * 2);
+            cancelled()
+        }));
+        assert_eq!(late.unwrap_err().code, DEADLINE_EXCEEDED);
+        // A cancel well before the deadline is what it says.
+        assert_eq!(run(within(Some(Duration::from_secs(5)), async move { cancelled() })).unwrap_err().code, CANCELLED);
+        // No answer at all: the timer.
+        let silent = run(within(Some(limit), std::future::pending::<Result<Bytes, Status>>()));
+        assert_eq!(silent.unwrap_err().code, DEADLINE_EXCEEDED);
+        assert_eq!(run(within(None, async { Ok(Bytes::from_static(b"x")) })).unwrap(), Bytes::from_static(b"x"));
     }
 
     #[test]
