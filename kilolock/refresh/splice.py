@@ -99,12 +99,14 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
                 fields["identity"] = parser.loads(upd.identity) if parser else tfstate.loads_exact(upd.identity)
                 if upd.identity_schema_version is not None:
                     fields["identity_schema_version"] = upd.identity_schema_version
-            # New attributes and identity always go in (equal in Python is not equal in JSON: 1 == 1.0 == True).
-            differs = [k for k, v in fields.items() if k in ("attributes", "identity")
-                       or (k in obj) != (v is not None) or (v is not None and obj[k] != v)]
+            # New attributes always go in (equal in Python is not equal in JSON: 1 == 1.0 == True).
+            # Providers on protocol >= 5.9/6.9 return the identity with every read, nearly always
+            # the one stored: compared as the JSON text it would be written as, an unchanged one
+            # leaves the object, and so a refresh that changes nothing, as it was.
+            differs = [k for k, v in fields.items() if _differs(obj, k, v)]
             if differs:
                 same = False
-                if any(k in _INDEXED_FIELDS and obj.get(k) != fields[k] for k in differs):
+                if any(k in _INDEXED_FIELDS and (k == "identity" or obj.get(k) != fields[k]) for k in differs):
                     touched.add((ri, ii))
                 if not in_place:
                     obj = dict(obj)
@@ -123,6 +125,15 @@ def build_refreshed_state(state: tfstate.State, updates: dict[tuple[int, int], I
     out["resources"] = kept_resources
     # A prior without a resources list gains one (an empty list is not no list).
     return Spliced(tfstate.State(raw=out, instances=instances), touched, same and "resources" in doc)
+
+
+def _differs(obj: dict[str, Any], key: str, new: Any) -> bool:
+    """Whether setting KEY to NEW (None: no such key) changes the object as written."""
+    if key == "attributes":
+        return True
+    if key == "identity":  # as JSON text: numbers from the exact parser may be floats or their text
+        return key not in obj or tfstate.dumps_compact(obj[key]) != tfstate.dumps_compact(new)
+    return (key in obj) != (new is not None) or (new is not None and obj[key] != new)
 
 
 def _placed(inst: tfstate.Instance, ri: int, ii: int, obj: dict[str, Any]) -> tfstate.Instance:

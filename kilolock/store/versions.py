@@ -13,6 +13,7 @@ import codecs
 import contextlib
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,6 +27,8 @@ from psycopg.rows import class_row, dict_row
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.store import drift_records
+
+log = logging.getLogger("kilolock.store.versions")
 
 SOURCES = ("import", "apply", "refresh")
 
@@ -881,6 +884,8 @@ def write_version(
                 version = _insert_sharing_layout(conn, sid, cur, state, serial, lineage, terraform_version, source,
                                                  new_hash, actor)
                 if version is not None:
+                    log.debug("%s serial %d: no object differs from serial %d, stored as its top level on that "
+                              "version's layout", name, serial, cur.serial)
                     if source != "refresh":  # as below: a refresh that closed nothing has no drift to record
                         drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
                     return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))

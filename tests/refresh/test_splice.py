@@ -77,6 +77,43 @@ def test_an_identity_goes_in_with_the_identity_version_it_is_under():
     assert "identity_schema_version" not in new.raw["resources"][0]["instances"][1]  # none without an identity
 
 
+def _with_identity(identity_json: str) -> tfstate.State:
+    doc = json.loads(json.dumps(_state().raw))
+    doc["resources"][0]["instances"][0].update(identity_schema_version=1, identity=json.loads(identity_json))
+    return tfstate.parse_state(json.dumps(doc))
+
+
+def test_an_identity_returned_as_stored_leaves_the_object_as_it_was():
+    # Providers on protocol 5.9/6.9 return the identity with every read: one that is written as
+    # the stored one is keeps the object shared, so a refresh that changes nothing stays the same
+    # resources (the no-document commit).
+    state = _with_identity('{"id":"0","n":1.5}')
+    read = InstanceUpdate(removed=False, changed=False, identity=b'{"id":"0","n":1.5}', identity_schema_version=1)
+    spliced = build_refreshed_state(state, {**_all_same(state), (0, 0): read}, serial=4)
+    assert spliced.same_resources and spliced.touched == set()
+    assert spliced.state.instances[0].obj is state.instances[0].obj
+
+
+def test_an_identity_that_differs_in_value_or_in_its_text_goes_in():
+    # Equal in Python is not equal in JSON: 1 == 1.0 == True, and the document keeps what the
+    # provider wrote.
+    cases = {"value": (b'{"id":"9","n":1}', {"id": "9", "n": 1}),
+             "number's text": (b'{"id":"0","n":1.0}', {"id": "0", "n": 1.0}),
+             "true for 1": (b'{"id":"0","n":true}', {"id": "0", "n": True})}
+    for what, (returned, written) in cases.items():
+        state = _with_identity('{"id":"0","n":1}')
+        read = InstanceUpdate(removed=False, changed=False, identity=returned, identity_schema_version=1)
+        spliced = build_refreshed_state(state, {**_all_same(state), (0, 0): read}, serial=4)
+        assert not spliced.same_resources and spliced.touched == {(0, 0)}, what  # the lifecycle row too
+        ident = spliced.state.raw["resources"][0]["instances"][0]["identity"]
+        assert tfstate.dumps_compact(ident) == tfstate.dumps_compact(written), what
+    state = _with_identity('{"id":"0"}')  # the same identity under a new identity version
+    read = InstanceUpdate(removed=False, changed=False, identity=b'{"id":"0"}', identity_schema_version=2)
+    spliced = build_refreshed_state(state, {**_all_same(state), (0, 0): read}, serial=4)
+    assert not spliced.same_resources
+    assert spliced.state.raw["resources"][0]["instances"][0]["identity_schema_version"] == 2
+
+
 def _all_same(state: tfstate.State) -> dict[tuple[int, int], InstanceUpdate]:
     return {(i.resource_index, i.instance_index): _same() for i in state.instances}
 
