@@ -19,6 +19,14 @@ class CodecType:
 def compile_type(type_json: bytes | bytearray) -> CodecType:
     """Compile Terraform's JSON type syntax into a reusable codec type."""
 
+def p256_generate() -> tuple[bytes, bytes]:
+    """A fresh P-256 key (aws-lc): (private scalar, 32 bytes big-endian; public point, 65 bytes
+    uncompressed). Used by kilolock.provider.certs for the AutoMTLS client certificate."""
+
+def p256_sign(private: bytes, point: bytes, message: bytes) -> bytes:
+    """ECDSA-with-SHA-256 of MESSAGE by the key (PRIVATE, POINT): a DER Ecdsa-Sig-Value. Raises
+    ValueError when the two are not one P-256 key pair."""
+
 @final
 class H2Channel:
     """One HTTP/2 connection to a plugin for its gRPC calls (codec_rs/src/transport.rs), used by

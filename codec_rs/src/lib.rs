@@ -10,6 +10,8 @@ pub mod mp;
 pub mod numbers;
 pub mod order;
 #[cfg(feature = "transport")]
+pub mod p256;
+#[cfg(feature = "transport")]
 pub mod transport;
 pub mod types;
 pub mod unmarshal;
@@ -111,6 +113,21 @@ mod python {
             Ok(ty) => Ok(CodecType { ty }),
             Err(e) => Err(codec_error(py, &e)),
         }
+    }
+
+    /// A fresh P-256 key for the AutoMTLS client certificate: (private scalar, 32 bytes; public
+    /// point, 65 bytes uncompressed).
+    #[pyfunction]
+    fn p256_generate(py: Python<'_>) -> PyResult<(Bound<'_, PyBytes>, Bound<'_, PyBytes>)> {
+        let (private, point) = crate::p256::generate().map_err(pyo3::exceptions::PyValueError::new_err)?;
+        Ok((PyBytes::new(py, &private), PyBytes::new(py, &point)))
+    }
+
+    /// ECDSA-with-SHA-256 of MESSAGE by the key (PRIVATE, POINT): a DER Ecdsa-Sig-Value.
+    #[pyfunction]
+    fn p256_sign<'py>(py: Python<'py>, private: &[u8], point: &[u8], message: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let signature = crate::p256::sign(private, point, message).map_err(pyo3::exceptions::PyValueError::new_err)?;
+        Ok(PyBytes::new(py, &signature))
     }
 
     /// One HTTP/2 connection to a plugin for its gRPC calls (transport.rs); used by
@@ -243,6 +260,8 @@ mod python {
         m.add_class::<H2Channel>()?;
         m.add_class::<H2Stream>()?;
         m.add_function(wrap_pyfunction!(compile_type, m)?)?;
+        m.add_function(wrap_pyfunction!(p256_generate, m)?)?;
+        m.add_function(wrap_pyfunction!(p256_sign, m)?)?;
         Ok(())
     }
 }

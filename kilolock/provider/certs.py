@@ -1,12 +1,13 @@
-"""The client half of go-plugin AutoMTLS: a self-signed ECDSA P-256 certificate, in pure Python.
+"""The client half of go-plugin AutoMTLS: a self-signed ECDSA P-256 certificate, built here.
 
-Why pure Python: kl must run from one file on air-gapped hosts with only python3, grpcio and
-protobuf; neither the ``cryptography`` package nor the ``openssl`` CLI can be assumed. go-plugin
-verifies the client certificate against itself as the only root, so it must be a self-signed CA
-certificate (keyCertSign) with the clientAuth extended key usage; Go accepts P-256 as well as the
-P-521 go-plugin generates itself. One key signature per kl process is all this code computes (the
-TLS handshakes themselves are signed by grpcio's BoringSSL with the key we hand it), so big-integer
-arithmetic in Python is fast enough. Nonces come from ``secrets``; the key never leaves memory.
+go-plugin verifies the client certificate against itself as the only root, so it must be a
+self-signed CA certificate (keyCertSign) with the clientAuth extended key usage; Go accepts P-256 as
+well as the P-521 go-plugin generates itself. The key and the certificate's one signature come from
+aws-lc through the native extension (codec_rs/src/p256.rs: ~0.1 ms) or, in a build without it, from
+big-integer arithmetic in pure Python (~7 ms, on the critical path of every refresh, as the
+provider cannot start before its certificate exists): kl must run from one file on air-gapped hosts
+with only python3, where neither the ``cryptography`` package nor the ``openssl`` CLI can be assumed.
+Nonces come from ``secrets`` (or aws-lc); the key never leaves memory.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import hashlib
 import secrets
 import threading
 from dataclasses import dataclass
+from typing import Any, Literal
 
 # NIST P-256 (secp256r1) domain parameters.
 _P = 0xFFFFFFFF00000001000000000000000000000000FFFFFFFFFFFFFFFFFFFFFFFF
@@ -181,12 +183,32 @@ class ClientCertificate:
     cert_der: bytes
 
 
-def generate_client_certificate(now: dt.datetime | None = None) -> ClientCertificate:
-    """A fresh key pair and a self-signed certificate shaped like go-plugin's own."""
+def _native() -> Any | None:
+    """The extension's aws-lc P-256, or None in a build without it (the pure-Python codec's)."""
+    try:
+        from kilolock import _codec_rs
+    except ImportError:
+        return None
+    return _codec_rs if hasattr(_codec_rs, "p256_sign") else None
+
+
+Backend = Literal["auto", "native", "python"]
+
+
+def generate_client_certificate(now: dt.datetime | None = None, *, backend: Backend = "auto") -> ClientCertificate:
+    """A fresh key pair and a self-signed certificate shaped like go-plugin's own. ``backend``:
+    whose P-256 makes the key and the signature (auto: aws-lc when the extension has it)."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    private = secrets.randbelow(_N - 1) + 1
-    qx, qy = _multiply(private, _G)
-    point = b"\x04" + qx.to_bytes(32, "big") + qy.to_bytes(32, "big")
+    native = _native() if backend != "python" else None
+    if backend == "native" and native is None:
+        raise RuntimeError("kilolock._codec_rs with p256_sign is not built here: pip install -e . builds it (maturin)")
+    if native is not None:
+        private_bytes, point = native.p256_generate()
+        private = int.from_bytes(private_bytes, "big")
+    else:
+        private = secrets.randbelow(_N - 1) + 1
+        qx, qy = _multiply(private, _G)
+        point = b"\x04" + qx.to_bytes(32, "big") + qy.to_bytes(32, "big")
     algorithm = _seq(_oid(_OID_ECDSA_SHA256))
     # digitalSignature(0) keyEncipherment(2) keyAgreement(4) keyCertSign(5): 0b10101100, 2 unused bits
     key_usage = _bits(b"\xac", unused=2)
@@ -206,8 +228,12 @@ def generate_client_certificate(now: dt.datetime | None = None) -> ClientCertifi
         _seq(_seq(_oid(_OID_EC_PUBLIC_KEY), _oid(_OID_P256)), _bits(point)),
         _tlv(0xA3, extensions),
     )
-    r, s = _sign(private, tbs)
-    cert_der = _seq(tbs, algorithm, _bits(_seq(_int(r), _int(s))))
+    if native is not None:
+        signature = native.p256_sign(private.to_bytes(32, "big"), point, tbs)
+    else:
+        r, s = _sign(private, tbs)
+        signature = _seq(_int(r), _int(s))
+    cert_der = _seq(tbs, algorithm, _bits(signature))
     key_der = _seq(
         _int(1),
         _tlv(0x04, private.to_bytes(32, "big")),
@@ -226,7 +252,7 @@ _cache_lock = threading.Lock()
 
 
 def process_client_certificate() -> ClientCertificate:
-    """One certificate per kl process, made on first use (tens of milliseconds)."""
+    """One certificate per kl process, made on first use."""
     global _cached
     with _cache_lock:
         if _cached is None:
