@@ -27,12 +27,14 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
                      "kilolock.refresh", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy"},
     "kilolock.gcpolicy": set(),  # the process's collector: cli.run_process and `kl refresh` set it
-    "kilolock.__main__": {"kilolock.cli"},
-    "kilolock._pyz": {"kilolock.cli"},  # the zipapp bootstrap: the standard library, then the CLI
+    "kilolock.lazyimports": set(),  # modules imported only when used: kl's entry points set it up
+    "kilolock.__main__": {"kilolock.cli", "kilolock.lazyimports"},
+    "kilolock._pyz": {"kilolock.cli", "kilolock.lazyimports"},  # the zipapp bootstrap: the standard library, then the CLI
 }
-# One module each, beyond its part's rule: the extension is also the event loop's HTTP/2 transport,
-# which the provider layer may use (H2Channel) while it still never touches the codec.
-MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._codec_rs")}
+# One module each, beyond its part's rule: the extension is also the event loop's HTTP/2 transport
+# and the AutoMTLS key's P-256, which the provider layer may use (H2Channel, p256_sign) while it
+# still never touches the codec.
+MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._codec_rs"), ("kilolock.provider.certs", "kilolock._codec_rs")}
 # Within MODEL the order matters too (no cycles): each may import only those before it.
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
                "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift",

@@ -27,6 +27,9 @@ def cache_dir_description() -> str:
 
 def main(archive_path: str) -> NoReturn:
     global _finder, _manifest
+    from kilolock import lazyimports
+
+    lazyimports.own_process()  # first: the code cache below already imports dataclasses (and with it copy)
     # Read through the zipimporter that loaded this module: it has already parsed the zip's
     # directory, so the warm path never imports zipfile.
     raw = __loader__.get_data(os.path.join(archive_path, manifest.MANIFEST_NAME))  # type: ignore[name-defined]

@@ -86,10 +86,17 @@ def test_the_default_build_refreshes_on_every_target_python(run_pyz, db_url, min
     shutil.copytree(small_workspace, ws, symlinks=True)
     r = run_pyz("state", "import", "prod", str(ws / "terraform.tfstate"), python=python)
     assert r.returncode == 0, r.stderr
-    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", python=python, cwd=ws)
+    r = run_pyz("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", python=python, cwd=ws,
+                py_args=("-X", "importtime"))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["status"], out["resources_checked"], out["resources_failed"]) == ("succeeded", 4, 0)
+    # kilolock.lazyimports, set up by the zip's entry: protobuf's pure-Python backend, which its
+    # descriptor pool imports, is imported as a placeholder whose code never runs, so what that
+    # code imports (text_format, the decoder) is never imported.
+    imported = {line.rpartition("|")[2].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "google.protobuf.descriptor_pool" in imported
+    assert not imported & {"google.protobuf.text_format", "google.protobuf.internal.decoder"}
 
 
 def test_build_errors_are_one_line(tmp_path):

@@ -134,6 +134,44 @@ def test_kl_refresh_collects_nothing_until_its_state_is_loaded_then_freezes_it(r
     assert int(frozen) > 10_000  # the imports alone (psycopg, grpc, protobuf) are tens of thousands
 
 
+# Loaded before kl by the interpreter's site hook: at exit, notes which of the modules kl defers
+# (kilolock.lazyimports) are still placeholders whose code never ran.
+_LAZY_SPY = """
+import atexit, os
+def report():
+    from kilolock import lazyimports
+    with open(os.environ["KL_TEST_LAZY_SPY"], "w") as f:
+        f.write(" ".join(n for n in lazyimports.UNUSED if lazyimports.deferred(n)))
+atexit.register(report)
+"""
+
+
+@pytest.mark.parametrize("started_as", ["python -m kilolock", "kl"])
+def test_kl_refresh_never_runs_the_modules_it_defers(run_kl, db_url, workspace, tmp_path, started_as):
+    # Protobuf's pure-Python backend and the few standard modules in lazyimports.UNUSED are imported
+    # by other libraries for paths a refresh never takes: their code never runs, however kl was started.
+    from kilolock import lazyimports
+
+    import_state(run_kl, workspace)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_LAZY_SPY)
+    spy = tmp_path / "lazy.txt"
+    env = {"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_LAZY_SPY": str(spy)}
+    if started_as == "kl":
+        script = Path(sys.executable).parent / "kl"
+        r = subprocess.run([str(script), "refresh", "prod", *SEARCH, "--format", "json"], cwd=workspace,
+                           capture_output=True, env={**os.environ, **env}, timeout=120)
+    else:
+        r = run_kl("refresh", "prod", *SEARCH, "--format", "json", cwd=workspace, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "succeeded", r.stderr
+    never_ran = spy.read_text().split()
+    if os.environ.get("KL_PROVIDER_TRANSPORT") == "grpcio":  # grpc itself uses copy: loaded when it asks
+        assert never_ran == [n for n in lazyimports.UNUSED if n != "copy"]
+    else:
+        assert never_ran == list(lazyimports.UNUSED)
+
+
 def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.options import RefreshOptions
