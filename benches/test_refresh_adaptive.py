@@ -21,6 +21,10 @@ Measured on the 2-core machine shared with five other sessions (load average 10-
 Terraform more than kl): full size, C = 50: kl 4.97 s, Terraform 26.4 s (5.3x; auto reached 66-80
 in flight); C = 5: kl 23.4 s, Terraform 30.9 s (1.32x; auto at 9-17, 2 answers throttled and
 retried, none failed). Quick: 2.6-3.4x at C = 50, 1.27-1.34x at C = 5.
+
+Session 15, full size on a quiet machine (load ~1.5): C = 50: kl 2.92 s, Terraform 13.79 s (4.72x;
+auto reached 80 in flight, 0 throttled); C = 5: kl 20.75 s, Terraform 23.17 s (1.12x; at most 15
+in flight, 0 throttled, none failed). Both targets hold.
 """
 from __future__ import annotations
 

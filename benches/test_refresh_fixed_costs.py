@@ -61,6 +61,17 @@ after (the 10-instance state): 0.43 -> 0.38 s. Critical path now 402 ms (imports
 217, of which psycopg 122; state load, audit row and lock check 23; TLS for the native client 31 on
 the early thread), kl's CPU 343 ms. What is left on the critical path is the list above, less the
 commit.
+
+Session 15 (2026-12-02; this machine's speed changed within the day by ~1.5x, so before and after
+come from interleaved rounds of kl.pyz in one hour) cut two more: the AutoMTLS client key and its
+certificate's signature come from aws-lc through the extension (certs.py, codec_rs/src/p256.rs):
+6.3 -> 0.6 ms on the main thread before the provider can start; and modules other libraries
+import for paths kl never takes (protobuf's pure-Python backend and what it imports, copy,
+tokenize) are placeholders whose code never runs (kilolock.lazyimports). Traced, medians of 10-12
+rounds: kl's CPU 196 -> 186 and 329 -> 316 ms (fast and slow hours), exit 194 -> 187 and 329 ->
+313 ms; psycopg's import 104 -> 88 ms where the provider's connecting thread no longer imports the
+pure-Python backend beside it. Whole process, 30-40 interleaved rounds: -8 to -25 ms. This run's
+critical path: 238.6 ms (fast hour), psycopg 65.6, commit 6.4.
 """
 from __future__ import annotations
 
