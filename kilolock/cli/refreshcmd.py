@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from kilolock import gcpolicy  # the standard library's gc alone: no cost to import here
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 
@@ -352,8 +353,6 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
     options_from_args(args)  # flag errors (a bad duration) before the database is opened
-    from kilolock import gcpolicy
-
     gcpolicy.hold()  # until the state is loaded: see kilolock.gcpolicy
     from kilolock.redact import Redactor as RunSecrets
     from kilolock.refresh import prelaunch
@@ -372,7 +371,6 @@ def run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from dataclasses import replace
 
-    from kilolock import gcpolicy
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.fleet import wait_until_not_running
     from kilolock.refresh.orchestrator import Cancellation
