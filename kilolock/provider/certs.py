@@ -184,7 +184,7 @@ class ClientCertificate:
 
 
 def _native() -> Any | None:
-    """The extension's aws-lc P-256, or None in a build without it (the pure-Python codec's)."""
+    """The extension's aws-lc P-256, or None where it is not built (a kl.pyz with the pure-Python codec)."""
     try:
         from kilolock import _codec_rs
     except ImportError:

@@ -110,25 +110,34 @@ policy.settled = settled
 """
 
 
+def _refresh_with_site_hook(run_kl, workspace: Path, tmp_path: Path, started_as: str, hook_source: str,
+                            spy_variable: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`kl refresh prod --format json` with HOOK_SOURCE as the interpreter's sitecustomize, started as
+    `python -m kilolock` or as the `kl` command pip installs (what scripts/demo.sh and users run);
+    SPY_VARIABLE names the file the hook writes."""
+    import_state(run_kl, workspace)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(hook_source)
+    spy = tmp_path / "spy.txt"
+    env = {"PYTHONPATH": f"{hook}:{REPO}", spy_variable: str(spy)}
+    args = ("refresh", "prod", *SEARCH, "--format", "json")
+    if started_as == "kl":
+        script = Path(sys.executable).parent / "kl"
+        assert script.exists(), f"{script} is missing: pip install -e . (scripts/setup-dev.sh) installs the kl command"
+        r = subprocess.run([str(script), *args], cwd=workspace, capture_output=True, env={**os.environ, **env}, timeout=120)
+    else:
+        r = run_kl(*args, cwd=workspace, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "succeeded", r.stderr
+    return r, spy
+
+
 @pytest.mark.parametrize("started_as", ["python -m kilolock", "kl"])
 def test_kl_refresh_collects_nothing_until_its_state_is_loaded_then_freezes_it(run_kl, db_url, workspace, tmp_path,
                                                                                 started_as):
     # kilolock.gcpolicy: the imports and the loaded state are never walked by the collector, however
-    # kl was started (the `kl` command pip installs is what scripts/demo.sh and users run).
-    import_state(run_kl, workspace)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_GC_SPY)
-    spy = tmp_path / "gc.txt"
-    env = {"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_GC_SPY": str(spy)}
-    if started_as == "kl":
-        script = Path(sys.executable).parent / "kl"
-        assert script.exists(), f"{script} is missing: pip install -e . (scripts/setup-dev.sh) installs the kl command"
-        r = subprocess.run([str(script), "refresh", "prod", *SEARCH, "-q"], cwd=workspace, capture_output=True,
-                           env={**os.environ, **env}, timeout=120)
-    else:
-        r = run_kl("refresh", "prod", *SEARCH, "-q", cwd=workspace, env=env)
-    assert r.returncode == 0, r.stderr
+    # kl was started.
+    _, spy = _refresh_with_site_hook(run_kl, workspace, tmp_path, started_as, _GC_SPY, "KL_TEST_GC_SPY")
     before, after, frozen = spy.read_text().split()
     assert (before, after) == ("False", "True")
     assert int(frozen) > 10_000  # the imports alone (psycopg, grpc, protobuf) are tens of thousands
@@ -152,19 +161,7 @@ def test_kl_refresh_never_runs_the_modules_it_defers(run_kl, db_url, workspace, 
     # by other libraries for paths a refresh never takes: their code never runs, however kl was started.
     from kilolock import lazyimports
 
-    import_state(run_kl, workspace)
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(_LAZY_SPY)
-    spy = tmp_path / "lazy.txt"
-    env = {"PYTHONPATH": f"{hook}:{REPO}", "KL_TEST_LAZY_SPY": str(spy)}
-    if started_as == "kl":
-        script = Path(sys.executable).parent / "kl"
-        r = subprocess.run([str(script), "refresh", "prod", *SEARCH, "--format", "json"], cwd=workspace,
-                           capture_output=True, env={**os.environ, **env}, timeout=120)
-    else:
-        r = run_kl("refresh", "prod", *SEARCH, "--format", "json", cwd=workspace, env=env)
-    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "succeeded", r.stderr
+    _, spy = _refresh_with_site_hook(run_kl, workspace, tmp_path, started_as, _LAZY_SPY, "KL_TEST_LAZY_SPY")
     never_ran = spy.read_text().split()
     if os.environ.get("KL_PROVIDER_TRANSPORT") == "grpcio":  # grpc itself uses copy: loaded when it asks
         assert never_ran == [n for n in lazyimports.UNUSED if n != "copy"]
