@@ -107,6 +107,8 @@ SELECT s.id::text AS id, s.name, v.serial, v.lineage, v.terraform_version, v.cre
        (SELECT count(*) FROM state_versions x WHERE x.state_id = s.id) AS versions,
        (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources,
        (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = s.id) AS open_drift,
+       -- open records ignore rules hide, as kl drift counts them: left out of open_drift, said apart
+       (SELECT count(*) FROM resource_drift d WHERE d.state_id = s.id AND d.ignore_rule_id IS NOT NULL) AS ignored_drift,
        l.who AS lock_who, l.operation AS lock_operation, l.created_at AS locked_at
 FROM states s
 LEFT JOIN LATERAL ({current}) v ON true
@@ -204,16 +206,20 @@ def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[dict
     return _dicts(conn).execute(_RULES_FOR, {"sid": sid, "name": name}).fetchall()
 
 
-# Open drift records at each of the state's last versions (ignore rules are not historical: a
-# record counts from its first detection until it was resolved). One pass over the records makes
-# a +1/-1 per serial; each version sums those up to its serial (a record is resolved only after it
-# was found, so found-by-then minus resolved-by-then is what is open then).
+# Open drift at each of the state's last versions, counted as the badge counts it: what is open
+# now comes from current_resource_drift (so records an ignore rule hides are left out, and the last
+# point is the state's open drift), what was resolved from drift_records (ignore rules apply to
+# open records only, and are not historical). One pass makes a +1/-1 per serial; each version sums
+# those up to its serial (a record is resolved only after it was found, so found-by-then minus
+# resolved-by-then is what is open then).
 _DRIFT_SERIES = """
 WITH v AS (SELECT serial, created_at, source FROM state_versions WHERE state_id = %(sid)s
            ORDER BY serial DESC LIMIT %(points)s),
 deltas AS MATERIALIZED (
     SELECT serial, sum(d) AS d FROM (
-        SELECT first_detected_serial AS serial, 1 AS d FROM drift_records WHERE state_id = %(sid)s
+        SELECT first_detected_serial AS serial, 1 AS d FROM current_resource_drift WHERE state_id = %(sid)s
+        UNION ALL
+        SELECT first_detected_serial, 1 FROM drift_records WHERE state_id = %(sid)s AND resolved_serial IS NOT NULL
         UNION ALL
         SELECT resolved_serial, -1 FROM drift_records WHERE state_id = %(sid)s AND resolved_serial IS NOT NULL
     ) e GROUP BY serial

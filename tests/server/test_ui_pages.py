@@ -251,3 +251,27 @@ def test_a_secret_marked_inside_a_dynamic_value_never_reaches_a_page(ui: Client,
         assert "pin-one-secret" not in html and "pin-two-secret" not in html
     assert "replicas" in pages[2]  # the change beside it is shown
     assert "0 results" in page(ui, "/ui/search", attr='spec.pin = "pin-two-secret"')
+
+
+def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, conn, run_kl) -> None:
+    from kilolock.store import ui_queries, versions
+    from kit.uistates import server, write
+
+    write(conn, "team/noisy", 1, [server("kilo"), server("lima")], "import", "alice")
+    write(conn, "team/noisy", 2, [server("kilo", env="qa"), server("lima", env="qa")], "refresh", "kl-refresh")
+    r = run_kl("drift", "ignore", "add", "--states", "team/noisy", "--address", "cloud_server.lima", "--reason", "flaps")
+    assert r.returncode == 0, r.stderr.decode()
+    html = page(ui, "/ui/state", name="team/noisy")
+    # Two records open, one hidden by the rule: the badge, the chart and kl drift say 1.
+    assert "1 drifted" in html and "Open drift (1)" in html
+    assert "Open drift at the last 2 versions (serial 1 to 2): 0 then 1, growing; at most 1 (serial 2)." in html
+    assert "Not counted: 1 hidden by ignore rules." in html and "+1 hidden by ignore rules" in html
+    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/noisy"), 200)
+    header = ui_queries.state_header(conn, "team/noisy")
+    assert series[-1]["open"] == header["open_drift"] == 1 and header["ignored_drift"] == 1
+    assert "1 drifted" in page(ui, "/ui/", q="noisy")
+    # A resolved record counts where it was open, whatever rules say now (they hide open drift only).
+    write(conn, "team/noisy", 3, [server("kilo"), server("lima")], "apply", "bob")
+    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/noisy"), 200)
+    assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 2), (3, 0)]
+    assert "Not counted" not in page(ui, "/ui/state", name="team/noisy")

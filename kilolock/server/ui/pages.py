@@ -179,7 +179,7 @@ def state(conn: psycopg.Connection, request: Request) -> View:
         "drift": _drift_entries(conn, d.rows), "drift_pager": drifts.with_total(d.total),
         "instances": i.rows, "instances_pager": instances.with_total(i.total),
         "rules": ui_queries.ignore_rules_for(conn, sid, name),
-        "chart": svg.drift_chart(series), "chart_summary": svg.summary(series),
+        "chart": svg.drift_chart(series, hidden=head["ignored_drift"]), "chart_summary": svg.summary(series, head["ignored_drift"]),
     })
 
 

@@ -21,18 +21,21 @@ def _ceiling(n: int) -> int:
         decade *= 10
 
 
-def summary(points: Sequence[Mapping[str, Any]]) -> str:
+def summary(points: Sequence[Mapping[str, Any]], hidden: int = 0) -> str:
+    """HIDDEN: open records that ignore rules hide, which POINTS leave out (as the open drift badge
+    does); said apart, so that none is forgotten."""
     if not points:
         return "No versions yet."
     first, last = points[0], points[-1]
     peak = max(points, key=lambda p: p["open"])
     trend = "growing" if last["open"] > first["open"] else "shrinking" if last["open"] < first["open"] else "steady"
+    apart = f" Not counted: {hidden} hidden by ignore rules." if hidden else ""
     return (f"Open drift at the last {len(points)} versions (serial {first['serial']} to {last['serial']}): "
-            f"{first['open']} then {last['open']}, {trend}; at most {peak['open']} (serial {peak['serial']}).")
+            f"{first['open']} then {last['open']}, {trend}; at most {peak['open']} (serial {peak['serial']}).{apart}")
 
 
-def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-chart") -> Markup:
-    """POINTS: {serial, open} oldest first (store.ui_queries.drift_series)."""
+def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-chart", hidden: int = 0) -> Markup:
+    """POINTS: {serial, open} oldest first (store.ui_queries.drift_series); HIDDEN as for summary."""
     top = _ceiling(max([p["open"] for p in points] + [1]))
     plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
     n = len(points)
@@ -46,7 +49,7 @@ def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-char
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {_H}" class="chart" role="img" '
               f'aria-labelledby="{chart_id}-title {chart_id}-desc" preserveAspectRatio="xMidYMid meet">'),
              f'<title id="{chart_id}-title">Open drift over time</title>',
-             f'<desc id="{chart_id}-desc">{escape(summary(points))}</desc>']
+             f'<desc id="{chart_id}-desc">{escape(summary(points, hidden))}</desc>']
     for v in (0, top // 2, top) if top >= 2 else (0, top):
         parts.append(f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
         parts.append(f'<text class="tick" x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v}</text>')
