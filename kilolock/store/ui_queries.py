@@ -151,8 +151,11 @@ def versions_page(conn: psycopg.Connection, sid: str, limit: int, offset: int) -
     return _paged(rows, conn, _VERSIONS, params, offset)
 
 
+# refresh_runs does not record --dry-run: a run that succeeded without a version is one, since
+# every other run that succeeds commits a version (the version records that refresh ran).
 _RUNS = """
 SELECT rr.id::text AS id, rr.status, rr.started_at, rr.finished_at, rr.finished_at - rr.started_at AS took,
+       (rr.status = 'succeeded' AND rr.to_version_id IS NULL) AS dry_run,
        rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor,
        f.serial AS from_serial, t.serial AS to_serial, count(*) OVER () AS total
 FROM refresh_runs rr

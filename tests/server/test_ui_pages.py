@@ -275,3 +275,28 @@ def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, con
     series = ui_queries.drift_series(conn, versions.state_id(conn, "team/noisy"), 200)
     assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 2), (3, 0)]
     assert "Not counted" not in page(ui, "/ui/state", name="team/noisy")
+
+
+def runs_serials(html: str) -> list[str]:
+    """The Serials cell of each refresh run on a state page, newest first, as text."""
+    runs = html.split('<h2 id="runs">', 1)[1].split("</table>", 1)[0]
+    cells = re.findall(r"<td>(\d+ → .*?)</td>", runs)
+    return [re.sub(r"<[^>]+>", "", c) for c in cells]
+
+
+def test_a_dry_run_is_labelled_in_the_runs_list(ui: Client, run_kl, make_state, tmp_path) -> None:
+    from kit.paths import PLUGIN_CACHE
+
+    search = ("--provider-search-path", str(PLUGIN_CACHE))
+    r = run_kl("state", "import", "nulls", "-", "--source", "apply", input=make_state(9, {"a": {"id": "1", "triggers": None}}))
+    assert r.returncode == 0, r.stderr.decode()
+    dry = run_kl("refresh", "nulls", *search, "--dry-run")  # the real null provider
+    assert dry.returncode == 0, dry.stderr.decode()
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → dry run"]
+    real = run_kl("refresh", "nulls", *search)
+    assert real.returncode == 0, real.stderr.decode()
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → 10", "9 → dry run"]
+    # A run that fails commits nothing either, and is not a dry run.
+    failed = run_kl("refresh", "nulls", "--provider-search-path", str(tmp_path))  # no provider there
+    assert failed.returncode != 0
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["10 → (not committed)", "9 → 10", "9 → dry run"]
