@@ -300,3 +300,32 @@ def test_a_dry_run_is_labelled_in_the_runs_list(ui: Client, run_kl, make_state, 
     failed = run_kl("refresh", "nulls", "--provider-search-path", str(tmp_path))  # no provider there
     assert failed.returncode != 0
     assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["10 → (not committed)", "9 → 10", "9 → dry run"]
+
+
+def test_provider_addresses_are_shown_as_users_write_them(ui: Client) -> None:
+    found = page(ui, "/ui/search", type="null_resource").split("results", 1)[1]
+    text = found.replace("<wbr>", "")  # where a line may wrap: not part of the text
+    assert re.findall(r"<code[^>]*>([^<]*hashicorp[^<]*)</code>", text) == ["registry.terraform.io/hashicorp/null"] * 2
+    assert "provider[" not in found
+    resource = page(ui, "/ui/resource", state="team/prod", address="cloud_server.alpha").replace("<wbr>", "")
+    assert ">registry.terraform.io/example/cloud</code>" in resource and "provider[" not in resource
+
+
+def test_attribute_paths_wrap_between_steps_not_inside_names(ui: Client, conn) -> None:
+    from kilolock.server.ui import render
+    from kit.uistates import server, write
+
+    spec = {"value": {"metadata": {"name": "web"}}, "type": ["object", {"metadata": ["object", {"name": "string"}]}]}
+    write(conn, "k8s", 1, [server("kilo", extra={"spec": spec})], "import", "alice")
+    spec2 = {**spec, "value": {"metadata": {"name": "api"}}}
+    write(conn, "k8s", 2, [server("kilo", extra={"spec": spec2}, env="qa")], "refresh", "kl-refresh")
+    html = page(ui, "/ui/state", name="k8s")
+    assert '<code class="path">spec.<wbr>metadata.<wbr>name</code>' in html
+    assert '<code class="path">tags<wbr>[&#34;env&#34;]</code>' in html
+    resource = page(ui, "/ui/resource", state="k8s", address="cloud_server.kilo")
+    assert '<code class="path">spec.<wbr>metadata.<wbr>name</code>' in resource
+    # Nothing lets a path break anywhere else (a mid-word break was what a phone showed).
+    css = render.static("style.css")
+    assert css is not None
+    rules = [r for r in css.decode().split("}") if "overflow-wrap: anywhere" in r]
+    assert not any("path" in r or ".changes" in r for r in rules), rules

@@ -3,14 +3,16 @@ the same from a checkout, a wheel and kl.pyz (a zip). Autoescape is on for every
 from __future__ import annotations
 
 import functools
+import re
 from datetime import datetime, timedelta, timezone
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+from markupsafe import Markup, escape
 
-from kilolock import drift
+from kilolock import drift, tfstate
 
 _PACKAGE = "kilolock.server.ui"
 
@@ -62,6 +64,26 @@ def _value(v: Any) -> str:
     return "(absent)" if v is None else drift.show(v)
 
 
+def _provider(address: str) -> str:
+    """A provider as a user writes its source (``registry.terraform.io/hashicorp/null``), not as the
+    state spells its configuration (``provider["registry.terraform.io/hashicorp/null"]``)."""
+    try:
+        ref = tfstate.parse_provider(address)
+    except tfstate.StateError:
+        return address  # not kl's to correct here: shown as stored
+    return ref.source + (f" (alias {ref.alias})" if ref.alias else "")
+
+
+# Where a path may wrap on a narrow screen: after a step's dot and before an index, so that a line
+# ends between steps (rule[0].<wbr>cidr), never inside a name; after a slash too, for a provider's
+# source (registry.terraform.io/<wbr>hashicorp/<wbr>null) and keys such as app.kubernetes.io/name.
+_PATH_BREAK = re.compile(r"(?<=[./])(?=.)|(?<=.)(?=\[)")
+
+
+def _path(path: str) -> Markup:
+    return Markup("<wbr>").join(escape(part) for part in _PATH_BREAK.split(path))
+
+
 def _query(base: str, params: dict[str, Any]) -> str:
     kept = {k: v for k, v in params.items() if v not in (None, "")}
     return base + ("?" + urlencode(kept) if kept else "")
@@ -71,7 +93,8 @@ def _query(base: str, params: dict[str, Any]) -> str:
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(_load_template), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(when=_when, iso=_iso, age=_age, took=_took, value=_value, seconds=drift.duration)
+    env.filters.update(when=_when, iso=_iso, age=_age, took=_took, value=_value, seconds=drift.duration,
+                       provider=_provider, path=_path)
     env.globals["url"] = _query
     return env
 
