@@ -99,6 +99,47 @@ def test_every_page_loads_with_no_console_error_and_no_secret(browser, phone, ba
             screenshot(driver, shots, f"{name}-{width}")
 
 
+def test_the_overview_fits_a_phone_with_drift_and_last_refresh_in_view(phone, base_url: str, conn, shots: Path) -> None:
+    from kilolock.store import refresh_runs, versions
+
+    # A run of team/prod, so its last-refresh cell holds its longest text (a time, an age, a status).
+    sid = versions.state_id(conn, "team/prod")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    run = refresh_runs.begin(conn, sid, current.id, "kl-refresh")
+    refresh_runs.finish(conn, run, status="failed", checked=4, changed=0, failed=1, error_summary="1 resource(s) failed",
+                        to_version_id=None)
+    _open(phone, base_url + "/ui/")
+    screenshot(phone, shots, "overview-states-phone")
+    _fits_sideways(phone, "the overview")
+    rows = phone.find_elements("css selector", "table.states tbody tr")
+    assert len(rows) == 3
+    for row in rows:
+        name = row.find_element("css selector", "th").text
+        for column in ("col-drift", "col-refreshed"):
+            cell = row.find_element("css selector", f"td.{column}")
+            box = phone.execute_script("const b = arguments[0].getBoundingClientRect(); return [b.left, b.right, b.width]", cell)
+            assert cell.is_displayed() and cell.text and box[2] > 0, f"{name}: {column} is not shown"
+            assert 0 <= box[0] and box[1] <= PHONE[0], f"{name}: {column} spans {box[0]}..{box[1]}px, off a {PHONE[0]}px screen"
+    prod = next(r for r in rows if r.find_element("css selector", "th").text.startswith("team/prod"))
+    assert "1 drifted" in prod.find_element("css selector", "td.col-drift").text
+    assert "failed" in prod.find_element("css selector", "td.col-refreshed").text
+    # Search results are cards on a phone too (their provider column scrolled off the screen).
+    _open(phone, base_url + PAGES["search"])
+    _fits_sideways(phone, "search results")
+
+
+def _fits_sideways(driver: Any, what: str) -> None:
+    """Neither the page nor a table's scrolling region in it is wider than the phone's screen."""
+    page = driver.execute_script("return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert page[1] == PHONE[0] and page[0] <= page[1], f"{what}: the page is {page[0]}px wide on a {page[1]}px phone"
+    regions = driver.execute_script("return [...document.querySelectorAll('main .scroll')].map("
+                                    "r => [r.getAttribute('aria-label'), r.scrollWidth, r.clientWidth])")
+    assert regions, f"{what}: no table"
+    wide = [r for r in regions if r[1] > r[2]]
+    assert wide == [], f"{what}: these scroll sideways ([region, width, visible width]): {wide}"
+
+
 def test_navigation_by_links_from_overview_to_state_diff_and_resource(browser, base_url: str, shots: Path) -> None:
     _open(browser, base_url + "/ui/")
     browser.find_element("link text", "team/prod").click()
