@@ -38,3 +38,30 @@ def test_the_sql_form_selects_what_python_selects(db_url):
 def test_an_empty_glob_is_a_usage_error():
     with pytest.raises(UsageError):
         globs.compile_glob("")
+
+
+@pytest.mark.parametrize("glob", ["null_resource.*", "module.m.**", "**.null_resource.a", "local_*.*", "x", "**",
+                                  'module.a["x"].null_resource.b[0]', "a[*]", 'a["web-*"]', 'a["x]y.z"]', 'a["q\\"s"]',
+                                  "data.aws_ami.this", "a[1?]", "module.m[0].x.y"])
+def test_address_globs_written_as_terraform_writes_addresses_are_valid(glob):
+    assert globs.check_address_glob(glob) == glob
+
+
+@pytest.mark.parametrize(("glob", "message"), [
+    ("local_file.config[b]", ("""the instance key b at position 18 is not a number, so it is written quoted, as Terraform """
+                             """prints it: 'local_file.config["b"]'""")),
+    ('a[b].c[0].d["e"].f[g]', ("""the instance key b at position 2 is not a number, so it is written quoted, as Terraform """
+                              """prints it: 'a["b"].c[0].d["e"].f["g"]'""")),
+    ("a[]", 'expected an instance key [0] or ["key"] at position 2'),
+    ("a[0", 'expected an instance key [0] or ["key"] at position 2'),
+    ('a["x', "the instance key at position 2 is not closed"),
+    (".a", "expected a name at position 1"),
+    ("a.[0]", "expected a name at position 3"),
+    ("a/b", "expected a name, . or [KEY] at position 2, found '/'"),
+    ("a.", 'ends with "."'),
+    ("", "must not be empty"),
+])
+def test_address_globs_no_address_could_match_are_refused_saying_where(glob, message):
+    with pytest.raises(UsageError) as exc:
+        globs.check_address_glob(glob)
+    assert message in str(exc.value)

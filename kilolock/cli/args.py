@@ -95,13 +95,14 @@ def state_glob(text: str) -> str:
 
 
 def address_glob(text: str) -> str:
-    """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across."""
+    """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across; written as
+    Terraform writes addresses (a string key quoted)."""
     utf8_text(text)
     from kilolock.errors import UsageError
-    from kilolock.globs import compile_address_glob
+    from kilolock.globs import check_address_glob
 
     try:
-        compile_address_glob(text)
+        check_address_glob(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

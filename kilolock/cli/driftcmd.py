@@ -108,7 +108,7 @@ def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kilolock import globs
-    from kilolock.store import db, summary
+    from kilolock.store import db, summary, versions
 
     if (args.state is None) == (args.states is None):
         args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             names = globs.select(args.states, [r["name"] for r in summary.list_states(conn)])
             if not names:
                 # A gate over nothing would pass forever: a mistyped glob must not look like "no drift".
-                raise KlError(f"no state matches {args.states!r} (see `kl state list`)")
+                raise KlError(versions.no_state_matches(conn, args.states))
             docs = [drift_document(conn, n, args.limit, args.all) for n in names]
     open_drift = sum(d["open"] for d in docs)  # the gate counts open drift, --all or not
     if args.format == "json":

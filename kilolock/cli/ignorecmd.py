@@ -7,6 +7,8 @@ ignore ...`` here before ``kl drift STATE`` parses (kilolock.cli.main), so a sta
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
@@ -45,8 +47,33 @@ def run_add(args: argparse.Namespace) -> int:
                                 args.reason, args.expires)
     with db.open_store() as conn:
         new_id = ignore_rules.add_rule(conn, rule, args.actor or cli_args.default_actor())
+        # Stored all the same (a rule may come before the states it is for), but a glob that
+        # matches nothing is most often a typo, which would otherwise hide nothing, silently.
+        unmatched = _unmatched(conn, args.states, args.address)
+    if unmatched:
+        print(f"kl: note: {unmatched}; rule {new_id} applies to those that appear "
+              f"(`kl drift ignore remove {new_id}` undoes it)", file=sys.stderr)
     print(new_id)  # alone on stdout, for scripts: id=$(kl drift ignore add ...)
     return 0
+
+
+_NEAR_ADDRESSES = 10_000  # beyond this many instances, no closest address is looked for
+
+
+def _unmatched(conn: Any, states: str, address: str) -> str | None:
+    """What a new rule's globs match nothing of now, in a few words with the closest name; None: they match."""
+    import difflib
+
+    from kilolock.store import ignore_rules, versions
+
+    if not ignore_rules.states_match(conn, states):
+        return "--states: " + versions.no_state_matches(conn, states)
+    if ignore_rules.address_matches(conn, states, address):
+        return None
+    candidates = ignore_rules.some_addresses(conn, states, _NEAR_ADDRESSES + 1)
+    close = difflib.get_close_matches(address, candidates, n=1, cutoff=0.6) if len(candidates) <= _NEAR_ADDRESSES else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"--address {address!r} matches no instance of the states --states {states!r} matches{hint}"
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:

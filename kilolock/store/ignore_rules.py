@@ -110,6 +110,38 @@ def add_rule(conn: psycopg.Connection, rule: NewRule, actor: str) -> int:
     return int(row[0])
 
 
+# The instances a rule could hide: those in the matching states' current versions, and those an
+# open drift record says are gone (a refresh closed their lifecycle).
+_ADDRESSES_OF = """
+SELECT r.address FROM resources r JOIN states s ON s.id = r.state_id WHERE s.name ~ %(states)s AND r.delete_serial IS NULL
+UNION
+SELECT d.address FROM drift_records d JOIN states s ON s.id = d.state_id
+WHERE s.name ~ %(states)s AND d.resolved_version_id IS NULL
+"""
+_STATES_MATCH = "SELECT EXISTS (SELECT 1 FROM states WHERE name ~ %s)"
+_ADDRESS_MATCH = f"SELECT EXISTS (SELECT 1 FROM ({_ADDRESSES_OF}) a WHERE a.address ~ %(address)s)"
+_SOME_ADDRESSES = f"SELECT address FROM ({_ADDRESSES_OF}) a LIMIT %(limit)s"
+
+
+def states_match(conn: psycopg.Connection, states_glob: str) -> bool:
+    """Whether any stored state's name matches STATES_GLOB."""
+    row = conn.execute(_STATES_MATCH, (globs.sql_regex(states_glob),)).fetchone()
+    return bool(row and row[0])
+
+
+def address_matches(conn: psycopg.Connection, states_glob: str, address_glob: str) -> bool:
+    """Whether ADDRESS_GLOB matches an instance of the states STATES_GLOB matches now (or one whose
+    open drift says it is gone)."""
+    params = {"states": globs.sql_regex(states_glob), "address": globs.address_regex(address_glob)}
+    row = conn.execute(_ADDRESS_MATCH, params).fetchone()
+    return bool(row and row[0])
+
+
+def some_addresses(conn: psycopg.Connection, states_glob: str, limit: int) -> list[str]:
+    """Up to LIMIT distinct instance addresses of the states STATES_GLOB matches (as address_matches sees them)."""
+    return [r[0] for r in conn.execute(_SOME_ADDRESSES, {"states": globs.sql_regex(states_glob), "limit": limit})]
+
+
 def list_rules(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return conn.cursor(row_factory=dict_row).execute(_LIST).fetchall()
 

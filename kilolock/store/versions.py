@@ -182,6 +182,13 @@ def closest_name(conn: psycopg.Connection, name: str) -> str | None:
     return close[0] if close else None
 
 
+def no_state_matches(conn: psycopg.Connection, glob: str) -> str:
+    """That GLOB (``--states``) matches no state, in one line, naming the stored name closest to it
+    when one is close: a glob without wildcards is most often a mistyped name."""
+    close = closest_name(conn, glob)
+    return f"no state matches {glob!r}" + (f"; did you mean {close!r}?" if close else "") + " (see `kl state list`)"
+
+
 def lock_state_row(conn: psycopg.Connection, name: str, *, create: bool) -> str | None:
     """Lock the ``states`` row of NAME (created first when ``create``) for the rest of the caller's
     transaction, and return its id; None when there is no such state. Every write and lock change
