@@ -63,7 +63,7 @@ COMMANDS: tuple[Command, ...] = (
         ("status", "show which database is used and its migrations", "kl db status"),
         ("stop", "stop the embedded PostgreSQL server", "kl db stop"),
     )),
-    _group("state", "import, list and read state versions; per-state settings and lock", "kilolock.cli.statecmd", (
+    _group("state", "import, list and read state versions; per-state settings and lock; remove, rename", "kilolock.cli.statecmd", (
         ("import", "store a Terraform state file as a new version", "terraform state pull | kl state import prod -"),
         ("list", "list states", "kl state list --format json"),
         ("versions", "list the versions of a state", "kl state versions prod"),
@@ -75,6 +75,10 @@ COMMANDS: tuple[Command, ...] = (
         ("show", "show a state's stored refresh settings", "kl state show prod --format json"),
         ("unlock", "release a state's lock given its ID (as terraform force-unlock)",
          "kl state unlock prod --lock-id 5c3a9b6e-0d4f-4e51-9d6c-2f1b7a8e4c10"),
+        ("rm", "delete a state with its versions, runs, drift and settings (asks for its name; --force for scripts)",
+         "kl state rm old/prod"),
+        ("mv", "rename a state (its history follows); lists the globs it leaves and the backend URL to change",
+         "kl state mv prod prod/eu --serve-url https://kl.internal:8080"),
     )),
     Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd",
             example="kl status prod"),
