@@ -4,12 +4,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from kilolock import tfstate
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.errors import KlError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from kilolock.store.locks import StateLocked
+    from kilolock.store.state_admin import GlobUse, Owned
 
 
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
@@ -377,7 +383,7 @@ def run_mv(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_locked(conn: Any, sid: str, name: str, what: str) -> None:
+def _refuse_locked(conn: psycopg.Connection, sid: str, name: str, what: str) -> None:
     from kilolock.store import locks
 
     holder = locks.current(conn, sid)
@@ -385,7 +391,7 @@ def _refuse_locked(conn: Any, sid: str, name: str, what: str) -> None:
         raise KlError(_unlock_hint(locks.StateLocked(name, holder, what)))
 
 
-def _unlock_hint(exc: Any) -> str:
+def _unlock_hint(exc: StateLocked) -> str:
     """A refusal for a locked state, with how to release the lock once its holder is done or gone."""
     return (f"{exc}; when its holder is done, or gone: "
             f"`kl state unlock {exc.name} --lock-id {exc.holder.get('ID')}`")
@@ -418,15 +424,15 @@ _OWNED_WORDS = (
 )
 
 
-def _owned_json(owned: Any) -> dict[str, int]:
+def _owned_json(owned: Owned) -> dict[str, int]:
     return {field: getattr(owned, field) for field, _, _ in _OWNED_WORDS}
 
 
-def _use_json(use: Any) -> dict[str, Any]:
+def _use_json(use: GlobUse) -> dict[str, Any]:
     return {"kind": use.kind, "key": use.key, "detail": use.detail, "states": use.states_glob, "remove": _remove_command(use)}
 
 
-def _remove_command(use: Any) -> str:
+def _remove_command(use: GlobUse) -> str:
     import shlex
 
     if use.kind == "grant":
@@ -438,7 +444,7 @@ def _remove_command(use: Any) -> str:
     return f"kl schedule remove {use.key}"
 
 
-def _describe(use: Any) -> str:
+def _describe(use: GlobUse) -> str:
     if use.kind == "grant":
         return f"grant of {use.detail} to {use.key} on {use.states_glob!r}"
     if use.kind == "ignore rule":
@@ -446,12 +452,12 @@ def _describe(use: Any) -> str:
     return f"{use.kind} {use.key} on {use.states_glob!r}"
 
 
-def _show_uses(uses: list[Any], out: Any) -> None:
+def _show_uses(uses: list[GlobUse], out: TextIO) -> None:
     for use in uses:
         print(f"  {_describe(use)}: {_remove_command(use)}", file=out)
 
 
-def _show_rm(name: str, owned: Any, uses: list[Any], out: Any) -> None:
+def _show_rm(name: str, owned: Owned, uses: list[GlobUse], out: TextIO) -> None:
     counts = [one if not many else f"{n} {one if n == 1 else many}"
               for field, one, many in _OWNED_WORDS if (n := getattr(owned, field))]
     print(f"deleting state {name!r} deletes what is its own: {', '.join(counts) or 'no version yet'}", file=out)
@@ -469,7 +475,7 @@ def _backend_block(serve_url: str | None, name: str) -> dict[str, str]:
     return {"address": url, "lock_address": url, "unlock_address": url}
 
 
-def _show_mv(old: str, new: str, uses: list[Any], backend: dict[str, str], out: Any) -> None:
+def _show_mv(old: str, new: str, uses: list[GlobUse], backend: dict[str, str], out: TextIO) -> None:
     gone = [u for u in uses if u.matches and not u.matches_other]
     came = [u for u in uses if u.matches_other and not u.matches]
     if gone:
