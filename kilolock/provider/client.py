@@ -114,6 +114,11 @@ class ProviderClient(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL the plugin now, whatever it is doing (its calls in flight fail); close() still
+        cleans up after it. For a cancellation that cannot wait for close()'s Shutdown."""
+
     def __enter__(self) -> Self:
         return self
 
@@ -328,6 +333,9 @@ class GrpcProviderClient(ProviderClient):
 
     def close(self) -> None:
         self._conn.close()
+
+    def kill(self) -> None:
+        self._conn.process.kill()
 
 
 class AsyncReads:

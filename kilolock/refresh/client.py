@@ -91,6 +91,10 @@ class ResourceClient(Protocol):
     def stop(self) -> None:
         """StopProvider: interrupt in-flight calls (cancellation only)."""
 
+    def shut_down(self, *, at_once: bool = False) -> None:
+        """End the provider process while calls may be in flight, which then fail: go-plugin's
+        Shutdown, then SIGKILL; ``at_once``: SIGKILL alone. For the calls StopProvider did not end."""
+
     def close(self) -> None:
         """Shut the provider process down."""
 

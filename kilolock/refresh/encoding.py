@@ -178,6 +178,11 @@ class EncodingClient:
     def stop(self) -> None:
         self._raw.stop()
 
+    def shut_down(self, *, at_once: bool = False) -> None:
+        if at_once:
+            self._raw.kill()
+        self._raw.close()
+
     def close(self) -> None:
         self._raw.close()
 

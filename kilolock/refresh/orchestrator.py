@@ -28,6 +28,7 @@ import psycopg
 
 from kilolock import drift as attribute_drift
 from kilolock import tfstate
+from kilolock.durations import parse_duration
 from kilolock.errors import KlError, env_choice
 from kilolock.provider import transport
 from kilolock.redact import Redactor
@@ -118,18 +119,39 @@ class Result:
     concurrency: list[dict[str, Any]] = field(default_factory=list)
 
 
+# After StopProvider, how long calls in flight get to end on their own before their providers are
+# shut down (go-plugin's Shutdown, then SIGKILL), which fails the calls still waiting. Stop cannot
+# reach every call (a provider blocked reading a FIFO, an API client that ignores its context),
+# and such a call must not hold a cancelled run until --rpc-timeout. KL_STOP_GRACE overrides it:
+# the tests' way to show that a second signal does not wait for it.
+STOP_GRACE_S = 3.0
+
+
+def stop_grace() -> float:
+    text = os.environ.get("KL_STOP_GRACE", "").strip()
+    if not text:
+        return STOP_GRACE_S
+    try:
+        return parse_duration(text, allow_zero=True)
+    except KlError as exc:
+        raise KlError(f"KL_STOP_GRACE: {exc}") from None
+
+
 class Cancellation:
-    """One reason to stop, set once by whoever notices first (signal, timeout, fail-fast)."""
+    """One reason to stop, set once by whoever notices first (signal, timeout, fail-fast).
+    ``at_once``: the providers are killed without waiting out the grace (a second Ctrl-C)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason: str | None = None
+        self.at_once = False
         self._lock = threading.Lock()
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, at_once: bool = False) -> None:
         with self._lock:
             if self.reason is None:
                 self.reason = reason
+            self.at_once = self.at_once or at_once
         self._event.set()
 
     @property
@@ -400,6 +422,7 @@ class _Run:
         self.progress = progress
         self.cancel = cancel
         self.clients: list[ResourceClient] = []
+        self.shut: dict[int, bool] = {}  # id(client) of those shut down: whether at once
         self.group_failures: list[Failure] = []
         self.concurrency: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -534,6 +557,7 @@ class _Run:
         finally:
             with self.lock:
                 self.clients.remove(client)
+                self.shut.pop(id(client), None)
                 self.concurrency.append({"provider": source, "alias": alias or None, **gate.report(), "reads": reads,
                                          "transport": transport})
             client.close()
@@ -645,14 +669,45 @@ class _Run:
             await reader.aclose()
         return reader.transport
 
-    def stop_all(self) -> None:
+    def stop_all(self, deadline: float) -> None:
+        """StopProvider to every open client, each from a thread of its own, waited for until they
+        answered, DEADLINE (the end of the grace) or a cancel at once: a provider slow to answer
+        Stop must neither delay the others' nor hold the run past its grace."""
         with self.lock:
             clients = list(self.clients)
+        threads = [threading.Thread(target=self._stop, args=(c,), name="kl-stop", daemon=True) for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive() and not self.cancel.at_once and (left := deadline - time.monotonic()) > 0:
+                t.join(min(left, 0.05))
+
+    @staticmethod
+    def _stop(client: ResourceClient) -> None:
+        try:
+            client.stop()
+        except Exception as exc:  # noqa: BLE001 - best effort: the process is shut down after the grace anyway
+            log.debug("StopProvider failed: %s", exc)
+
+    def shut_down_all(self, *, at_once: bool) -> None:
+        """Shut down the providers of the groups still running once Stop's grace is over (AT_ONCE:
+        SIGKILL without waiting for Shutdown): their calls in flight fail and the groups end.
+        Called at every poll from then on, so a client opened meanwhile is shut down too; each
+        client once (once more when AT_ONCE comes after a Shutdown began)."""
+        with self.lock:
+            clients = [c for c in self.clients if self.shut.get(id(c)) not in (True, at_once)]
+            for c in clients:
+                self.shut[id(c)] = at_once
         for c in clients:
-            try:
-                c.stop()
-            except Exception as exc:  # noqa: BLE001 - best effort: the process is closed right after
-                log.debug("StopProvider failed: %s", exc)
+            threading.Thread(target=self._shut_down, args=(c, at_once), name="kl-shut-down", daemon=True).start()
+
+    @staticmethod
+    def _shut_down(client: ResourceClient, at_once: bool) -> None:
+        log.info("provider %s: still busy after StopProvider; shutting it down", client.info.source)
+        try:
+            client.shut_down(at_once=at_once)
+        except Exception as exc:  # noqa: BLE001 - best effort: close() and the process registry kill it too
+            log.debug("shutting down a provider: %s", exc)
 
 
 def run(
@@ -678,6 +733,7 @@ def run(
     # audit row (which `kl runs` would list and a channel would be notified of).
     read_path()
     transport.chosen()  # KL_PROVIDER_TRANSPORT
+    grace = stop_grace()
 
     try:
         sid = versions.state_id(conn, name)
@@ -719,15 +775,19 @@ def run(
         try:
             with cf.ThreadPoolExecutor(options.concurrency, thread_name_prefix="kl-group") as pool:
                 futures = [pool.submit(shared.run_group, k, entries, result.providers) for k, entries in groups.items()]
-                stopped = False
+                stopped_at: float | None = None
                 pending = set(futures)
                 while pending:
                     # Returns the moment the last group ends (a poll of the cancel flag alone
                     # would add up to its interval to every run); a cancel is seen within it.
                     _, pending = cf.wait(pending, timeout=0.05)
-                    if cancel.cancelled and not stopped:
-                        shared.stop_all()  # StopProvider first; each group then closes its process
-                        stopped = True
+                    if not cancel.cancelled or not pending:
+                        continue
+                    if stopped_at is None:
+                        stopped_at = time.monotonic()
+                        shared.stop_all(stopped_at + grace)  # StopProvider first; each group then closes its process
+                    if cancel.at_once or time.monotonic() - stopped_at >= grace:
+                        shared.shut_down_all(at_once=cancel.at_once)  # what Stop did not end
                 for f in futures:
                     f.result()
         finally:

@@ -286,6 +286,10 @@ class _WarmClient(EncodingClient):
         self._warm.broken = True  # providers do not come back from StopProvider
         super().stop()
 
+    def shut_down(self, *, at_once: bool = False) -> None:
+        self._warm.broken = True  # close() then hands back a process the pool only closes
+        super().shut_down(at_once=at_once)
+
     def close(self) -> None:
         if self._returned:
             return

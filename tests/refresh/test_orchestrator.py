@@ -78,10 +78,13 @@ class FakeClient:
             if isinstance(self.f.world.get(ident), Exception):
                 raise self.f.world[ident]  # failures answer at once; only good reads are slow
             if self.f.delay:
+                # A read deaf to Stop (one blocked where Stop cannot reach it) ends only when its
+                # provider is shut down.
+                ended = self.f.shut if self.f.deaf_to_stop else self.f.stopped
                 deadline = time.monotonic() + self.f.delay
-                while time.monotonic() < deadline and not self.f.stopped.is_set():
+                while time.monotonic() < deadline and not ended.is_set():
                     time.sleep(0.005)
-                if self.f.stopped.is_set():
+                if ended.is_set():
                     raise ResourceError("provider stopped")
             if self.f.on_read:
                 self.f.on_read(ident)
@@ -103,6 +106,10 @@ class FakeClient:
         self.f.stop_calls += 1
         self.f.stopped.set()
 
+    def shut_down(self, *, at_once=False):
+        self.f.shut_downs.append(at_once)
+        self.f.shut.set()
+
     def close(self):
         self.closed = True
         self.f.closed += 1
@@ -122,6 +129,9 @@ class FakeFactory:
         self.closed = 0
         self.opened: list[tuple[str, str]] = []
         self.stopped = threading.Event()
+        self.deaf_to_stop = False
+        self.shut = threading.Event()
+        self.shut_downs: list[bool] = []  # at_once, per shut_down
         self.fail_open: Exception | None = None
         self.secrets: list[Redactor] = []
 
@@ -448,6 +458,42 @@ def test_timeout_cancels_stops_providers_and_commits_nothing(conn, make_state):
     assert res.status == "cancelled" and res.error == "timed out after 0.3s"
     assert f.stop_calls == 1 and f.closed == 1 and current(conn)[0] == 1
     assert run_row(conn, res.run_id)[0] == "cancelled"
+
+
+def _cancel_when_reading(f: FakeFactory, cancel: orchestrator.Cancellation, *, again: bool) -> None:
+    """Cancel once a read is in flight, as a signal would; AGAIN: a second signal right after."""
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not f.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        cancel.cancel("interrupted (SIGINT)")
+        if again:
+            cancel.cancel("interrupted (SIGINT)", at_once=True)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["after-the-grace", "second-signal"])
+def test_a_read_stop_does_not_end_is_ended_by_shutting_its_provider_down(conn, make_state, monkeypatch, again):
+    # The grace: short, or (for the second signal, which must not wait it out) longer than the read.
+    monkeypatch.setenv("KL_STOP_GRACE", "10m" if again else "200ms")
+    seed(conn, make_state, attrs(3))
+    f = FakeFactory()
+    f.delay, f.deaf_to_stop = 60, True  # before, the run waited for the read (--rpc-timeout in real life)
+    cancel = orchestrator.Cancellation()
+    _cancel_when_reading(f, cancel, again=again)
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO)), cancel=cancel)
+    assert (res.status, res.error) == ("cancelled", "interrupted (SIGINT)")
+    assert (f.shut_downs, f.closed) == ([again], 1)
+    assert run_row(conn, res.run_id)[0] == "cancelled" and current(conn)[0] == 1
+
+
+def test_a_bad_stop_grace_is_refused_before_the_run_begins(conn, make_state, monkeypatch):
+    monkeypatch.setenv("KL_STOP_GRACE", "soon")
+    seed(conn, make_state, attrs(1))
+    with pytest.raises(KlError, match="^KL_STOP_GRACE: invalid duration 'soon'"):
+        run(conn, FakeFactory())
+    assert conn.execute("SELECT count(*) FROM refresh_runs").fetchone() == (0,)
 
 
 class _WatchedCancellation(orchestrator.Cancellation):

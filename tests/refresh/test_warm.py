@@ -31,6 +31,7 @@ class StubProvider:
         self.garbage = False
         self.closed = False
         self.stopped = False
+        self.killed = False
 
     def read_resource(self, type_name: str, current_state: bytes, private: bytes = b"", **_: Any) -> ReadResult:
         if self.fail is not None:
@@ -45,6 +46,9 @@ class StubProvider:
 
     def close(self) -> None:
         self.closed = True
+
+    def kill(self) -> None:
+        self.killed = True
 
 
 class StubAsyncReads:
@@ -134,6 +138,17 @@ def test_a_malformed_answer_or_a_stop_makes_a_process_unfit(path):
     client.stop()  # a cancelled run: providers do not come back from StopProvider
     client.close()
     assert raw.stopped and raw.closed and pool.idle() == 0
+
+
+@pytest.mark.parametrize("at_once", [False, True])
+def test_a_process_shut_down_by_a_cancel_is_never_reused(at_once):
+    pool = WarmProviders()
+    client, raw, _ = open_one(pool)
+    client.shut_down(at_once=at_once)  # a call Stop did not end: close()'s Shutdown, or SIGKILL first
+    assert raw.closed and raw.killed is at_once
+    client.close()
+    again, _, _ = open_one(pool)
+    assert again._warm.raw is not raw and pool.dropped == 1
 
 
 def test_idle_processes_are_capped_and_time_out():
