@@ -1,6 +1,7 @@
 """kl's exit codes, decided in one place.
 
-Without ``--detailed-exitcode``: 0 success, 1 an error, 2 a usage error, 130 an interrupted refresh.
+Without ``--detailed-exitcode``: 0 success, 1 an error, 2 a usage error, 130 a refresh interrupted
+by SIGINT, 143 one terminated by SIGTERM.
 With it, as ``terraform plan -detailed-exitcode``, for CI gates: 0 no open drift, 2 open drift,
 1 any error (usage errors included)."""
 from __future__ import annotations
@@ -19,7 +20,7 @@ def add_gate_arguments(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def exit_code(*, detailed: bool, open_drift: int = 0, error: bool = False, code: int = 1) -> int:
-    """CODE is the command's own exit code for an error (2 for usage, 130 for SIGINT)."""
+    """CODE is the command's own exit code for an error (2 for usage, 130 for SIGINT, 143 for SIGTERM)."""
     if error:
         return 1 if detailed else code
     if detailed:

@@ -323,20 +323,34 @@ def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
 
 class _Interrupts:
     """While the block runs, SIGINT and SIGTERM cancel the refresh rather than raise: the
-    orchestrator stops every provider, closes them, and finishes the audit row as cancelled.
-    ``sigint`` says whether Ctrl-C was among them (exit 130)."""
+    orchestrator stops every provider, shuts down those still busy after a short grace, and
+    finishes the audit row as cancelled. A second signal (or one after a --timeout or fail-fast
+    cancel) kills the providers at once. ``code`` is the exit code of a cancelled run: 128 + the
+    first signal's number (130 for Ctrl-C, 143 for SIGTERM), else 1."""
 
     def __init__(self, cancel: Cancellation) -> None:
         self._cancel = cancel
-        self.sigint = False
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
+    @property
+    def code(self) -> int:
+        return 128 + self.signum if self.signum is not None else 1
+
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if signum == signal.SIGINT:
-            self.sigint = True
-        self._cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)")
+        again = self._cancel.cancelled
+        if self.signum is None:
+            self.signum = signum
+        self._cancel.cancel("interrupted (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)", at_once=again)
+        if again:
+            # Every plugin, also one still starting (not yet a client the orchestrator can reach);
+            # from a thread, since the registry's lock may be held by the code this handler interrupted.
+            threading.Thread(target=self._kill_all, name="kl-kill-all", daemon=True).start()
 
     def __enter__(self) -> Self:
+        from kilolock.provider.process import kill_all  # here: no import from within the handler
+
+        self._kill_all = kill_all
         self._previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
@@ -422,7 +436,7 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
     if result.status == "succeeded":
         return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=counts[0] if counts else 0)
     print(f"kl: refresh {result.status}: {result.error or 'see the output above'}", file=sys.stderr)
-    return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupts.sigint else 1)
+    return exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=interrupts.code)
 
 
 def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict[str, Any]:
@@ -469,7 +483,7 @@ def run_all(args: argparse.Namespace) -> int:
                     open_drift[r.state] = drift_counts(r, conn)[0]
     errors = [r for r in results if r.status != "succeeded"]
     if errors:
-        code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=130 if interrupts.sigint else 1)
+        code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=interrupts.code)
     else:
         code = exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=sum(open_drift.values()))
     if args.format == "json":

@@ -6,8 +6,8 @@ A provider must never outlive kl. Three mechanisms, each covering what the other
 - PR_SET_PDEATHSIG=SIGKILL (Linux), so even a SIGKILLed kl takes its providers with it. The signal
   fires when the *thread* that forked exits, so every plugin is forked from one long-lived spawner
   thread rather than from whichever worker thread asked;
-- a registry of live plugins killed at interpreter exit (atexit) and by ``kill_all()``, which the
-  orchestrator's signal handling calls.
+- a registry of live plugins killed at interpreter exit (atexit) and by ``kill_all()``, which a
+  second signal to ``kl refresh`` calls (and a worker that leaves threads behind).
 """
 from __future__ import annotations
 

@@ -785,6 +785,8 @@ def run(
                         continue
                     if stopped_at is None:
                         stopped_at = time.monotonic()
+                        log.info("run cancelled (%s): StopProvider to its providers; those still busy %gs later are "
+                                 "shut down", cancel.reason, grace)
                         shared.stop_all(stopped_at + grace)  # StopProvider first; each group then closes its process
                     if cancel.at_once or time.monotonic() - stopped_at >= grace:
                         shared.shut_down_all(at_once=cancel.at_once)  # what Stop did not end

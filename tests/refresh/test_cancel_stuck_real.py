@@ -16,11 +16,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from kit.fleet import wait_for
 from kit.kl import kl_cmd, kl_env
 from kit.procs import default_signals
 from kit.stuck import add_fifo_state, reads_stuck
 
 DEADLINE = 60.0  # far beyond the grace and the shutdown after it, far below --rpc-timeout
+# A grace no run in these tests may wait out: only a second signal ends it in time.
+LONG_GRACE = "10m"
 
 
 def start(db_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -34,8 +37,8 @@ def ended(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"kl did not end within {DEADLINE:g}s of the cancel:\n{err.decode()}") from None
-    return proc.returncode, out.decode(), err.decode()
+        raise AssertionError(f"kl did not end within {DEADLINE:g}s of the cancel:\n{(err or b'').decode()}") from None
+    return proc.returncode, out.decode(), (err or b"").decode()
 
 
 def runs(db_url: str) -> list[tuple[str, str, str, object]]:
@@ -59,7 +62,7 @@ def stuck(db_url: str, tmp_path: Path) -> Path:
 
 
 @pytest.mark.usefixtures("read_path")
-@pytest.mark.parametrize("sig", [signal.SIGINT], ids=["SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_ends_a_run_whose_provider_read_is_stuck(db_url, stuck, sig):
     proc = start(db_url, "refresh", "prod", "--format", "json")
     with reads_stuck([stuck]):
@@ -72,6 +75,27 @@ def test_a_signal_ends_a_run_whose_provider_read_is_stuck(db_url, stuck, sig):
     assert err.strip() == f"kl: refresh cancelled: {why}"
     [(_, status, summary, to_version)] = runs(db_url)
     assert (status, to_version) == ("cancelled", None) and why in summary
+    assert serials(db_url) == [("prod", 1)]
+
+
+def test_a_second_sigint_ends_at_once_whatever_the_grace(db_url, stuck, tmp_path):
+    log = tmp_path / "kl.log"
+    with open(log, "wb") as err_file:
+        # KL_LOG=info: the line that says the first signal was taken (two signals sent back to back
+        # may reach the process as one).
+        proc = subprocess.Popen(kl_cmd("refresh", "prod", "--format", "json"), stdout=subprocess.PIPE, stderr=err_file,
+                                env=kl_env(KL_DATABASE_URL=db_url, KL_STOP_GRACE=LONG_GRACE, KL_LOG="info"),
+                                preexec_fn=default_signals)  # noqa: PLW1509 - the tests signal them
+    with reads_stuck([stuck]):
+        proc.send_signal(signal.SIGINT)
+        wait_for("the first SIGINT taken", lambda: "run cancelled (interrupted (SIGINT))" in log.read_text(),
+                 timeout=DEADLINE)
+        proc.send_signal(signal.SIGINT)
+        code, out, _ = ended(proc)
+    assert code == 130, log.read_text()
+    assert json.loads(out)["status"] == "cancelled"
+    [(_, status, summary, to_version)] = runs(db_url)
+    assert (status, to_version) == ("cancelled", None) and "interrupted (SIGINT)" in summary
     assert serials(db_url) == [("prod", 1)]
 
 

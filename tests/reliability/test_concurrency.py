@@ -169,7 +169,7 @@ def test_signals_at_random_points_never_half_write(run_kl, db_url, fake_cache):
                 outcome = "succeeded"
             else:
                 assert status == "cancelled" and to is None and after == serials_before, where
-                assert p.returncode == (130 if sig == signal.SIGINT else 1), where
+                assert p.returncode == 128 + sig, where
                 assert "interrupted (SIGINT)" in summary or "terminated (SIGTERM)" in summary, where
                 _clean_failure(err_text)
                 outcome = "cancelled"
