@@ -453,6 +453,9 @@ class Worker:
                 for f in flights:
                     if f.thread is not None:
                         f.thread.join(self._until_exit(None))
+                # Forget the runs that ended: the heartbeat thread beats "draining" for as long as
+                # it sees one, and the stop run() records after it must be the last word.
+                self._running()
                 return
             time.sleep(0.05)
 
