@@ -34,10 +34,14 @@ def run(args: argparse.Namespace) -> int:
              "resources_changed": r.resources_changed, "resources_failed": r.resources_failed,
              "error_summary": r.error_summary, "actor": r.actor, "concurrency": r.concurrency} for r in rows]})
         return 0
+    from kilolock.refresh.whyfailed import headline
+
+    # The error last: it is the widest column, and the run's cause (with its fix) must not need --format json.
     render.table(
-        ["started", "status", "serial", "checked", "changed", "failed", "in flight", "actor", "id"],
+        ["started", "status", "serial", "checked", "changed", "failed", "in flight", "actor", "id", "error"],
         [(r.started_at, r.status, f"v{r.from_serial} → " + (f"v{r.to_serial}" if r.to_serial is not None else "-"),
-          r.resources_checked, r.resources_changed, r.resources_failed, in_flight(r.concurrency), r.actor, r.id)
+          r.resources_checked, r.resources_changed, r.resources_failed, in_flight(r.concurrency), r.actor, r.id,
+          headline(r.error_summary) if r.error_summary else None)
          for r in rows],
     )
     return 0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kilolock.provider.errors import ProviderNotFoundError
+from kilolock.provider.errors import NO_BINARY, ProviderNotFoundError
 
 DEFAULT_HOST = "registry.terraform.io"
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "i386": "386", "i686": "386", "armv7l": "arm"}
@@ -175,6 +175,6 @@ def find_provider(
     what = f"{addr} version {want}" if want else str(addr)
     others = f" (other versions found: {', '.join(sorted(other_versions, key=version_key))})" if other_versions else ""
     raise ProviderNotFoundError(
-        f"no binary for provider {what} for {os_arch}{others}; looked in: {'; '.join(looked)}. "
+        f"{NO_BINARY} {what} for {os_arch}{others}; looked in: {'; '.join(looked)}. "
         "Run terraform init, or pass --provider-search-path DIR / set KL_PROVIDER_PATH"
     )

@@ -25,6 +25,11 @@ class ProviderNotFoundError(ProviderError):
     """Discovery found no binary for a provider source address."""
 
 
+# How a ProviderNotFoundError for a missing binary begins: a run's failure keeps only the message,
+# and the run-level error recognises the cause by it to say how to fix it.
+NO_BINARY = "no binary for provider"
+
+
 class ProviderDiagnosticsError(ProviderError):
     """The provider answered with error diagnostics; they are kept for callers to inspect."""
 

@@ -32,7 +32,7 @@ from kilolock.durations import parse_duration
 from kilolock.errors import KlError, env_choice
 from kilolock.provider import transport
 from kilolock.redact import Redactor
-from kilolock.refresh import inflight
+from kilolock.refresh import inflight, whyfailed
 from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, ResourceClient, ResourceError, ThrottledError
 from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
@@ -192,7 +192,7 @@ def commit_decision(result: Result, options: RefreshOptions, mass_removal: str |
     if cancelled:
         return False, "cancelled"
     if result.failed:
-        return False, f"{result.failed} resource(s) failed; nothing committed"
+        return False, whyfailed.failed_resources(result, options)
     if mass_removal and not options.allow_mass_removal:
         return False, mass_removal + "; nothing committed (use --allow-mass-removal if this is real)"
     if unplaced_removal:
@@ -881,12 +881,7 @@ def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str) -> None:
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:
     if result.run_id is None:
         return
-    summary = result.error
-    if result.failures and not summary:
-        summary = f"{result.failed} resource(s) failed"
-    if result.failures:
-        first = result.failures[0]
-        summary = f"{summary}; first: {first.message}" if first.address is None else f"{summary}; first: {first.address}: {first.message}"
+    summary = whyfailed.audit_summary(result)
     finish_audit(conn, result.run_id, result.state, f"refresh {result.status}: {result.error or summary}",
                  status=result.status if result.status != "running" else "failed", checked=result.checked,
                  changed=result.changed, failed=result.failed, error_summary=summary, to_version_id=to_version_id,

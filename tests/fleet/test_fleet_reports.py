@@ -1,0 +1,76 @@
+"""What the fleet's reports say (against the real test PostgreSQL and real providers): a failed run's
+first cause and its fix on every surface, `kl refresh --all` naming the states its gate failed on,
+workers that are gone expiring from `kl fleet status` and `kl fleet prune`, the last hour counting
+runs failed by a take-over, `kl schedule list|remove`, and the words of the in-flight line."""
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kit.fleet import add_states
+from kit.kl import kl_cmd, kl_env
+from kit.procs import assert_no_new_providers, provider_pids
+
+NOTHING_FOUND = "no binary for provider registry.terraform.io/hashicorp/null for "
+
+
+@pytest.fixture(autouse=True)
+def no_orphan_providers() -> Iterator[None]:
+    before = provider_pids()
+    yield
+    assert_no_new_providers(before)
+
+
+def _isolated(tmp_path: Path) -> dict[str, str]:
+    """No provider binary anywhere discovery looks: HOME, the plugin cache and $KL_PROVIDER_PATH
+    lead nowhere (the state's own search path is a missing directory)."""
+    return {"HOME": str(tmp_path), "KL_PROVIDER_PATH": "", "TF_PLUGIN_CACHE_DIR": ""}
+
+
+def _cause_line(text: str) -> str:
+    [line] = [x for x in text.splitlines() if "resource(s) failed" in x]
+    return line
+
+
+def test_a_failed_runs_first_cause_and_its_fix_are_in_every_report(run_kl, db_url, tmp_path):
+    add_states(db_url, ["team/lost"], instances=3, search_path=tmp_path / "nowhere")
+    env = _isolated(tmp_path)
+    expected = ("3 resource(s) failed (first: null_resource.n0: " + NOTHING_FOUND)
+    fix = "; fix: `kl state set team/lost --workdir DIR` (the directory terraform init ran in) or --provider-search-path DIR"
+
+    r = run_kl("refresh", "team/lost", env=env, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    error = _cause_line(r.stdout.decode())
+    assert error.startswith(f"error:    {expected}") and error.endswith(fix), error
+    assert "looked in" not in error and len(error) < 400, error  # one readable line: the directory list is cut
+    assert r.stderr.decode() == f"kl: refresh failed: {error.removeprefix('error:    ')}\n"
+    summary = error.removeprefix("error:    ")
+
+    runs = run_kl("runs", "team/lost").stdout.decode().splitlines()
+    assert runs[0].split()[-1] == "ERROR" and runs[1].endswith(summary), runs
+    [run] = json.loads(run_kl("runs", "team/lost", "--format", "json").stdout)["runs"]
+    # The audit row keeps the whole cause (the directories looked in) after what the reports show.
+    assert run["error_summary"].startswith(f"{summary}; the first cause in full: provider registry.terraform.io/"
+                                           f"hashicorp/null: {NOTHING_FOUND}"), run
+    assert f"looked in: {tmp_path / 'nowhere'}/" in run["error_summary"], run
+
+    r = run_kl("refresh", "--all", "--states", "team/*", env=env, cwd=tmp_path)
+    assert r.returncode == 1 and _cause_line(r.stdout.decode()).endswith(summary), r.stdout
+
+    assert run_kl("schedule", "run-now", "--states", "team/lost").returncode == 0
+    worker = subprocess.run(kl_cmd("worker", "--once", "--name", "w1", "--poll", "200ms"), capture_output=True,
+                            env=kl_env(KL_DATABASE_URL=db_url, **env), cwd=tmp_path, timeout=120)
+    assert worker.returncode == 1 and _cause_line(worker.stdout.decode()).endswith(summary), worker.stdout
+    status = run_kl("fleet", "status").stdout.decode()
+    assert _cause_line(status).endswith(f"(worker w1): {summary}"), status
+
+    # With a workdir stored, the binaries belong in its .terraform/providers.
+    assert run_kl("state", "set", "team/lost", "--workdir", str(tmp_path)).returncode == 0
+    r = run_kl("refresh", "team/lost", env=env, cwd=tmp_path)
+    assert r.returncode == 1 and _cause_line(r.stdout.decode()).endswith(
+        f"; fix: run terraform init in {tmp_path}, or `kl state set team/lost --provider-search-path DIR`"), r.stdout
+
