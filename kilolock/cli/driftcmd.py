@@ -106,6 +106,18 @@ def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:
         print(f"\n… and {total - len(doc['drift'])} more (--limit)")
 
 
+def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> str:
+    """What the documents hold together: drifted instances (open, or all with --all) and, for a
+    glob's states (MANY), in how many of them. Counts what exists, not what --limit shows."""
+    key = "total" if include_resolved else "open"
+    count = sum(d[key] for d in docs)
+    what = f"{count} drifted instance(s)" + (f", {sum(d['open'] for d in docs)} open" if include_resolved else " open")
+    if many:
+        what += f", in {sum(1 for d in docs if d[key])} of {len(docs)} state(s)"
+    ignored = sum(d["ignored"] for d in docs)
+    return what + (f" ({ignored} more ignored by rules)" if ignored and not include_resolved else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from kilolock import globs
     from kilolock.store import db, summary, versions
@@ -129,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
             render.emit_json({"version": 1, "states_glob": args.states, "total": sum(d["total"] for d in docs),
                               "open": open_drift, "states": docs})
     elif not args.quiet:
+        if args.format == "markdown" and args.states is not None:
+            print(f"## Drift across `{args.states}`: {_summary(docs, args.all, many=True)}")
+            print()
         for i, doc in enumerate(docs):
             if args.format == "markdown":
                 if i:
@@ -138,4 +153,6 @@ def run(args: argparse.Namespace) -> int:
                 if args.states is not None and doc["drift"]:
                     print(f"{doc['state']}:")
                 render_table(doc)
+        if args.format == "table" and (args.states is not None or docs[0]["total"]):
+            print(f"total: {_summary(docs, args.all, many=args.states is not None)}")
     return exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=open_drift)

@@ -163,13 +163,14 @@ def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str,
 
 
 def concurrency_text(c: dict[str, Any]) -> str:
-    """One provider group's requests in flight, as `kl refresh` and `kl runs` show them."""
+    """One provider group's requests in flight, in words, as `kl refresh` shows them."""
     label = c["provider"].rsplit("/", 1)[-1] + (f".{c['alias']}" if c.get("alias") else "")
     if c["mode"] == "fixed":
-        text = f"{label} {c['final']} (fixed)"
+        text = f"requests in flight to {label}: fixed at {c['final']}"
     else:
-        text = f"{label} auto {c['start']} → max {c['max']} → {c['final']}"
-    return text + (f", {c['throttled']} throttled (retried)" if c.get("throttled") else "")
+        text = (f"requests in flight to {label}: adaptive, started at {c['start']}, reached {c['max']}, "
+                f"ended at {c['final']}")
+    return text + (f"; {c['throttled']} throttled (retried)" if c.get("throttled") else "")
 
 
 def _failure_json(f: Any) -> dict[str, Any]:
@@ -225,7 +226,7 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
     for p in result.providers:
         print(f"provider: {p}")
     for c in result.concurrency:
-        print(f"in flight: {concurrency_text(c)}")
+        print(concurrency_text(c))
     for upgrade in _upgrade_lines(result):
         print(upgrade)
     if result.error:
@@ -442,7 +443,8 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
 def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict[str, Any]:
     by_status = {k: sum(1 for r in results if r.status == k) for k in ("succeeded", "failed", "cancelled")}
     return {"version": 1, "states": len(results), **by_status,
-            "open_drift_states": sum(1 for v in open_drift.values() if v), "exit_code": code,
+            "open_drift_states": sum(1 for v in open_drift.values() if v),
+            "states_with_open_drift": [name for name, n in open_drift.items() if n], "exit_code": code,
             "results": [result_json(r) for r in results]}
 
 
@@ -461,21 +463,16 @@ def run_all(args: argparse.Namespace) -> int:
     options_from_args(args)  # flag errors first
     cancel = Cancellation()
 
-    def line(result: Any) -> None:
-        if args.format == "table" and not args.quiet:
-            to = f"v{result.to_serial}" if result.to_serial is not None else "-"
-            frm = f"v{result.from_serial}" if result.from_serial is not None else "-"
-            tail = f"  {result.error}" if result.error else ""
-            print(f"{result.state}  {result.status}  {frm} → {to}  checked {result.checked}, changed {result.changed}, "
-                  f"failed {result.failed}  {result.duration_s:.2f}s{tail}", flush=True)
-
+    lines = _StateLines() if args.format == "table" and not args.quiet else None
     with _Interrupts(cancel) as interrupts, db.open_store() as conn:
         names = [name for _, name in fleet.refreshable_states(conn, args.states or "**")]
         if not names:  # an error, not a passing gate: a mistyped glob must not look like "no drift"
             raise KlError(f"refresh --all: no refreshable state matches {args.states!r} (kl state list shows the states)"
                           if args.states else "refresh --all: there is no refreshable state")
+        if lines is not None:
+            lines.start(names)
         results = refresh_many(conn, names, lambda stored: options_from_args(args, stored),
-                               args.parallel_states or 1, cancel, on_done=line)
+                               args.parallel_states or 1, cancel, on_done=lines)
         open_drift: dict[str, int] = {}
         if args.detailed_exitcode:
             for r in results:
@@ -486,17 +483,49 @@ def run_all(args: argparse.Namespace) -> int:
         code = exitcodes.exit_code(detailed=args.detailed_exitcode, error=True, code=interrupts.code)
     else:
         code = exitcodes.exit_code(detailed=args.detailed_exitcode, open_drift=sum(open_drift.values()))
+    ok = len(results) - len(errors)
+    drifted = sum(1 for r in results if r.changed)
+    summary = f"{len(results)} state(s): {ok} succeeded, {len(errors)} not; {drifted} with changes found"
     if args.format == "json":
         render.emit_json(_all_json(results, open_drift, code))
     elif not args.quiet:
         if args.format == "markdown":
+            print(f"## Refresh of {len(results)} state(s): {ok} succeeded, {len(errors)} not; "
+                  f"{sum(r.changed for r in results)} drifted object(s) in {drifted} state(s)")
+            print()
             for r in results:
                 render_markdown(r)
                 print()
-        ok = len(results) - len(errors)
-        drifted = sum(1 for r in results if r.changed)
-        print(f"{len(results)} state(s): {ok} succeeded, {len(errors)} not; {drifted} with changes found")
+        print(summary)
     if errors:
         print(f"kl: refresh --all: {len(errors)} of {len(results)} state(s) did not succeed "
               f"(first: {errors[0].state}: {errors[0].error or errors[0].status})", file=sys.stderr)
+    elif code == 2:  # the gate failed: say on what, as the error line does, -q or not
+        with_drift = [f"{name} ({n})" for name, n in open_drift.items() if n]
+        print(f"kl: refresh --all: open drift in {len(with_drift)} of {len(results)} state(s): {', '.join(with_drift)} "
+              "(kl drift STATE lists it)", file=sys.stderr)
     return code
+
+
+class _StateLines:
+    """One line per state as it finishes, in columns: the state names are known before the first
+    run ends, the other columns have fixed widths (a longer value only pushes its own line)."""
+
+    SERIAL_WIDTH = len("v1234 → v1235")
+
+    def __init__(self) -> None:
+        self._name_width = 0
+        self._lock = threading.Lock()
+
+    def start(self, names: list[str]) -> None:
+        self._name_width = max(len(n) for n in names)
+
+    def __call__(self, result: Any) -> None:
+        to = f"v{result.to_serial}" if result.to_serial is not None else "-"
+        frm = f"v{result.from_serial}" if result.from_serial is not None else "-"
+        counts = f"checked {result.checked:>4}, changed {result.changed:>4}, failed {result.failed:>4}"
+        text = (f"{result.state.ljust(self._name_width)}  {result.status.ljust(9)}  "
+                f"{f'{frm} → {to}'.ljust(self.SERIAL_WIDTH)}  {counts}  {result.duration_s:>7.2f}s"
+                + (f"  {result.error}" if result.error else ""))
+        with self._lock:  # the states' threads finish at once: whole lines, never interleaved
+            print(text, flush=True)

@@ -107,3 +107,16 @@ def test_provider_list_with_nothing_configured_says_so(db_url):
 def test_state_list_takes_the_same_glob(drifted):
     code, out, _ = _kl("state", "list", "--states", "team/*", "--format", "json")
     assert code == 0 and [r["name"] for r in json.loads(out)["states"]] == ["team/dev", "team/prod"]
+
+
+def test_the_table_ends_with_a_total_and_many_states_markdown_begins_with_a_summary(drifted):
+    code, out, _ = _kl("drift", "--states", "team/**")
+    assert code == 0 and out.splitlines()[-1] == "total: 2 drifted instance(s) open, in 2 of 3 state(s)", out
+    code, out, _ = _kl("drift", "team/dev")
+    assert out.splitlines()[-1] == "total: 1 drifted instance(s) open", out
+    code, out, _ = _kl("drift", "--states", "team/prod")
+    assert out == "team/prod: no drift\ntotal: 0 drifted instance(s) open, in 0 of 1 state(s)\n", out
+    code, out, _ = _kl("drift", "--states", "team/**", "--format", "markdown")
+    assert out.startswith("## Drift across `team/**`: 2 drifted instance(s) open, in 2 of 3 state(s)\n\n### Drift in "), out
+    code, out, _ = _kl("drift", "team/dev", "--format", "markdown")  # one state: its own heading is the summary
+    assert out.startswith("### Drift in `team/dev`: 1 instance(s)"), out

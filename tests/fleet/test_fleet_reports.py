@@ -5,15 +5,19 @@ runs failed by a take-over, `kl schedule list|remove`, and the words of the in-f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from kit.fleet import add_states
 from kit.kl import kl_cmd, kl_env
+from kit.paths import PLUGIN_CACHE
 from kit.procs import assert_no_new_providers, provider_pids
+from kit.states import build_state
 
 NOTHING_FOUND = "no binary for provider registry.terraform.io/hashicorp/null for "
 
@@ -73,4 +77,47 @@ def test_a_failed_runs_first_cause_and_its_fix_are_in_every_report(run_kl, db_ur
     r = run_kl("refresh", "team/lost", env=env, cwd=tmp_path)
     assert r.returncode == 1 and _cause_line(r.stdout.decode()).endswith(
         f"; fix: run terraform init in {tmp_path}, or `kl state set team/lost --provider-search-path DIR`"), r.stdout
+
+
+def _drifted_states(db_url: str, drifted: list[str], clean: list[str]) -> None:
+    """Null states refreshed by the real provider; DRIFTED ones have open drift already: a refresh
+    version that changed a trigger since the last apply (the null provider reads back what is stored,
+    so the drift stays open after another refresh)."""
+    from kilolock import tfstate
+    from kilolock.store import settings, versions
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for name in drifted + clean:
+            writes = [(1, "1", "apply")] + ([(2, "2", "refresh")] if name in drifted else [])
+            for serial, trigger, source in writes:
+                raw = build_state(serial, {"a": {"id": f"{name}-a", "triggers": {"t": trigger}}}, lineage=f"l-{name}")
+                versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="test")
+            settings.update(conn, versions.state_id(conn, name),
+                            settings.Changes({"provider_search_paths": [str(PLUGIN_CACHE)]}), "test")
+
+
+def test_refresh_all_names_the_states_its_gate_fails_on_in_aligned_lines(run_kl, db_url, tmp_path):
+    _drifted_states(db_url, ["t/drifted", "t/also-drifted-long-name"], ["t/ok"])
+    env = _isolated(tmp_path)
+
+    r = run_kl("refresh", "--all", "--states", "t/*", "--detailed-exitcode", env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.decode() == ("kl: refresh --all: open drift in 2 of 3 state(s): t/also-drifted-long-name (1), "
+                                 "t/drifted (1) (kl drift STATE lists it)\n")
+    lines = [x for x in r.stdout.decode().splitlines() if x.startswith("t/")]
+    assert sorted(x.split()[0] for x in lines) == ["t/also-drifted-long-name", "t/drifted", "t/ok"], lines
+    for column in ("succeeded", "v", "checked", "changed", "failed"):  # each column starts at one offset on every line
+        assert len({re.search(rf"(?<= ){column}", x).start() for x in lines}) == 1, (column, lines)  # type: ignore[union-attr]
+    r = run_kl("refresh", "--all", "--states", "t/*", "--detailed-exitcode", "-q", "--format", "json",
+               env=env, cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["open_drift_states"] == 2
+    assert doc["states_with_open_drift"] == ["t/also-drifted-long-name", "t/drifted"]
+
+    md = run_kl("refresh", "--all", "--states", "t/*", "--format", "markdown", env=env, cwd=tmp_path).stdout.decode()
+    assert md.startswith("## Refresh of 3 state(s): 3 succeeded, 0 not; 0 drifted object(s) in 0 state(s)\n\n### "), md
+
+    table = run_kl("refresh", "t/ok", env=env, cwd=tmp_path).stdout.decode()
+    [line] = [x for x in table.splitlines() if "in flight" in x]
+    assert re.fullmatch(r"requests in flight to null: adaptive, started at 10, reached \d+, ended at \d+", line), line
 

@@ -50,8 +50,9 @@ def test_auto_is_the_default_and_backs_off_a_throttling_api(run_kl, db_url, tmp_
     cache, events = _setup(run_kl, tmp_path, 40, FAKE_CAPACITY="1", FAKE_LATENCY="0.02")
     r = run_kl("refresh", "prod", "--provider-search-path", str(cache))
     assert r.returncode == 0, r.stderr
-    [line] = [x for x in r.stdout.decode().splitlines() if x.startswith("in flight:")]
-    m = re.fullmatch(r"in flight: fake auto 10 → max (\d+) → (\d+), (\d+) throttled \(retried\)", line)
+    [line] = [x for x in r.stdout.decode().splitlines() if x.startswith("requests in flight to ")]
+    m = re.fullmatch(r"requests in flight to fake: adaptive, started at 10, reached (\d+), ended at (\d+); "
+                     r"(\d+) throttled \(retried\)", line)
     assert m, line
     assert int(m[1]) == 10 and int(m[2]) <= 5 and int(m[3]) == events.read_text().splitlines().count("throttled") > 0
     assert last_run(db_url)[0] == "succeeded"
