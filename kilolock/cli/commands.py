@@ -117,6 +117,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("fleet", "the fleet: workers, queue, lag, errors", actions=(
         Command("status", "live workers and what each runs, queue depth, lag behind schedule, last errors, provider limits",
                 "kilolock.cli.fleetcmd", "status", example="kl fleet status --format json"),
+        Command("prune", "forget workers that stopped or were lost (listed by kl fleet status for 1h / 1d)",
+                "kilolock.cli.fleetcmd", "prune", example="kl fleet prune --older-than 1d"),
     )),
     _group("access", "who may do what to which state through kl serve: grants of a role on a state glob",
            "kilolock.cli.accesscmd", (

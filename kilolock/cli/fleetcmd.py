@@ -30,12 +30,12 @@ def _holders(holders: list[dict[str, Any]]) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    from kilolock.refresh.whyfailed import headline
     from kilolock.store import db, fleet
 
     with db.open_store() as conn:
         doc = fleet.status(conn, args.errors)
-    workers = [{**w, "state": ("alive" if w["alive"] else "lost") if w["status"] != "stopped" else "stopped"}
-               for w in doc["workers"]]
+    workers = [{**w, "state": _state(w)} for w in doc["workers"]]
     if args.format == "json":
         render.emit_json({"version": 1, "now": doc["now"], "queue": doc["queue"],
                           "workers": [{k: w[k] for k in ("id", "name", "host", "pid", "state", "status", "parallel_states",
@@ -52,12 +52,15 @@ def run_status(args: argparse.Namespace) -> int:
         ("queue", f"{q['due']} due, {q['running']} running, {q['upcoming']} later"),
         ("lag", (f"oldest due job waiting {_seconds(q['lag_s'])}; claimed after due in the last hour: "
                 f"p50 {_seconds(q['claim_lag_p50_s'])}, p99 {_seconds(q['claim_lag_p99_s'])}")),
-        ("last hour", f"{q['succeeded_1h']} succeeded, {q['failed_1h']} failed"),
+        ("last hour", f"{q['succeeded_1h']} succeeded, {q['failed_1h']} failed"
+                      + (f" ({q['taken_over_1h']} taken over from a worker that stopped heartbeating)"
+                         if q["taken_over_1h"] else "")),
     ])
     if workers:
         print()
         render.table(["worker", "host", "pid", "state", "heartbeat", "running"],
-                     [(w["name"], w["host"], w["pid"], w["state"] if w["status"] != "draining" else "draining",
+                     [(w["name"], w["host"], w["pid"], "draining" if w["state"] == "alive" and w["status"] == "draining"
+                       else w["state"],
                        w["heartbeat_at"], ", ".join(r["state"] for r in w["running"]) or "-") for w in workers])
     if doc["provider_limits"]:
         print()
@@ -67,5 +70,31 @@ def run_status(args: argparse.Namespace) -> int:
     if doc["errors"]:
         print("\nlast errors:")
         for e in doc["errors"]:
-            print(f"  {render.when(e['at'])}  {e['state']}  (worker {e['worker']}): {e['error']}")
+            print(f"  {render.when(e['at'])}  {e['state']}  (worker {e['worker']}): {headline(e['error'] or '-')}")
+    return 0
+
+
+def _state(w: dict[str, Any]) -> str:
+    """alive, lost (no heartbeat within its lease: a draining worker too) or stopped."""
+    if w["status"] == "stopped":
+        return "stopped"
+    return "alive" if w["alive"] else "lost"
+
+
+def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--older-than", type=cli_args.duration, default=3600.0, metavar="DURATION",
+                        help="remove workers stopped or lost (no heartbeat within their lease) whose last heartbeat "
+                             "is older than this (default 1h)")
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    from kilolock.durations import format_duration
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        removed = fleet.prune_workers(conn, args.older_than)
+    for w in removed:
+        print(f"removed worker {w['name']} ({w['host']}, pid {w['pid']}, "
+              f"{'stopped' if w['status'] == 'stopped' else 'lost'}, last heartbeat {render.when(w['heartbeat_at'])})")
+    print(f"{len(removed)} worker(s) removed (stopped or lost, no heartbeat for {format_duration(args.older_than)})")
     return 0

@@ -87,18 +87,28 @@ def run_list(args: argparse.Namespace) -> int:
     from kilolock.store import db, fleet
 
     with db.open_store() as conn:
-        schedules = fleet.list_schedules(conn)
+        schedules, live, now = fleet.schedules_now(conn)
     if args.format == "json":
-        render.emit_json({"version": 1, "schedules": [_schedule_json(s) for s in schedules]})
+        render.emit_json({"version": 1, "live_workers": live, "schedules": [
+            {**_schedule_json(s), "overdue": not s.paused and s.next_run_at < now} for s in schedules]})
         return 0
     if not schedules:
         print("no schedules (kl schedule set --states GLOB --every DURATION adds one)")
         return 0
     render.table(["id", "states", "matching", "when", "jitter", "next run", "last run", "paused"],
                  [(s.id, s.states_glob, s.states, _when(s), format_duration(s.jitter_s) if s.jitter_s else "-",
-                   "(paused)" if s.paused else render.when(s.next_run_at), s.last_run_at, "yes" if s.paused else "no")
+                   _next_run(s, now), s.last_run_at, "yes" if s.paused else "no")
                   for s in schedules])
+    if not live and any(not s.paused for s in schedules):
+        print("no live worker: schedules fire only while one runs (start one: kl worker; kl fleet status shows them)")
     return 0
+
+
+def _next_run(s: Any, now: Any) -> str:
+    """A time already past is overdue: a worker fires it at its next poll, so none has polled since."""
+    if s.paused:
+        return "(paused)"
+    return render.when(s.next_run_at) + (" (overdue)" if s.next_run_at < now else "")
 
 
 def add_pause_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,31 +118,38 @@ def add_pause_arguments(parser: argparse.ArgumentParser) -> None:
 add_resume_arguments = add_remove_arguments = add_pause_arguments
 
 
-def _change(args: argparse.Namespace, what: str) -> int:
+def _pause(args: argparse.Namespace, paused: bool) -> int:
     from kilolock.errors import KlError
     from kilolock.store import db, fleet
 
     with db.open_store() as conn:
-        if what == "remove":
-            found = fleet.remove_schedule(conn, args.id)
-        else:
-            found = fleet.set_paused(conn, args.id, what == "pause")
+        found = fleet.set_paused(conn, args.id, paused)
     if not found:
         raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
     return 0
 
 
 def run_pause(args: argparse.Namespace) -> int:
-    return _change(args, "pause")
+    return _pause(args, True)
 
 
 def run_resume(args: argparse.Namespace) -> int:
     """A resumed schedule that missed its times fires once, at the next worker poll."""
-    return _change(args, "resume")
+    return _pause(args, False)
 
 
 def run_remove(args: argparse.Namespace) -> int:
-    return _change(args, "remove")
+    from kilolock.errors import KlError
+    from kilolock.store import db, fleet
+
+    with db.open_store() as conn:
+        removed = fleet.remove_schedule(conn, args.id)
+    if removed is None:
+        raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
+    s, dropped = removed
+    print(f"removed schedule {s.id}: --states {s.states_glob!r}, {_when(s)}; "
+          f"{dropped} queued job(s) dropped (running ones finish)")
+    return 0
 
 
 def add_run_now_arguments(parser: argparse.ArgumentParser) -> None:

@@ -87,16 +87,33 @@ def list_schedules(conn: psycopg.Connection) -> list[Schedule]:
         f"SELECT {_SCHEDULE_COLS} FROM fleet_schedules sc ORDER BY sc.id").fetchall()
 
 
+def schedules_now(conn: psycopg.Connection) -> tuple[list[Schedule], int, datetime]:
+    """``kl schedule list``: the schedules, the live workers (live_workers) and the database's
+    clock, of one moment: a next run before that clock is overdue."""
+    with conn.transaction():
+        schedules = list_schedules(conn)
+        live = live_workers(conn)
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return schedules, live, row[0]
+
+
 def set_paused(conn: psycopg.Connection, schedule_id: int, paused: bool) -> bool:
     with conn.transaction():
         return conn.execute("UPDATE fleet_schedules SET paused = %s WHERE id = %s", (paused, schedule_id)).rowcount == 1
 
 
-def remove_schedule(conn: psycopg.Connection, schedule_id: int) -> bool:
-    """Delete it; jobs it queued and not yet claimed go with it (running ones finish)."""
+def remove_schedule(conn: psycopg.Connection, schedule_id: int) -> tuple[Schedule, int] | None:
+    """Delete it; jobs it queued and not yet claimed go with it (running ones finish). (What was
+    removed, the queued jobs dropped), or None when there is no such schedule."""
     with conn.transaction():
-        conn.execute("DELETE FROM fleet_jobs WHERE schedule_id = %s AND status = 'queued'", (schedule_id,))
-        return conn.execute("DELETE FROM fleet_schedules WHERE id = %s", (schedule_id,)).rowcount == 1
+        found = conn.cursor(row_factory=class_row(Schedule)).execute(
+            f"SELECT {_SCHEDULE_COLS} FROM fleet_schedules sc WHERE sc.id = %s FOR UPDATE", (schedule_id,)).fetchone()
+        if found is None:
+            return None
+        dropped = conn.execute("DELETE FROM fleet_jobs WHERE schedule_id = %s AND status = 'queued'", (schedule_id,)).rowcount
+        conn.execute("DELETE FROM fleet_schedules WHERE id = %s", (schedule_id,))
+    return found, dropped
 
 
 def set_next_run(conn: psycopg.Connection, schedule_id: int, at: datetime) -> None:
@@ -158,6 +175,17 @@ def enqueue_now(conn: psycopg.Connection, glob: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- workers
+
+# How long `kl fleet status` still lists a worker that is gone: a stopped one, and a lost one (no
+# heartbeat within its lease, whether it was running or draining). `kl fleet prune` deletes them.
+SHOW_STOPPED = "1 hour"
+SHOW_LOST = "1 day"
+# A worker is alive while its last heartbeat is within its lease.
+_ALIVE = "w.heartbeat_at + make_interval(secs => w.lease_s) >= now()"
+# A lost worker's running job is taken over (and names it) only when some worker polls: until then
+# the worker is shown and kept.
+_HOLDS_A_JOB = "(SELECT 1 FROM fleet_jobs j WHERE j.claimed_by = w.id AND j.status = 'running')"
+
 
 def register_worker(conn: psycopg.Connection, name: str | None, parallel_states: int, lease_s: float) -> tuple[int, str]:
     host, pid = socket.gethostname(), os.getpid()
@@ -306,20 +334,53 @@ def prune(conn: psycopg.Connection) -> None:
                      "AND NOT EXISTS (SELECT 1 FROM fleet_jobs j WHERE j.claimed_by = w.id)")
 
 
+def live_workers(conn: psycopg.Connection) -> int:
+    """Workers heartbeating within their lease (running or draining): without one, no schedule fires."""
+    row = conn.execute(f"SELECT count(*) FROM fleet_workers w WHERE w.status <> 'stopped' AND {_ALIVE}").fetchone()
+    return int(row[0]) if row else 0
+
+
+_PRUNE_WORKERS = f"""
+DELETE FROM fleet_workers w
+WHERE NOT {_ALIVE} AND w.heartbeat_at < now() - make_interval(secs => %s)
+  AND NOT EXISTS {_HOLDS_A_JOB}
+RETURNING w.id, w.name, w.host, w.pid, w.status, w.heartbeat_at
+"""
+
+
+def prune_workers(conn: psycopg.Connection, older_than_s: float) -> list[dict[str, Any]]:
+    """``kl fleet prune``: delete the workers that are gone (stopped, or no heartbeat within their
+    lease) whose last heartbeat is older than OLDER_THAN_S, oldest first. A lost worker still
+    holding a running job stays until a worker takes the job over: the take-over names it."""
+    with conn.transaction():
+        rows = conn.cursor(row_factory=dict_row).execute(_PRUNE_WORKERS, (older_than_s,)).fetchall()
+    return sorted(rows, key=lambda r: (r["heartbeat_at"], r["id"]))
+
+
 # ---------------------------------------------------------------- fleet status
 
-_WORKERS = """
+_WORKERS = f"""
 SELECT w.id, w.name, w.host, w.pid, w.status, w.parallel_states, w.lease_s, w.started_at, w.heartbeat_at,
-       w.heartbeat_at + make_interval(secs => w.lease_s) >= now() AS alive,
+       {_ALIVE} AS alive,
        coalesce((SELECT json_agg(json_build_object('state', s.name, 'since', j.claimed_at, 'job', j.id,
                                                     'run_id', j.refresh_run_id) ORDER BY s.name)
                  FROM fleet_jobs j JOIN states s ON s.id = j.state_id
                  WHERE j.claimed_by = w.id AND j.status = 'running'), '[]') AS running
 FROM fleet_workers w
-WHERE w.status <> 'stopped' OR w.stopped_at > now() - interval '1 hour'
+WHERE (w.status <> 'stopped' OR w.stopped_at > now() - interval '{SHOW_STOPPED}')
+  AND ({_ALIVE} OR w.heartbeat_at > now() - interval '{SHOW_LOST}' OR EXISTS {_HOLDS_A_JOB})
 ORDER BY w.started_at
 """
-_QUEUE = """
+# A take-over fails the dead worker's run but queues its job again, which then succeeds: counted by
+# the jobs' outcomes alone, those runs were missing from the last hour. Each claim that ended in a
+# take-over is one attempt the job kept (a requeue for a busy state or a shutdown gives its attempt
+# back): a queued job's attempts, and all but the current or last one of a claimed or finished job
+# (a job failed by its last take-over counts among the failed jobs already). They are counted
+# where the job's latest event (requeued, claimed, finished) falls in the hour; fleet_jobs alone
+# is read, as /metrics reads these figures at every scrape.
+_TAKEN_OVER = """coalesce(sum(CASE WHEN status = 'queued' THEN attempts ELSE attempts - 1 END)
+    FILTER (WHERE attempts > 0 AND coalesce(finished_at, claimed_at, due_at) > now() - interval '1 hour'), 0)::int"""
+_QUEUE = f"""
 SELECT count(*) FILTER (WHERE status = 'queued' AND due_at <= now())::int AS due,
        count(*) FILTER (WHERE status = 'queued' AND due_at > now())::int AS upcoming,
        count(*) FILTER (WHERE status = 'running')::int AS running,
@@ -329,9 +390,11 @@ SELECT count(*) FILTER (WHERE status = 'queued' AND due_at <= now())::int AS due
        (SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - due_at))
         FROM fleet_jobs WHERE claimed_at > now() - interval '1 hour')::float AS claim_lag_p99_s,
        count(*) FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour')::int AS succeeded_1h,
-       count(*) FILTER (WHERE status = 'failed' AND finished_at > now() - interval '1 hour')::int AS failed_1h
+       count(*) FILTER (WHERE status = 'failed' AND finished_at > now() - interval '1 hour')::int AS failed_jobs_1h,
+       {_TAKEN_OVER} AS taken_over_1h
 FROM fleet_jobs
 """
+
 _ERRORS = """
 SELECT s.name AS state, j.finished_at AS at, j.error, j.refresh_run_id::text AS run_id, coalesce(w.name, '-') AS worker
 FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
@@ -341,8 +404,12 @@ ORDER BY j.finished_at DESC LIMIT %s
 
 
 def queue_figures(conn: psycopg.Connection) -> dict[str, Any]:
-    """Queue depth and lag, as `kl fleet status` shows them (and /metrics exports them)."""
-    return conn.cursor(row_factory=dict_row).execute(_QUEUE).fetchone() or {}
+    """Queue depth and lag, as `kl fleet status` shows them (and /metrics exports them). failed_1h
+    counts the failed jobs and the runs failed by a take-over (taken_over_1h of them)."""
+    figures = conn.cursor(row_factory=dict_row).execute(_QUEUE).fetchone() or {}
+    if figures:
+        figures["failed_1h"] = figures["failed_jobs_1h"] + figures["taken_over_1h"]
+    return figures
 
 
 def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:

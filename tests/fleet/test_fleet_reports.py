@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.fleet import add_states
+from kit.fleet import add_states, q
 from kit.kl import kl_cmd, kl_env
 from kit.paths import PLUGIN_CACHE
 from kit.procs import assert_no_new_providers, provider_pids
@@ -121,3 +121,99 @@ def test_refresh_all_names_the_states_its_gate_fails_on_in_aligned_lines(run_kl,
     [line] = [x for x in table.splitlines() if "in flight" in x]
     assert re.fullmatch(r"requests in flight to null: adaptive, started at 10, reached \d+, ended at \d+", line), line
 
+
+def _status(run_kl) -> dict:
+    r = run_kl("fleet", "status", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_gone_workers_expire_from_fleet_status_and_fleet_prune_removes_them(run_kl, conn):
+    from kilolock.store import fleet
+
+    ids = {name: fleet.register_worker(conn, name, 1, 60.0)[0]
+           for name in ("alive", "stopped-old", "lost-old", "draining-lost", "lost-busy", "stopped-new")}
+    fleet.stop_worker(conn, ids["stopped-old"])
+    fleet.stop_worker(conn, ids["stopped-new"])
+    conn.execute("UPDATE fleet_workers SET status = 'draining' WHERE name = 'draining-lost'")
+    # Their clocks: two days without a heartbeat, or (draining-lost) two minutes: past its lease.
+    conn.execute("UPDATE fleet_workers SET heartbeat_at = now() - interval '2 days', stopped_at = now() - interval '2 days' "
+                 "WHERE name IN ('stopped-old', 'lost-old', 'lost-busy')")
+    conn.execute("UPDATE fleet_workers SET heartbeat_at = now() - interval '2 minutes' WHERE name = 'draining-lost'")
+    add_states(conn.info.dsn, ["busy"], instances=1)
+    fleet.enqueue_now(conn, "busy")
+    assert len(fleet.claim(conn, ids["lost-busy"], 1, 60.0)) == 1
+    conn.execute("UPDATE fleet_workers SET heartbeat_at = now() - interval '2 days' WHERE name = 'lost-busy'")
+
+    shown = {w["name"]: w["state"] for w in _status(run_kl)["workers"]}
+    # Lost for more than a day: hidden, except one still holding a job (its take-over is pending).
+    assert shown == {"alive": "alive", "draining-lost": "lost", "lost-busy": "lost", "stopped-new": "stopped"}, shown
+    table = run_kl("fleet", "status").stdout.decode()
+    assert re.search(r"^draining-lost .* lost ", table, re.MULTILINE), table
+
+    r = run_kl("fleet", "prune", "--older-than", "1d")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode().splitlines()
+    assert len(out) == 3 and out[-1] == "2 worker(s) removed (stopped or lost, no heartbeat for 1d00h)", out
+    assert re.fullmatch(r"removed worker stopped-old \(.+, pid \d+, stopped, last heartbeat .+\)", out[0]), out
+    assert re.fullmatch(r"removed worker lost-old \(.+, pid \d+, lost, last heartbeat .+\)", out[1]), out
+    left = {r[0] for r in q(conn.info.dsn, "SELECT name FROM fleet_workers")}
+    assert left == {"alive", "draining-lost", "lost-busy", "stopped-new"}
+    r = run_kl("fleet", "prune", "--older-than", "1m")
+    assert r.returncode == 0 and r.stdout.decode().splitlines()[-1].startswith("1 worker(s) removed"), r.stdout
+    assert "removed worker draining-lost (" in r.stdout.decode() and ", lost, " in r.stdout.decode()
+    r = run_kl("fleet", "prune", "--older-than", "soon")
+    assert r.returncode == 2 and len(r.stderr.decode().splitlines()) == 2 and "--older-than" in r.stderr.decode()
+
+
+def test_the_last_hour_counts_a_run_failed_by_a_take_over(run_kl, conn):
+    from kilolock.store import fleet, refresh_runs, versions
+
+    add_states(conn.info.dsn, ["s"], instances=1)
+    sid = versions.state_id(conn, "s")
+    fleet.enqueue_now(conn, "s")
+    dead, _ = fleet.register_worker(conn, "dead", 1, 30.0)
+    [job] = fleet.claim(conn, dead, 1, 30.0)
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    with psycopg.connect(conn.info.dsn, autocommit=True) as run_conn:  # the dead worker's run
+        refresh_runs.mark_fleet_job(run_conn, job.id)
+        refresh_runs.begin(run_conn, sid, current.id, "dead@worker")
+    conn.execute("UPDATE fleet_jobs SET lease_expires_at = now() - interval '1 second'")
+    assert fleet.recover_expired(conn, 3) == [(job.id, "requeued")]
+    queue = _status(run_kl)["queue"]
+    assert (queue["failed_1h"], queue["taken_over_1h"]) == (1, 1), queue
+
+    alive, _ = fleet.register_worker(conn, "alive", 1, 30.0)  # the job runs again and succeeds
+    [job] = fleet.claim(conn, alive, 1, 30.0)
+    assert fleet.finish_job(conn, job.id, alive, "succeeded", None, None)
+    queue = _status(run_kl)["queue"]
+    assert (queue["succeeded_1h"], queue["failed_1h"], queue["taken_over_1h"]) == (1, 1, 1), queue
+    assert "last hour: 1 succeeded, 1 failed (1 taken over from a worker that stopped heartbeating)" in \
+        run_kl("fleet", "status").stdout.decode()
+    failed = [r for r in json.loads(run_kl("runs", "s", "--format", "json").stdout)["runs"] if r["status"] == "failed"]
+    assert len(failed) == 1  # the count is that run
+
+
+def test_schedule_list_says_overdue_and_that_no_worker_runs_and_remove_says_what_it_removed(run_kl, conn):
+    from kilolock.store import fleet
+
+    add_states(conn.info.dsn, ["prod/a"], instances=1)
+    assert run_kl("schedule", "set", "--states", "prod/*", "--every", "1h").returncode == 0
+    assert run_kl("schedule", "set", "--states", "later/*", "--cron", "0 0 1 1 *").returncode == 0
+    conn.execute("UPDATE fleet_schedules SET next_run_at = now() - interval '3 hours' WHERE states_glob = 'prod/*'")
+    out = run_kl("schedule", "list").stdout.decode().splitlines()
+    assert "(overdue)" in out[1] and "(overdue)" not in out[2], out
+    assert out[-1] == "no live worker: schedules fire only while one runs (start one: kl worker; kl fleet status shows them)"
+    doc = json.loads(run_kl("schedule", "list", "--format", "json").stdout)
+    assert doc["live_workers"] == 0 and [s["overdue"] for s in doc["schedules"]] == [True, False]
+    fleet.register_worker(conn, "w", 1, 60.0)
+    out = run_kl("schedule", "list").stdout.decode().splitlines()
+    assert "no live worker" not in out[-1], out
+
+    fleet.enqueue_due_schedules(conn, lambda sc, now: now)
+    r = run_kl("schedule", "remove", "1")
+    assert r.returncode == 0 and r.stdout.decode() == (
+        "removed schedule 1: --states 'prod/*', every 1h00m; 1 queued job(s) dropped (running ones finish)\n"), r.stdout
+    r = run_kl("schedule", "remove", "1")
+    assert r.returncode == 1 and r.stdout == b"" and r.stderr.decode() == "kl: no schedule 1 (kl schedule list shows them)\n"
