@@ -112,8 +112,16 @@ WHERE rr.state_id = %s AND rr.status = 'running' AND {_ALIVE_SQL}
 ORDER BY rr.started_at LIMIT 1
 """
 # Beginning the run is a sign of life too: a run that dies before the next heartbeat still ends
-# (at the job's last heartbeat) no earlier than it began.
-_LINK_JOB = "UPDATE fleet_jobs SET refresh_run_id = %s, heartbeat_at = now() WHERE id = %s AND status = 'running'"
+# (at the job's last heartbeat) no earlier than it began. Recorded as a heartbeat, it renews the
+# lease as a heartbeat does (the claiming worker's lease_s), or the job would be taken over less
+# than a lease after its last heartbeat. greatest(): a beat the worker's heartbeat thread committed
+# while this transaction waited for the state's begin lock is never moved back.
+_LINK_JOB = """
+UPDATE fleet_jobs j SET refresh_run_id = %(run)s, heartbeat_at = greatest(j.heartbeat_at, now()),
+    lease_expires_at = greatest(j.lease_expires_at,
+                                now() + (SELECT make_interval(secs => w.lease_s) FROM fleet_workers w WHERE w.id = j.claimed_by))
+WHERE j.id = %(job)s AND j.status = 'running'
+"""
 
 
 # Kept in this process, not as a session setting: behind a transaction pooler the next transaction
@@ -222,7 +230,7 @@ def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: 
         if not pooled:
             conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,))
         if job is not None:
-            conn.execute(_LINK_JOB, (run_id, job))
+            conn.execute(_LINK_JOB, {"run": run_id, "job": job})
     if pooled:
         _heartbeats.add(conn, run_id)
     return run_id

@@ -58,6 +58,44 @@ def test_a_dead_workers_job_is_taken_over_and_its_run_ends_at_the_last_heartbeat
     assert conn.execute("SELECT status, attempts FROM fleet_jobs").fetchall() == [("failed", 3)]
 
 
+def _shift_job(conn: psycopg.Connection, seconds: int) -> None:
+    """Move the job's heartbeat and lease by SECONDS: time passing (negative), or a beat to come."""
+    conn.execute("UPDATE fleet_jobs SET heartbeat_at = heartbeat_at + make_interval(secs => %(s)s), "
+                 "lease_expires_at = lease_expires_at + make_interval(secs => %(s)s)", {"s": seconds})
+
+
+def test_beginning_the_run_renews_the_lease_with_the_heartbeat_it_records(conn, db_url):
+    """The run's begin counts as the job's heartbeat: the job is taken over a whole lease after it,
+    never sooner, whatever was left of the lease before; and a later beat is never moved back."""
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    fleet.enqueue_now(conn, "s")
+    worker, _ = fleet.register_worker(conn, "w", 1, 30.0)
+    [job] = fleet.claim(conn, worker, 1, 30.0)
+    _shift_job(conn, -20)  # claimed 20 s ago: 10 s of the lease left when the run begins
+    with psycopg.connect(db_url, autocommit=True) as run_conn:
+        refresh_runs.mark_fleet_job(run_conn, job.id)
+        run_id = refresh_runs.begin(run_conn, sid, current.id, "w")
+    beat, expires, started = conn.execute(
+        "SELECT j.heartbeat_at, j.lease_expires_at, rr.started_at FROM fleet_jobs j "
+        "JOIN refresh_runs rr ON rr.id = j.refresh_run_id").fetchone()
+    assert (beat, expires) == (started, started + timedelta(seconds=30))
+    _shift_job(conn, -15)  # 15 s since the run began, no heartbeat since: half the lease left
+    assert fleet.recover_expired(conn, 3) == []
+
+    # A heartbeat committed after the begin's transaction started (it waited for the state's begin
+    # lock) stays as it is.
+    refresh_runs.finish(conn, run_id, status="succeeded", checked=1, changed=0, failed=0, error_summary=None,
+                        to_version_id=None)
+    _shift_job(conn, 60)
+    later = conn.execute("SELECT heartbeat_at, lease_expires_at FROM fleet_jobs").fetchone()
+    with psycopg.connect(db_url, autocommit=True) as run_conn:
+        refresh_runs.mark_fleet_job(run_conn, job.id)
+        refresh_runs.begin(run_conn, sid, current.id, "w")
+    assert conn.execute("SELECT heartbeat_at, lease_expires_at FROM fleet_jobs").fetchone() == later
+
+
 def test_a_fleet_run_and_a_plain_run_of_one_state_never_begin_together(conn, db_url):
     sid = _state(conn, "s")
     current = versions.current_version(conn, sid)
