@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kit.paths import LOCAL_V, PLUGIN_CACHE, RANDOM_V, TERRAFORM
+from kit.state_diff import instances_by_address
 from kit.tfworkspace import terraform, terraform_env
 
 DIFF_TF = f"""
@@ -59,14 +63,64 @@ def diff(run_kl, *args: str) -> dict:
     return doc
 
 
-def attributes(ws: Path) -> dict[str, dict]:
-    doc = json.loads((ws / "terraform.tfstate").read_text())
-    out = {}
-    for res in doc["resources"]:
-        for inst in res["instances"]:
-            key = "" if "index_key" not in inst else f'["{inst["index_key"]}"]'
-            out[f'{res["type"]}.{res["name"]}{key}'] = inst["attributes"]
+def instances(ws: Path) -> dict[str, dict]:
+    """The instances of the state file Terraform wrote, by address."""
+    return instances_by_address(json.loads((ws / "terraform.tfstate").read_text()))
+
+
+def leaves(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(Terraform path, value) of every value in an object of the shapes these resources have:
+    scalars and maps of strings."""
+    if isinstance(value, dict):
+        for key in sorted(value):
+            yield from leaves(value[key], f"{path}[{json.dumps(key)}]" if path else key)
+    else:
+        yield path, value
+
+
+def mark_text(mark: list[dict]) -> str:
+    """A sensitive_attributes path of Terraform's file in the path form of kl's diff."""
+    out = ""
+    for step in mark:
+        if step["type"] == "get_attr":
+            out += f'.{step["value"]}' if out else step["value"]
+        else:
+            out += f'[{json.dumps(step["value"]["value"])}]'
     return out
+
+
+def terraform_changes(before: dict, after: dict) -> list[dict[str, Any]]:
+    """What differs between two of Terraform's instances, attribute by attribute, a value under a
+    path either file marks sensitive masked."""
+    marks = [mark_text(m) for i in (before, after) for m in i.get("sensitive_attributes", [])]
+    old, new = dict(leaves(before["attributes"])), dict(leaves(after["attributes"]))
+
+    def shown(path: str, value: Any) -> Any:
+        return "(sensitive)" if any(path == m or path.startswith((m + "[", m + ".")) for m in marks) else value
+    return [{"path": p, "before": shown(p, old.get(p)), "after": shown(p, new.get(p))}
+            for p in sorted(old.keys() | new.keys()) if old.get(p) != new.get(p)]
+
+
+def terraform_diff(before: dict[str, dict], after: dict[str, dict]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """(address, action) -> changes: the diff of Terraform's two files kl's diff must equal."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for address in sorted(before.keys() | after.keys()):
+        if address not in after:
+            out[(address, "removed")] = []
+        elif address not in before:
+            out[(address, "added")] = []
+        elif (changes := terraform_changes(before[address], after[address])) or \
+                before[address].get("status") != after[address].get("status"):
+            out[(address, "changed")] = changes
+    return out
+
+
+def next_second(t: float) -> None:
+    """Return once the clock's second is past T's. null 2.1.2 seeds its ids with the second its
+    process started: a process started in the same second as another draws the same ids."""
+    deadline = time.monotonic() + 10
+    while int(time.time()) <= int(t) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 RANDOM_TF = f"""
@@ -99,37 +153,34 @@ def ws(tmp_path: Path) -> Path:
 def test_diff_of_two_applies_is_what_terraform_changed(run_kl, db_url, ws: Path):
     apply(ws, "one", "hunter2", ["a", "b"])
     first = import_version(run_kl, ws)
-    before = attributes(ws)
+    before = instances(ws)
+    # The replaced null_resources get ids of their own only from providers seeded in another second.
+    next_second(time.time())
     apply(ws, "two", "hunter3", ["b", "c"])
     second = import_version(run_kl, ws)
-    after = attributes(ws)
+    after = instances(ws)
+    # So the diff shows a replacement's new id, not only the values Terraform was given.
+    ids = {a: (before[a]["attributes"]["id"], after[a]["attributes"]["id"]) for a in ("null_resource.n", "null_resource.s")}
+    assert all(old != new for old, new in ids.values()), ids
 
     # Until kl has the providers' schemas it masks every value (test below); a dry run caches them.
     assert diff(run_kl)["masked_providers"] == ["registry.terraform.io/hashicorp/local", "registry.terraform.io/hashicorp/null"]
     r = run_kl("refresh", "prod", "--dry-run", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(ws))
     assert r.returncode == 0, r.stderr
     doc = diff(run_kl)
+    got = {(i["address"], i["action"]): i["changes"] for i in doc["instances"]}
+    want = terraform_diff(before, after)
+    # What Terraform changed: null_resource.keep and each["b"] did not, and n's triggers["fixed"]
+    # stayed as it was through n's replacement; none of them is listed.
+    assert sorted(want) == [('local_file.f', 'changed'), ('null_resource.each["a"]', 'removed'),
+                            ('null_resource.each["c"]', 'added'), ('null_resource.n', 'changed'),
+                            ('null_resource.s', 'changed')], want
+    assert {"path": 'triggers["v"]', "before": "one", "after": "two"} in want[("null_resource.n", "changed")]
+    assert {"path": 'triggers["secret"]', "before": "(sensitive)", "after": "(sensitive)"} in want[("null_resource.s", "changed")]
+    assert {"path": "content", "before": "v is one", "after": "v is two"} in want[("local_file.f", "changed")]
+    assert got == want
     assert (doc["from"], doc["to"], doc["added"], doc["removed"], doc["changed"]) == (first, second, 1, 1, 3), doc
     assert doc["masked_providers"] == []
-    got = {(i["address"], i["action"]): i["changes"] for i in doc["instances"]}
-    n_before, n_after = before["null_resource.n"], after["null_resource.n"]
-    s_before, s_after = before["null_resource.s"], after["null_resource.s"]
-    f_before, f_after = before["local_file.f"], after["local_file.f"]
-    # null_resource.keep and each["b"] did not change: they are not listed.
-    assert {"path": "content", "before": "v is one", "after": "v is two"} in got[("local_file.f", "changed")]
-    assert got == {
-        ('null_resource.each["a"]', "removed"): [],
-        ('null_resource.each["c"]', "added"): [],
-        # every attribute Terraform's two files differ in (content, id and the provider's digests)
-        ("local_file.f", "changed"): [{"path": k, "before": f_before.get(k), "after": f_after.get(k)}
-                                      for k in sorted(set(f_before) | set(f_after)) if f_before.get(k) != f_after.get(k)],
-        ("null_resource.n", "changed"): [
-            {"path": "id", "before": n_before["id"], "after": n_after["id"]},
-            {"path": 'triggers["v"]', "before": "one", "after": "two"}],
-        ("null_resource.s", "changed"): [
-            {"path": "id", "before": s_before["id"], "after": s_after["id"]},
-            {"path": 'triggers["secret"]', "before": "(sensitive)", "after": "(sensitive)"}],
-    }
     text = run_kl("state", "diff", "prod").stdout.decode()
     assert text.startswith(f"prod: v{first} → v{second}: 1 added, 1 removed, 3 changed\n"), text
     assert "hunter" not in text and 'triggers["secret"]: (sensitive) → (sensitive)' in text, text
