@@ -187,7 +187,9 @@ def test_three_workers_refresh_a_fleet_on_time_survive_a_sigkill_and_drain_on_si
         victim, job_id = row[0]
         workers[victim].kill()
         outputs[victim] = workers.pop(victim).communicate()[0].decode()
-        last_beat = q(db_url, "SELECT heartbeat_at FROM fleet_jobs WHERE id = %s", (job_id,))[0][0]
+        # FOR UPDATE: a beat whose COMMIT the worker had sent before it died is still committed by its
+        # server process, maybe after a plain read here; the beat's row lock makes this read wait for it.
+        last_beat = q(db_url, "SELECT heartbeat_at FROM fleet_jobs WHERE id = %s FOR UPDATE", (job_id,))[0][0]
 
         done = wait_for("the slow state's job to complete on another worker", lambda: q(
             db_url, "SELECT w.name, j.claimed_at, j.attempts FROM fleet_jobs j JOIN fleet_workers w ON w.id = j.claimed_by "
