@@ -12,7 +12,7 @@ from kilolock.cli import args as cli_args
 from kilolock.cli import render
 
 ROLES = ("read", "write", "admin")
-_ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock), write (+ POST), admin (+ DELETE, force-unlock)"
+_ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), write (+ POST, any lock), admin (+ DELETE, force-unlock)"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*")
 
 
@@ -155,7 +155,7 @@ def run_check(args: argparse.Namespace) -> int:
         grants = rules.Grants(args.principal, ())
         note = "no grants: the users file decides (admin flag: admin on **; otherwise write on **); give --users-file"
     found = grants.role_on(args.state)
-    allowed = {a: bool(grants.allows(a, args.state)) for a in ("read", "lock", "write", "delete", "force-unlock")}
+    allowed = {a: bool(grants.allows(a, args.state)) for a in ("read", "lock-plan", "lock", "write", "delete", "force-unlock")}
     if args.format == "json":
         render.emit_json({"version": 1, "principal": args.principal, "state": args.state,
                           "role": found[0] if found else None, "through": found[1].describe() if found else None,
@@ -163,7 +163,7 @@ def run_check(args: argparse.Namespace) -> int:
         return 0
     if found:
         role, grant = found
-        may = {"read": "GET, drift, API, UI, LOCK/UNLOCK of its own lock", "write": "read + POST",
+        may = {"read": "GET, drift, API, UI, LOCK/UNLOCK of its own lock for a plan", "write": "read + POST and any LOCK",
                "admin": "write + DELETE and force-unlock"}[role]
         print(f"{args.principal} on {args.state}: {role} ({may}) through {grant.describe()}")
     else:

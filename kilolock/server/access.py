@@ -3,8 +3,9 @@
 A principal's ``Grants`` are role-on-glob rules; its role on a state is the highest role among the
 rules whose glob matches the name (``*`` within a ``/`` segment, ``**`` across: kilolock.globs).
 Roles are cumulative: ``read`` (GET, the JSON API, drift, the UI, /metrics labels, and LOCK/UNLOCK
-of a lock it took itself, since ``terraform plan`` locks), ``write`` (+ POST, and releasing another
-principal's lock with its ID), ``admin`` (+ DELETE and force-unlock without an ID).
+of a lock it took itself for a plan, since ``terraform plan`` locks), ``write`` (+ POST, LOCK for any
+other operation, and releasing another principal's lock with its ID), ``admin`` (+ DELETE and
+force-unlock without an ID). Which action a LOCK is follows from its LockInfo (``lock_action``).
 
 Where the rules come from (``Access.grants_for``): a token made by ``kl token create`` has exactly
 its grants; a ``--users-file`` user has its grants, or, while it has none, what the file says
@@ -36,13 +37,17 @@ from kilolock.store import access as access_store
 ROLES = ("read", "write", "admin")
 _RANK = {"read": 1, "write": 2, "admin": 3}
 
-# What each action needs. "unlock" is releasing a lock the principal took itself; "unlock-other"
-# releasing someone else's lock with its ID (the ID is the confirmation, as in kl state unlock).
+# What each action needs. "lock-plan" is a LOCK for a plan, "lock" one for anything else (see
+# lock_action); "unlock" is releasing a lock the principal took itself; "unlock-other" releasing
+# someone else's lock with its ID (the ID is the confirmation, as in kl state unlock).
 ACTIONS: dict[str, str] = {
-    "read": "read", "lock": "read", "unlock": "read",
-    "write": "write", "unlock-other": "write",
+    "read": "read", "lock-plan": "read", "unlock": "read",
+    "write": "write", "lock": "write", "unlock-other": "write",
     "delete": "admin", "force-unlock": "admin", "admin": "admin",
 }
+
+# The LockInfo Operation of `terraform plan` (and `plan -refresh-only`), which writes no state.
+PLAN_OPERATION = "OperationTypePlan"
 
 # A token's last_used_at is written at most this often (seconds): not a database write per request.
 TOUCH_EVERY = 60.0
@@ -116,6 +121,16 @@ class Grants:
         if any(g.states_glob == "**" for g in rules):
             return None
         return [globs.sql_regex(g.states_glob) for g in rules]
+
+
+def lock_action(operation: object) -> str:
+    """The action a LOCK is, from its LockInfo's ``Operation``. A lock is taken before the work it
+    guards, so it must be refused there: a principal that could lock for an apply would have
+    Terraform create real resources and only then be refused their state. Only a plan is read-only;
+    every other operation (OperationTypeApply or Refresh, ``state-rm``, ``state-mv``, ``state-push``,
+    ``taint``; ``terraform import`` says OperationTypeInvalid, as ``console`` does) or none at all
+    is the start of a write."""
+    return "lock-plan" if operation == PLAN_OPERATION else "lock"
 
 
 def allows(grants: Grants, action: str, state: str) -> Decision:

@@ -11,7 +11,7 @@ import binascii
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
@@ -132,6 +132,20 @@ def parse_lock_info(body: bytes) -> dict[str, Any] | str:
         if key in doc and not isinstance(doc[key], str):
             return f'lock info "{key}" must be a string'
     return doc
+
+
+def lock_refused(reason: str, info: dict[str, Any] | str) -> Response:
+    """A LOCK the principal may not take, answered so that Terraform prints why. Of a 403 Terraform
+    and OpenTofu print only "HTTP remote state endpoint invalid auth"; of a 409 (or 423)
+    they print the ``ID`` of the LockInfo in the body ("HTTP remote state already locked: ID=..."),
+    so the ID carries the reason and says that nothing is locked. 409, not the 423 of a lock held by
+    someone, keeps the two apart in logs and metrics; the clients treat both alike."""
+    asked = info if isinstance(info, dict) else {}
+    # Every field as Go's LockInfo decodes it (Created in RFC 3339): a body it cannot decode is
+    # printed as "failed to unmarshal body", without the reason.
+    return json_body(409, {"ID": f"none, the state is not locked: {reason}", "Operation": asked.get("Operation", ""),
+                           "Info": reason, "Who": "kl serve", "Version": "",
+                           "Created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "Path": ""})
 
 
 def lock_state(conn: psycopg.Connection, name: str, body: bytes, principal: Principal) -> Response:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from socketserver import TCPServer, _SocketWriter  # type: ignore[attr-defined]
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psycopg
@@ -25,7 +26,7 @@ import psycopg
 from kilolock.errors import KlError
 from kilolock.names import parse_state_name
 from kilolock.server import api, backend, store_ops
-from kilolock.server.access import Access, Decision, Grants
+from kilolock.server.access import Access, Decision, Grants, lock_action
 from kilolock.server.auth import ANONYMOUS, Authenticator, PresentedToken, Principal
 from kilolock.server.backend import Response, text
 from kilolock.server.conns import Connection, ConnectionManager, Reader, raise_open_files_limit
@@ -54,8 +55,10 @@ def _printable(text: str, limit: int = 200) -> str:
     return out if len(out) <= limit else out[:limit] + "…"
 
 _CHUNK = 1024 * 1024
-# What each backend method needs (kilolock.server.access); UNLOCK depends on whose lock it is.
-_BACKEND_ACTIONS = {"GET": "read", "POST": "write", "PUT": "write", "DELETE": "delete", "LOCK": "lock"}
+# What each backend method needs (kilolock.server.access), checked before the body is read; for
+# LOCK the least it needs (a plan's lock), the rest once its LockInfo says what it is for (_may_lock).
+# UNLOCK depends on whose lock it is.
+_BACKEND_ACTIONS = {"GET": "read", "POST": "write", "PUT": "write", "DELETE": "delete", "LOCK": "lock-plan"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"})
 
 
@@ -370,12 +373,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse(self, decision: Decision, state: str | None, hint: str = "") -> Response:
         """403 with the one-line reason, recorded in the access audit (who, what, when)."""
+        return text(403, self._audit_refusal(decision, state, hint))
+
+    def _refuse_lock(self, decision: Decision, state: str, hint: str, info: dict[str, Any] | str = "") -> Response:
+        """A refused LOCK, audited as any refusal, in the answer whose reason Terraform prints
+        (backend.lock_refused): of a 403 it shows only "invalid auth"."""
+        return backend.lock_refused(self._audit_refusal(decision, state, hint), info)
+
+    def _audit_refusal(self, decision: Decision, state: str | None, hint: str) -> str:
         principal = self._principal
         assert principal is not None
         reason = decision.reason + hint + "; nothing done"
         with self.server.pool.connection() as conn:
             self.server.access.refused(conn, principal, f"{self.command} {_printable(self._url_path)}", state, reason)
-        return text(403, reason)
+        return reason
 
     def _metrics_open(self) -> bool:
         if not self.server.config.metrics_open_on_loopback:
@@ -393,8 +404,12 @@ class _Handler(BaseHTTPRequestHandler):
         if action is not None:
             decision = self.grants.allows(action, name)
             if not decision:
-                return self._refuse(decision, name)
+                return self._refuse_lock(decision, name, "") if method == "LOCK" else self._refuse(decision, name)
         body = self._read_body() if method in ("POST", "PUT", "LOCK", "UNLOCK") else b""
+        if method == "LOCK":
+            refused = self._may_lock(name, body)
+            if refused is not None:
+                return refused
         params = parse_qs(query, keep_blank_values=True)
         lock_id = (params.get("ID") or [""])[0] or None
         with self.server.pool.connection() as conn:
@@ -410,6 +425,18 @@ class _Handler(BaseHTTPRequestHandler):
             if refused is not None:
                 return refused
             return backend.unlock_state(conn, name, body, principal)
+
+    def _may_lock(self, name: str, body: bytes) -> Response | None:
+        """LOCK for a plan needs read (checked already); for anything else, or a body that does not
+        say, write: the lock comes before the work, and an apply refused only at its state POST has
+        already changed real resources."""
+        info = backend.parse_lock_info(body)
+        operation = info.get("Operation") if isinstance(info, dict) else None
+        decision = self.grants.allows(lock_action(operation), name)
+        if decision:
+            return None
+        asked = f"a LOCK for {_printable(operation, 60)}" if operation else "a LOCK without an Operation"
+        return self._refuse_lock(decision, name, f" ({asked}; read may lock only for terraform plan)", info)
 
     def _may_unlock(self, conn: psycopg.Connection, name: str, body: bytes, principal: Principal) -> Response | None:
         """UNLOCK of its own lock needs read; of another principal's lock (with its ID) write; without

@@ -21,8 +21,8 @@ STATE_A = "net/prod"  # the tokens' grants cover net/**
 STATE_B = "pay/prod"  # and never this one
 
 
-def _lock_info(lock_id: str) -> dict:
-    return {"ID": lock_id, "Operation": "OperationTypePlan", "Info": "", "Who": "ci@runner", "Version": "1.8.5",
+def _lock_info(lock_id: str, operation: str = "OperationTypePlan") -> dict:
+    return {"ID": lock_id, "Operation": operation, "Info": "", "Who": "ci@runner", "Version": "1.8.5",
             "Created": "2026-11-30T12:00:00Z", "Path": ""}
 
 
@@ -71,6 +71,7 @@ def seeded(server, make_state):
 MATRIX = (
     ("GET /states", True, True, True),
     ("LOCK own + UNLOCK own", True, True, True),
+    ("LOCK for apply + UNLOCK own", False, True, True),
     ("POST /states", False, True, True),
     ("UNLOCK another's lock by ID", False, True, True),
     ("force-unlock (no ID)", False, False, True),
@@ -84,11 +85,12 @@ def _attempt(client: Client, admin: Client, route: str, state: str, make_state, 
     """Try ROUTE on STATE; the status of the request under test."""
     if route == "GET /states":
         return client.request("GET", f"/states/{state}").status
-    if route == "LOCK own + UNLOCK own":
-        status = client.request("LOCK", f"/states/{state}", _lock_info("own")).status
+    if route in ("LOCK own + UNLOCK own", "LOCK for apply + UNLOCK own"):
+        info = _lock_info("own", "OperationTypePlan" if route.startswith("LOCK own") else "OperationTypeApply")
+        status = client.request("LOCK", f"/states/{state}", info).status
         if status != 200:
             return status
-        return client.request("UNLOCK", f"/states/{state}", _lock_info("own")).status
+        return client.request("UNLOCK", f"/states/{state}", info).status
     if route == "POST /states":
         return client.request("POST", f"/states/{state}", make_state(serial, {"a": {"id": "1"}})).status
     if route == "UNLOCK another's lock by ID":
@@ -119,10 +121,11 @@ def test_roles_by_routes_by_two_states(role, seeded, run_kl, make_state, db_url)
     for route, *allowed in MATRIX:
         want = allowed[("read", "write", "admin").index(role)]
         serial += 1
+        refused = 409 if route.startswith("LOCK") else 403  # a refused LOCK: see test_a_refused_lock_...
         got_a = _attempt(client, admin, route, STATE_A, make_state, serial)
-        assert got_a == (200 if want else 403), (role, route, STATE_A, got_a)
+        assert got_a == (200 if want else refused), (role, route, STATE_A, got_a)
         got_b = _attempt(client, admin, route, STATE_B, make_state, serial)
-        assert got_b == 403, (role, route, STATE_B, got_b)  # no grant there: refused, whatever the role
+        assert got_b == refused, (role, route, STATE_B, got_b)  # no grant there: refused, whatever the role
     # The refusals are one line each, and each is in the audit with who, what and the state.
     refused = client.request("GET", f"/states/{STATE_B}")
     assert refused.status == 403 and refused.text.count("\n") == 1
@@ -212,6 +215,57 @@ def test_a_lock_records_its_principal_and_read_may_release_only_its_own(seeded, 
         assert one_row(c, "SELECT principal FROM state_locks")[0] == "token:planner"
     assert other.request("UNLOCK", f"/states/{STATE_A}", _lock_info("plan-1")).status == 403
     assert reader.request("UNLOCK", f"/states/{STATE_A}", _lock_info("plan-1")).status == 200
+
+
+# LockInfo Operations as Terraform and OpenTofu send them (plan, apply, refresh and the state
+# commands; import and console say OperationTypeInvalid), and what a body may leave out.
+OPERATIONS = ("OperationTypePlan", "OperationTypeApply", "OperationTypeRefresh", "OperationTypeInvalid", "state-rm",
+              "state-mv", "state-push", "state-replace-provider", "taint", "untaint", "import", "workspace-new", "",
+              "operationtypeplan", None)
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_only_a_plan_lock_is_a_read(operation):
+    """The decision itself, per Operation: read may take a plan's lock and nothing else; write any."""
+    from kilolock.server.access import Grant, Grants, lock_action
+
+    reader = Grants("token:r", (Grant("read", "net/**", "grant 1"),))
+    writer = Grants("token:w", (Grant("write", "net/**", "grant 2"),))
+    action = lock_action(operation)
+    assert bool(reader.allows(action, STATE_A)) is (operation == "OperationTypePlan"), action
+    assert writer.allows(action, STATE_A)
+    assert not writer.allows(action, STATE_B) and not reader.allows(action, STATE_B)
+    if operation != "OperationTypePlan":
+        assert reader.allows(action, STATE_A).reason.endswith("lock needs write")
+
+
+def test_a_refused_lock_says_why_in_the_lock_id_and_locks_nothing(seeded, run_kl, db_url):
+    """A read token's LOCK for anything but a plan: refused before anything is locked, audited, and
+    answered as Terraform prints it: a 409 whose LockInfo ID is the one-line reason."""
+    reader = seeded.with_auth("Bearer " + _create_token(run_kl, "ci-reader", "read", "net/**"))
+    bodies = {"apply": _lock_info("L1", "OperationTypeApply"), "state-rm": _lock_info("L2", "state-rm"),
+              "no Operation": {"ID": "L3"}, "not a LockInfo": b"{"}
+    for label, body in bodies.items():
+        r = reader.request("LOCK", f"/states/{STATE_A}", body)
+        assert r.status == 409 and r.headers["content-type"] == "application/json", (label, r.status, r.text)
+        doc = r.json()
+        assert set(doc) == {"ID", "Operation", "Info", "Who", "Version", "Created", "Path"}, doc
+        assert doc["ID"].startswith("none, the state is not locked: token:ci-reader has only read on state 'net/prod'")
+        assert "lock needs write" in doc["ID"] and "read may lock only for terraform plan" in doc["ID"], doc
+        assert doc["ID"].endswith("; nothing done") and "\n" not in doc["ID"] and doc["Info"] in doc["ID"]
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT count(*) FROM state_locks").fetchone() == (0,)
+        audit = c.execute("SELECT actor, target, state, detail FROM access_audit WHERE action = 'refused' "
+                          "ORDER BY id").fetchall()
+    assert [(a, t, s) for a, t, s, _ in audit] == [("token:ci-reader", f"LOCK /states/{STATE_A}", STATE_A)] * 4
+    assert "(a LOCK for OperationTypeApply;" in audit[0][3] and "(a LOCK for state-rm;" in audit[1][3]
+    assert "(a LOCK without an Operation;" in audit[2][3] and "(a LOCK without an Operation;" in audit[3][3]
+    # Its plan still locks and unlocks; a write token locks for an apply.
+    assert reader.request("LOCK", f"/states/{STATE_A}", _lock_info("P")).status == 200
+    assert reader.request("UNLOCK", f"/states/{STATE_A}", _lock_info("P")).status == 200
+    writer = seeded.with_auth("Bearer " + _create_token(run_kl, "ci-writer", "write", "net/**"))
+    assert writer.request("LOCK", f"/states/{STATE_A}", _lock_info("A", "OperationTypeApply")).status == 200
+    assert writer.request("UNLOCK", f"/states/{STATE_A}", _lock_info("A", "OperationTypeApply")).status == 200
 
 
 def test_grant_and_token_changes_are_audited_and_tokens_never_stored(seeded, run_kl, db_url, make_state):

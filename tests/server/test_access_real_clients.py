@@ -1,7 +1,8 @@
-"""Grants through real Terraform 1.8.5 and OpenTofu 1.6.3 clients (issue 20): a read-only token
-can `plan` (which locks and unlocks) but its `apply` is refused at the write, with nothing written
+"""Grants through real Terraform and OpenTofu clients (issue 20): a read-only token can `plan`
+(which locks and unlocks) but its `apply`, `apply -refresh-only`, `import` and `state rm` are refused
+at the lock, before any resource is touched, with the reason in the client's output, nothing written
 and no lock left; a token for state A is refused on state B; a write token applies. Offline: the
-null provider comes from the filesystem mirror of scripts/test-providers.sh."""
+providers come from the filesystem mirror of scripts/test-providers.sh."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from kit.paths import LOCAL_V
 from kit.tfcli import Workspace, tool_binary
 
 TOOLS = ("terraform-1.8.5", "tofu-1.6.3")
@@ -75,20 +77,23 @@ def test_read_token_plans_but_cannot_apply_and_other_states_are_refused(tool, se
     assert plan.returncode == 2, plan.stdout + plan.stderr  # plan worked (with its lock), and sees the change
     applied = ro.run("apply", "-auto-approve", "-input=false", "-no-color", check=False)
     out = applied.stdout + applied.stderr
-    assert applied.returncode != 0 and "403" in out, out
+    assert applied.returncode != 0 and "lock needs write" in out, out
     assert _serials(db_url, state_a) == serials  # nothing written
-    assert _locks(db_url) == []  # the reader released its own lock
-    assert ("token:net-reader", f"POST /states/{state_a}", state_a) in _refusals(db_url)
+    assert _locks(db_url) == []
+    assert ("token:net-reader", f"LOCK /states/{state_a}", state_a) in _refusals(db_url)
 
     # State B: the same tokens, no grant there.
     for label, token in (("b-reader", reader), ("b-writer", writer)):
         wb = _workspace(tool, server, tmp_path, label, state_b, token)
         wb.write(V1)
         r = wb.run("init", "-input=false", "-no-color", check=False)
-        if r.returncode == 0:  # init need not read the state; plan must
+        # The http backend reports a GET's 401 or 403 as "invalid auth" (the audit says it was a 403);
+        # init need not read the state, and plan locks first, and a refused LOCK says why.
+        said = "invalid auth"
+        if r.returncode == 0:
             r = wb.run("plan", "-input=false", "-no-color", check=False)
-        # The http backend reports a GET's 401 or 403 as "invalid auth"; the audit says it was a 403.
-        assert r.returncode != 0 and "invalid auth" in r.stdout + r.stderr, r.stdout + r.stderr
+            said = f"has no grant on state '{state_b}'"
+        assert r.returncode != 0 and said in " ".join((r.stdout + r.stderr).split()), r.stdout + r.stderr
     assert _serials(db_url, state_b) == []
     assert {(a, s) for a, _, s in _refusals(db_url)} >= {("token:net-reader", state_b), ("token:net-writer", state_b)}
 
@@ -96,3 +101,68 @@ def test_read_token_plans_but_cannot_apply_and_other_states_are_refused(tool, se
     ws.write(V2)
     ws.run("apply", "-auto-approve", "-input=false", "-no-color")
     assert _serials(db_url, state_a)[-1] > serials[-1]
+
+
+# The tools whose output the refusal was checked in: the oldest Terraform, the newest, and OpenTofu.
+LOCK_TOOLS = ("terraform-1.0.3", "terraform-1.12.2", "tofu-1.8.5")
+
+
+def _local_files(url: str, out: Path, names: tuple[str, ...]) -> str:
+    files = "".join(f'resource "local_file" "{n}" {{\n  filename = "{out / n}.txt"\n  content  = "{n}"\n}}\n'
+                    for n in names)
+    return f"""
+terraform {{
+  required_providers {{
+    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
+  }}
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+  }}
+}}
+{files}"""
+
+
+@pytest.mark.parametrize("tool", LOCK_TOOLS)
+def test_read_token_is_refused_at_the_lock_before_any_resource_is_created(tool, server, db_url, tmp_path, run_kl):
+    """A read token's apply must not reach the provider: refused at its LOCK, with kl's reason in
+    Terraform's output, no local_file created, no version, no lock. Its plan still works; so do the
+    same steps with a write token."""
+    state = f"net/{tool}"
+    out = tmp_path / "files"
+    out.mkdir()
+    writer = _workspace(tool, server, tmp_path, "writer", state, _token(run_kl, "net-writer", "write", "net/**"))
+    reader = _workspace(tool, server, tmp_path, "reader", state, _token(run_kl, "net-reader", "read", "net/**"))
+    (writer.dir / "main.tf").write_text(_local_files(writer.url, out, ("a",)))
+    writer.run("init", "-input=false", "-no-color")
+    writer.run("apply", "-auto-approve", "-input=false", "-no-color")
+    serials = _serials(db_url, state)
+    assert serials and (out / "a.txt").exists()
+
+    (reader.dir / "main.tf").write_text(_local_files(reader.url, out, ("a", "b")))
+    reader.run("init", "-input=false", "-no-color")
+    plan = reader.run("plan", "-input=false", "-no-color", "-detailed-exitcode", check=False)
+    assert plan.returncode == 2, plan.stdout + plan.stderr  # locked, read, saw local_file.b to create, unlocked
+    assert _locks(db_url) == []
+
+    refused = {"apply": ("apply", "-auto-approve", "-input=false", "-no-color"),
+               "apply -refresh-only": ("apply", "-refresh-only", "-auto-approve", "-input=false", "-no-color"),
+               "import": ("import", "-input=false", "-no-color", "local_file.b", str(out / "b.txt")),
+               "state rm": ("state", "rm", "-no-color", "local_file.a")}
+    for label, args in refused.items():
+        r = reader.run(*args, check=False)
+        said = " ".join((r.stdout + r.stderr).split())  # the message is wrapped at 80 columns
+        assert r.returncode != 0, (label, said)
+        assert "Error acquiring the state lock" in said and "the state is not locked: token:net-reader has only read " \
+            f"on state '{state}'" in said and "lock needs write" in said, (label, said)
+        assert not (out / "b.txt").exists(), label
+        assert _serials(db_url, state) == serials and _locks(db_url) == [], label
+    assert [r for r in _refusals(db_url) if r[0] == "token:net-reader"] == \
+        [("token:net-reader", f"LOCK /states/{state}", state)] * len(refused)
+
+    # The write token does the same apply: the lock, the file and a new version.
+    (writer.dir / "main.tf").write_text(_local_files(writer.url, out, ("a", "b")))
+    writer.run("apply", "-auto-approve", "-input=false", "-no-color")
+    assert (out / "b.txt").read_text() == "b"
+    assert _serials(db_url, state)[-1] > serials[-1] and _locks(db_url) == []
