@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+
+if TYPE_CHECKING:
+    from kilolock.store.refresh_runs import RunRow
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,19 +35,30 @@ def run(args: argparse.Namespace) -> int:
             {"id": r.id, "status": r.status, "from_serial": r.from_serial, "to_serial": r.to_serial,
              "started_at": r.started_at, "finished_at": r.finished_at, "resources_checked": r.resources_checked,
              "resources_changed": r.resources_changed, "resources_failed": r.resources_failed,
-             "error_summary": r.error_summary, "actor": r.actor, "concurrency": r.concurrency} for r in rows]})
+             "error_summary": r.error_summary, "actor": r.actor, "concurrency": r.concurrency,
+             "dry_run": _dry_run(r)} for r in rows]})
         return 0
     from kilolock.refresh.whyfailed import headline
 
     # The error last: it is the widest column, and the run's cause (with its fix) must not need --format json.
     render.table(
         ["started", "status", "serial", "checked", "changed", "failed", "in flight", "actor", "id", "error"],
-        [(r.started_at, r.status, f"v{r.from_serial} → " + (f"v{r.to_serial}" if r.to_serial is not None else "-"),
+        [(r.started_at, r.status, _serials(r),
           r.resources_checked, r.resources_changed, r.resources_failed, in_flight(r.concurrency), r.actor, r.id,
           headline(r.error_summary) if r.error_summary else None)
          for r in rows],
     )
     return 0
+
+
+def _dry_run(run: RunRow) -> bool:
+    # The audit row has no flag for it: every other refresh that succeeds commits a version.
+    return run.status == "succeeded" and run.to_serial is None
+
+
+def _serials(run: RunRow) -> str:
+    to = f"v{run.to_serial}" if run.to_serial is not None else "(dry run)" if _dry_run(run) else "-"
+    return f"v{run.from_serial} → {to}"
 
 
 def in_flight(concurrency: list[dict[str, Any]] | None) -> str:

@@ -270,6 +270,10 @@ def test_dry_run_and_table_output(run_kl, db_url, workspace):
     assert 'drift (not committed):\n  local_file.f["one"]: deleted\n' in text, text
     assert "see kl drift" not in text
     assert pulled(run_kl)["serial"] == serial
+    # The audit trail says it was a dry run, not a run that committed nothing for another reason.
+    [run] = json.loads(run_kl("runs", "prod", "--format", "json").stdout)["runs"]
+    assert (run["status"], run["to_serial"], run["dry_run"]) == ("succeeded", None, True)
+    assert f"v{serial} → (dry run)" in run_kl("runs", "prod").stdout.decode()
 
 
 def _old_random_password(workspace: Path) -> None:
