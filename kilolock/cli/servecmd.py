@@ -90,6 +90,11 @@ def _log_requests() -> None:
     access.propagate = False  # once, not again through the root handler when KL_LOG=info
 
 
+def _cannot_listen(listen: str, exc: OSError) -> KlError:
+    words = exc.strerror or str(exc)
+    return KlError(f"cannot listen on {listen}: {words[:1].lower()}{words[1:]}")
+
+
 def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
@@ -117,8 +122,8 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
         return KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
-    except OSError as exc:
-        raise KlError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    except OSError as exc:  # the port is taken, a low port without the right, an address not on this host
+        raise _cannot_listen(args.listen, exc) from None
 
 
 def run(args: argparse.Namespace) -> int:

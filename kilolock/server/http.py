@@ -102,10 +102,12 @@ class KilolockHTTPServer(TCPServer):
         if self.max_connections < config.max_connections:
             log.warning("open-files limit %d allows %d client connections, not %d (--max-connections)",
                         fd_limit, self.max_connections, config.max_connections)
-        super().__init__(address, _Handler)
+        # Before the bind: when it fails (the port is taken), TCPServer calls server_close, which
+        # closes these too.
         self.connections = ConnectionManager(self._answer, workers=config.workers, max_connections=self.max_connections,
                                              header_timeout=config.header_timeout, idle_timeout=config.timeout,
                                              request_timeout=config.timeout)
+        super().__init__(address, _Handler)
 
     def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
         self.connections.add(request, client_address)

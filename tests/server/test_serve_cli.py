@@ -70,6 +70,20 @@ def _start_kl_serve(db_url: str, *args: str, env: dict | None = None) -> tuple[s
     return proc, port
 
 
+@pytest.mark.parametrize("host, args, words", [
+    ("127.0.0.1", [], "address already in use"),  # the port is taken (below)
+    ("192.0.2.1", ["--insecure"], "cannot assign requested address"),  # TEST-NET-1: no address of this host
+])
+def test_an_address_it_cannot_listen_on_is_one_line_naming_it(run_kl, db_url, host, args, words):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_kl("serve", "--listen", f"{host}:{port}", *args, env={"KL_SERVE_TOKEN": ""}, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.splitlines() == [f"kl: cannot listen on {host}:{port}: {words}"], err
+
+
 def test_tls_with_a_token(db_url, tmp_path, make_state):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
