@@ -24,11 +24,17 @@ def states(conn: psycopg.Connection, may_read: Callable[[str], bool] | None = No
     return json_body(200, {"version": 1, "states": rows})
 
 
+def _no_such_state(name: str) -> Response:
+    # Not StateNotFound's own message: that one suggests a kl command, and an HTTP client gets
+    # what the API offers instead.
+    return text(404, f"no state named {name!r} (GET /api/v1/states lists them)")
+
+
 def versions(conn: psycopg.Connection, name: str) -> Response:
     try:
         found = versions_store.list_versions(conn, name)
-    except StateNotFound as exc:
-        return text(404, str(exc))
+    except StateNotFound:
+        return _no_such_state(name)
     rows = [{"serial": v.serial, "lineage": v.lineage, "source": v.source, "terraform_version": v.terraform_version,
              "actor": v.actor, "created_at": v.created_at, "content_hash": v.content_hash, "encrypted": v.encrypted}
             for v in found]
@@ -44,8 +50,8 @@ def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = F
             total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
             ignored = drift_store.count_ignored(conn, name)
             schemas = history.cached_schemas(conn, drift.schema_keys(rows))  # as kl drift: paths by schema
-    except StateNotFound as exc:
-        return text(404, str(exc))
+    except StateNotFound:
+        return _no_such_state(name)
     return json_body(200, drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
                                          include_resolved=include_resolved, schemas=schemas))
 

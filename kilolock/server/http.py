@@ -146,10 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
     server: KilolockHTTPServer
     protocol_version = "HTTP/1.1"  # keep-alive: Terraform reuses its connection
     server_version = "kilolock"
-    sys_version = ""
     # Headers and body are small separate segments: with Nagle on, the second one waits for the
     # client's delayed ACK (~40 ms per response).
     disable_nagle_algorithm = True
+
+    def version_string(self) -> str:
+        # The standard library's is server_version + " " + sys_version (Python's version): the
+        # Server header says "kilolock" and nothing about the interpreter.
+        return self.server_version
 
     def setup(self) -> None:
         # The connection's socket and what the selector thread already read of it (the request
@@ -473,7 +477,8 @@ class _Handler(BaseHTTPRequestHandler):
                             return api.versions(conn, name)
                         include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")  # as kl drift --all
                         return api.drift_report(conn, name, include_resolved)
-        return text(404, f"no such API endpoint /api/v1/{rest}: try states, states/<name>/versions, states/<name>/drift")
+        return text(404, f"no such API endpoint /api/v1/{rest}: the API offers GET /api/v1/states, "
+                         "/api/v1/states/<name>/versions and /api/v1/states/<name>/drift")
 
 
 def serve_in_thread(server: KilolockHTTPServer) -> threading.Thread:

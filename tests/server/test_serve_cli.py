@@ -84,6 +84,17 @@ def test_an_address_it_cannot_listen_on_is_one_line_naming_it(run_kl, db_url, ho
     assert r.returncode == 1 and err.splitlines() == [f"kl: cannot listen on {host}:{port}: {words}"], err
 
 
+def test_server_header_and_404s_speak_http_not_the_cli(client):
+    r = client.request("GET", "/healthz")
+    assert r.status == 200 and r.headers["server"] == "kilolock", r.headers
+    for path in ("/api/v1/states/nope/versions", "/api/v1/states/nope/drift"):
+        r = client.request("GET", path)
+        assert r.status == 404 and r.headers["server"] == "kilolock", (path, r.text)
+        assert r.text == "no state named 'nope' (GET /api/v1/states lists them)\n", (path, r.text)
+    r = client.request("GET", "/api/v1/nothing")
+    assert r.status == 404 and "`kl" not in r.text and "/api/v1/states" in r.text, r.text
+
+
 def test_tls_with_a_token(db_url, tmp_path, make_state):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
