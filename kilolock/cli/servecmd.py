@@ -13,7 +13,9 @@ from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV
 if TYPE_CHECKING:
     import ssl
 
+    from kilolock.server.auth import Authenticator
     from kilolock.server.http import KilolockHTTPServer
+    from kilolock.server.options import Listen
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,12 +92,29 @@ def _log_requests() -> None:
     access.propagate = False  # once, not again through the root handler when KL_LOG=info
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def auth_banner(auth: Authenticator, kl_tokens: int, listen: Listen) -> str:
+    """The banner's word on authentication: on and with whom, or off and why that is safe."""
+    if not auth.enabled:
+        where = "loopback only" if listen.loopback else "--insecure: whoever reaches the port is an admin"
+        return f"authentication: off ({where}; kl token create turns it on)"
+    who = [_n(auth.user_count, "user")] if auth.user_count else []
+    if auth.env_token_count:
+        who.append(_n(auth.env_token_count, "environment token"))
+    who.append(_n(kl_tokens, "kl token"))
+    return f"authentication: on ({', '.join(who)})"
+
+
 def _cannot_listen(listen: str, exc: OSError) -> KlError:
     words = exc.strerror or str(exc)
     return KlError(f"cannot listen on {listen}: {words[:1].lower()}{words[1:]}")
 
 
-def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
+def build_server(args: argparse.Namespace) -> tuple[KilolockHTTPServer, int]:
+    """The server, bound, and how many usable kl tokens the store held at its start."""
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
     from kilolock.server.http import KilolockHTTPServer, ServerConfig
@@ -112,41 +131,58 @@ def build_server(args: argparse.Namespace) -> KilolockHTTPServer:
     url = db.resolve_target().url
     with db.connect(url) as conn:
         # kl token create's tokens are credentials once one exists: until then a server without
-        # --users-file or $KL_SERVE_TOKEN stays the open loopback default.
-        if access_store.any_usable_token(conn):
-            authenticator.accept_kl_tokens()
+        # --users-file or $KL_SERVE_TOKEN stays the open loopback default (and TokenWatch looks
+        # for the first one while it runs).
+        kl_tokens = access_store.count_usable_tokens(conn)
+    if kl_tokens:
+        authenticator.accept_kl_tokens()
     check_exposure(listen, authenticator.enabled, tls is not None, args.insecure)
     config = ServerConfig(max_body=parse_size(args.max_body), timeout=args.timeout, pool_size=args.pool_size,
                           max_connections=args.max_connections, workers=args.workers,
                           header_timeout=args.header_timeout, metrics_open_on_loopback=args.metrics_open_on_loopback,
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
-        return KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
+        server = KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
     except OSError as exc:  # the port is taken, a low port without the right, an address not on this host
         raise _cannot_listen(args.listen, exc) from None
+    return server, kl_tokens
 
 
 def run(args: argparse.Namespace) -> int:
     if args.hash_password:
         return _hash_password()
-    server = build_server(args)
+    from kilolock.server.options import parse_listen
+
+    server, kl_tokens = build_server(args)
     if not args.quiet:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>, web UI at {server.url}/ui/, "
           f"Prometheus metrics at {server.url}/metrics", file=sys.stderr, flush=True)
+    print(f"kl serve: {auth_banner(server.auth, kl_tokens, parse_listen(args.listen))}", file=sys.stderr, flush=True)
     from kilolock.notify.deliver import Background
+    from kilolock.server.tokenwatch import TokenWatch
     from kilolock.store import db, notify
 
     url = db.resolve_target().url
     sender = Background(lambda: db.connect(url))  # what this server's writes (and others') leave to send
     sender.start()
+    was_enabled = server.auth.enabled
+
+    def accepted() -> None:
+        print("kl serve: authentication: on from now: a kl token exists (kl token create); every request needs credentials"
+              if not was_enabled else "kl serve: kl tokens are accepted from now (kl token create made one)",
+              file=sys.stderr, flush=True)
+
+    watch = TokenWatch(server.auth, server.pool.connection, accepted)
+    watch.start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        watch.stop()
         sender.stop()
         notify.hand_over()
         server.server_close()

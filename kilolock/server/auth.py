@@ -153,11 +153,25 @@ class Authenticator:
         return cls(users, source.get(TOKEN_ENV) or None, source.get(ADMIN_TOKEN_ENV) or None, kl_tokens)
 
     def accept_kl_tokens(self) -> None:
+        """From now on, for the life of the process: revoking every token must not quietly reopen
+        a server its clients were told asks for credentials."""
         self._tokens = True
+
+    @property
+    def accepts_kl_tokens(self) -> bool:
+        return self._tokens
 
     @property
     def enabled(self) -> bool:
         return bool(self._users or self._token or self._admin_token or self._tokens)
+
+    @property
+    def user_count(self) -> int:
+        return len(self._users)
+
+    @property
+    def env_token_count(self) -> int:
+        return (self._token is not None) + (self._admin_token is not None)
 
     def authenticate(self, header: str | None) -> Principal | None:
         """The principal, or None when the credentials are missing or wrong (a kl token, which

@@ -149,9 +149,16 @@ def revoke_token(conn: psycopg.Connection, name: str, actor: str) -> bool:
     return row is not None
 
 
+_USABLE_TOKENS = "FROM access_tokens WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+
+
 def any_usable_token(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM access_tokens WHERE revoked_at IS NULL "
-                        "AND (expires_at IS NULL OR expires_at > now()))").fetchone() == (True,)
+    return conn.execute(f"SELECT EXISTS (SELECT 1 {_USABLE_TOKENS})").fetchone() == (True,)
+
+
+def count_usable_tokens(conn: psycopg.Connection) -> int:
+    row = conn.execute(f"SELECT count(*) {_USABLE_TOKENS}").fetchone()
+    return int(row[0]) if row else 0
 
 
 def list_tokens(conn: psycopg.Connection) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Iterable
 
@@ -99,3 +101,18 @@ def default_signals() -> None:
     test may send, whatever the test process itself inherited."""
     for sig in SIGNALS_TESTS_SEND:
         signal.signal(sig, signal.SIG_DFL)
+
+
+def stderr_line(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The next line PROC prints on its (text) stderr pipe; the process is killed and the test fails
+    when none comes within TIMEOUT, rather than the test hanging on a line that never comes."""
+    assert proc.stderr is not None
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stderr.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        proc.kill()
+        reader.join()
+        raise AssertionError(f"no line on stderr within {timeout:g}s (the process is killed): {got}")
+    return got[0]

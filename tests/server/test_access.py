@@ -14,7 +14,9 @@ import psycopg
 import pytest
 
 from kit.httpclient import Client
+from kit.invariants import wait_for
 from kit.pg import one_row
+from kit.procs import stderr_line
 
 REPO = Path(__file__).resolve().parents[2]
 STATE_A = "net/prod"  # the tokens' grants cover net/**
@@ -26,17 +28,32 @@ def _lock_info(lock_id: str, operation: str = "OperationTypePlan") -> dict:
             "Created": "2026-11-30T12:00:00Z", "Path": ""}
 
 
-def _start_kl_serve(db_url: str, *args: str) -> tuple[subprocess.Popen, int]:
+def _start_kl_serve(db_url: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, str]:
+    """A real kl serve process, its port and its banner (two lines: the URLs, then authentication)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, KL_DATABASE_URL=db_url, PYTHONPATH=str(REPO), KL_SERVE_TOKEN="")
+    full_env = {**os.environ, "KL_DATABASE_URL": db_url, "PYTHONPATH": str(REPO), "KL_SERVE_TOKEN": "", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "kilolock", "serve", "--listen", f"127.0.0.1:{port}", *args],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                            env=full_env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
-    return proc, port
+    banner = proc.stderr.readline()
+    assert "kl serve:" in banner, banner + (proc.stderr.read() if proc.poll() is not None else "")
+    banner += stderr_line(proc)
+    return proc, port, banner
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """Stop kl serve as systemd would; the rest of what it printed."""
+    try:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        return str(proc.stderr.read())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _create_token(run_kl, name: str, role: str, states: str, *extra: str) -> str:
@@ -296,7 +313,8 @@ def test_grant_and_token_changes_are_audited_and_tokens_never_stored(seeded, run
 
 def test_tokens_never_appear_in_the_request_log(db_url, run_kl, make_state):
     token = _create_token(run_kl, "logged", "write", "**")
-    proc, port = _start_kl_serve(db_url)  # a token in the store: kl serve now asks for credentials
+    proc, port, banner = _start_kl_serve(db_url)  # a token in the store: kl serve now asks for credentials
+    assert "kl serve: authentication: on (1 kl token)" in banner, banner
     try:
         client = Client(f"http://127.0.0.1:{port}")
         assert client.request("GET", "/api/v1/states").status == 401
@@ -371,3 +389,61 @@ def test_without_authentication_force_unlock_still_needs_the_flag_and_is_audited
     with psycopg.connect(db_url) as c:
         assert c.execute("SELECT actor, target, state FROM access_audit").fetchall() == [
             ("anonymous", "UNLOCK /states/open", "open")]
+
+
+def test_tokens_and_grants_made_while_kl_serve_runs_take_effect_without_a_restart(db_url, run_kl, make_state):
+    """A server started without credentials (the open loopback default) asks for them within a few
+    seconds of the first kl token create, and for good: a grant change, a revocation, and the last
+    token's revocation (which must not reopen it) all apply to the running server."""
+    proc, port, banner = _start_kl_serve(db_url, "-q")
+    try:
+        assert banner.splitlines()[1] == "kl serve: authentication: off (loopback only; kl token create turns it on)", banner
+        anonymous = Client(f"http://127.0.0.1:{port}")
+        assert anonymous.request("POST", f"/states/{STATE_A}", make_state(1, {"a": {"id": "1"}})).status == 200
+        token = _create_token(run_kl, "late", "read", "net/**")
+        bearer = anonymous.with_auth(f"Bearer {token}")
+        wait_for(lambda: anonymous.request("GET", "/api/v1/states").status == 401, 30, "kl serve to ask for credentials",
+                 every=0.1)
+        assert anonymous.request("GET", f"/states/{STATE_A}").status == 401
+        assert bearer.request("GET", f"/states/{STATE_A}").status == 200
+        assert bearer.request("POST", f"/states/{STATE_A}", make_state(2, {"a": {"id": "2"}})).status == 403
+        assert run_kl("access", "grant", "token:late", "--role", "write", "--states", "net/**").returncode == 0
+        wait_for(lambda: bearer.request("POST", f"/states/{STATE_A}", make_state(2, {"a": {"id": "2"}})).status == 200,
+                 30, "the grant change to be honoured", every=0.1)
+        assert run_kl("token", "revoke", "late").returncode == 0
+        wait_for(lambda: bearer.request("GET", f"/states/{STATE_A}").status == 401, 30, "the revoked token to be refused",
+                 every=0.1)
+        # No usable token is left, and the server stays closed: authentication once on stays on.
+        assert anonymous.request("GET", f"/states/{STATE_A}").status == 401
+        assert anonymous.request("GET", "/api/v1/states").status == 401
+    finally:
+        rest = _stop(proc)
+    assert [line for line in rest.splitlines() if "authentication" in line] == [
+        "kl serve: authentication: on from now: a kl token exists (kl token create); every request needs credentials"], rest
+
+
+def test_banner_counts_the_principals_and_kl_tokens_join_a_users_file_while_running(db_url, run_kl, tmp_path):
+    from kilolock.server.auth import hash_password
+
+    users = tmp_path / "users"
+    users.write_text(f"alice:{hash_password('alice-pw', n=2**10)}\nroot:{hash_password('root-pw', n=2**10)}:admin\n")
+    _create_token(run_kl, "early", "read", "**")
+    _create_token(run_kl, "revoked", "read", "**")
+    assert run_kl("token", "revoke", "revoked").returncode == 0
+    proc, port, banner = _start_kl_serve(db_url, "-q", "--users-file", str(users), env={"KL_SERVE_TOKEN": "env-tok"})
+    try:
+        assert banner.splitlines()[1] == "kl serve: authentication: on (2 users, 1 environment token, 1 kl token)", banner
+        assert Client(f"http://127.0.0.1:{port}").basic("root", "root-pw").request("GET", "/api/v1/states").status == 200
+    finally:
+        _stop(proc)
+    assert run_kl("token", "revoke", "early").returncode == 0
+    proc, port, banner = _start_kl_serve(db_url, "-q", "--users-file", str(users))
+    try:
+        assert banner.splitlines()[1] == "kl serve: authentication: on (2 users, 0 kl tokens)", banner
+        token = _create_token(run_kl, "later", "read", "**")
+        bearer = Client(f"http://127.0.0.1:{port}").with_auth(f"Bearer {token}")
+        wait_for(lambda: bearer.request("GET", "/api/v1/states").status == 200, 30, "the new kl token to be accepted",
+                 every=0.1)
+    finally:
+        rest = _stop(proc)
+    assert "kl serve: kl tokens are accepted from now (kl token create made one)" in rest.splitlines(), rest

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kit.httpclient import Client
+from kit.procs import stderr_line
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,6 +68,8 @@ def _start_kl_serve(db_url: str, *args: str, env: dict | None = None) -> tuple[s
     assert proc.stderr is not None  # piped just above
     line = proc.stderr.readline()
     assert "kl serve:" in line, line + (proc.stderr.read() if proc.poll() is not None else "")
+    line = stderr_line(proc)  # the banner's second line
+    assert line.startswith("kl serve: authentication: "), line
     return proc, port
 
 
