@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
@@ -214,8 +215,13 @@ def run_create(args: argparse.Namespace) -> int:
 
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
     with db.open_store() as conn:
+        first = not access.any_usable_token(conn)
         expires = access.create_token(conn, args.name, token_secret_hash(secret.encode()), args.role, args.states,
                                       args.expires, args.actor or cli_args.default_actor())
+    if first:
+        # The moment an open server closes: whoever used it without credentials should hear it here.
+        print("kl: note: the first kl token: a kl serve running without credentials now requires them "
+              "(within a few seconds), and keeps doing so until it restarts", file=sys.stderr)
     if args.format == "json":
         render.emit_json({"version": 1, "name": args.name, "token": secret, "role": args.role, "states": args.states,
                           "expires_at": expires})

@@ -447,3 +447,16 @@ def test_banner_counts_the_principals_and_kl_tokens_join_a_users_file_while_runn
     finally:
         rest = _stop(proc)
     assert "kl serve: kl tokens are accepted from now (kl token create made one)" in rest.splitlines(), rest
+
+
+def test_the_first_token_says_it_closes_an_open_server(db_url, run_kl):
+    """Who makes the first kl token hears that a kl serve running without credentials requires
+    them from now on; the second token changes nothing, and says nothing of it."""
+    first = run_kl("token", "create", "one", "--role", "read", "--states", "**", "--format", "json")
+    assert first.returncode == 0 and "the first kl token" in first.stderr.decode(), first.stderr
+    second = run_kl("token", "create", "two", "--role", "read", "--states", "**")
+    assert second.returncode == 0 and second.stderr == b"", second.stderr
+    assert run_kl("token", "revoke", "one").returncode == 0 and run_kl("token", "revoke", "two").returncode == 0
+    # Revoked tokens make no server require credentials: the next one is the first again.
+    third = run_kl("token", "create", "three", "--role", "read", "--states", "**")
+    assert "the first kl token" in third.stderr.decode(), third.stderr
