@@ -115,7 +115,8 @@ def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> 
     if many:
         what += f", in {sum(1 for d in docs if d[key])} of {len(docs)} state(s)"
     ignored = sum(d["ignored"] for d in docs)
-    return what + (f" ({ignored} more ignored by rules)" if ignored and not include_resolved else "")
+    # One state's table has just said how many rules hide (render_table): only a glob's sum is new.
+    return what + (f" ({ignored} more ignored by rules)" if ignored and many and not include_resolved else "")
 
 
 def run(args: argparse.Namespace) -> int:
