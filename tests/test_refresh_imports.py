@@ -3,6 +3,8 @@ most of its time before the first read (benches/test_refresh_fixed_costs.py), so
 work is guarded here. Checked in a fresh interpreter that loads what refreshcmd and its run load.
 
 - ``uuid`` is not imported: on Linux it imports ``platform`` (nine regex compiles, ~3 ms).
+- Of ``kilolock.tfstate``, only what a refresh uses: its streamed index and version-3 upgrade (for
+  `kl state import`) and its writer (for a pull) load on first use, ~1.3 ms together.
 - Every dataclass has a docstring: without one, ``@dataclass`` writes one from
   ``inspect.signature`` of the class, ~60-90 us each at import (~3-4 ms over the 45 of a refresh).
 """
@@ -51,3 +53,9 @@ def test_a_refresh_does_not_import_uuid_nor_platform(loaded):
 
 def test_every_dataclass_a_refresh_imports_has_a_docstring(loaded):
     assert loaded["undocumented"] == []
+
+
+def test_a_refresh_does_not_import_what_only_import_and_pull_use(loaded):
+    assert "kilolock.tfstate.parse" in loaded["modules"]  # the measurement itself works
+    later = {"kilolock.tfstate.streamed_index", "kilolock.tfstate.version3", "kilolock.tfstate.writer"}
+    assert not set(loaded["modules"]) & later
