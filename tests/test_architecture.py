@@ -39,6 +39,13 @@ MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._codec_rs"), ("kilol
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
                "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift",
                "kilolock.versiondiff"]
+# Inside a package likewise: each module may import only those before it, and the package itself
+# (its __init__, which hands their names on) comes last.
+PACKAGE_ORDER = {
+    "kilolock.tfstate": ["kilolock.tfstate.checks", "kilolock.tfstate.addresses", "kilolock.tfstate.exactjson",
+                         "kilolock.tfstate.parse", "kilolock.tfstate.streamed_index", "kilolock.tfstate.writer",
+                         "kilolock.tfstate.version3", "kilolock.tfstate"],
+}
 
 
 def unit_of(module: str) -> str:
@@ -74,6 +81,11 @@ def violations(module: str, source: str) -> list[str]:
     out = []
     for target in sorted(imported_modules(source, module)):
         to = unit_of(target)
+        if to == unit and unit in PACKAGE_ORDER and target != module:
+            order = PACKAGE_ORDER[unit]
+            if not (module in order and target in order and order.index(target) < order.index(module)):
+                out.append(f"{module} imports {target}")
+            continue
         if to == unit or (module, target) in MODULE_PERMITS:
             continue
         if unit in MODEL:
@@ -93,6 +105,8 @@ def test_every_part_has_a_place_in_the_layers() -> None:
     units = {unit_of(name) for name, _ in _modules()}
     unplaced = units - MODEL - set(ALLOWED)
     assert not unplaced, f"new parts of kilolock need a layer in tests/test_architecture.py and README: {sorted(unplaced)}"
+    unordered = [name for name, _ in _modules() if name not in PACKAGE_ORDER.get(unit_of(name), [name])]
+    assert not unordered, f"new modules of an ordered package need a place in PACKAGE_ORDER and README: {unordered}"
 
 
 def test_imports_follow_the_layers() -> None:
@@ -112,6 +126,12 @@ def test_the_rule_catches_a_layer_break() -> None:
     assert violations("kilolock.store.versions", "from . import db\nfrom .. import tfstate") == []
     assert violations("kilolock.store.versions", "from ..provider import client") == [
         "kilolock.store.versions imports kilolock.provider"]
+    # Inside an ordered package: a module importing a later one, or the package that re-exports it.
+    assert violations("kilolock.tfstate.addresses", "from kilolock.tfstate.writer import _ordered") == [
+        "kilolock.tfstate.addresses imports kilolock.tfstate.writer"]
+    assert violations("kilolock.tfstate.parse", "def f():\n    from kilolock import tfstate\n") == [
+        "kilolock.tfstate.parse imports kilolock.tfstate"]
+    assert violations("kilolock.tfstate.writer", "from kilolock.tfstate.parse import is_encrypted_envelope") == []
 
 
 def sql_calls(source: str) -> list[int]:
