@@ -10,10 +10,11 @@ Typical use (the refresh factory)::
         result = client.read_resource("null_resource", state, private)  # ReadResult
 
 Module map: handshake (parse the stdout line) → process (spawn, drain, reap) → certs (AutoMTLS client
-certificate) → connection (channel, TLS fallback, StreamStdio, Shutdown) → client (the RPCs, one
-implementation for both protocol versions) with convert (wire messages → kilolock types, including
-the sensitive paths in ReadResource's undeclared field 6) and wire (DynamicValue bytes, unknown
-fields). Under the client, rpc defines the channel it calls through; transport picks one:
+certificate) → spawn (the TLS choice, the start) → connection (channel, TLS fallback, StreamStdio,
+Shutdown) → client (the RPCs, one implementation for both protocol versions) with convert (wire
+messages → kilolock types, including the sensitive paths in ReadResource's undeclared field 6) and
+wire (DynamicValue bytes, unknown fields) → launch (spawn, connect, hand back a client; early
+launches). Under the client, rpc defines the channel it calls through; transport picks one:
 h2channel (kl's native HTTP/2 client, the default) or grpcio_channel. discovery finds binaries;
 logbridge maps plugin stderr to logging (``kilolock.provider.<type>``), masking the secrets of the
 run that launched the plugin.

@@ -21,13 +21,13 @@ import logging
 import threading
 import time
 
-from kilolock.provider import launch, tlsmemo, transport
+from kilolock.provider import spawn, tlsmemo, transport
 from kilolock.provider._pb import grpc_controller_pb2, grpc_health_pb2, grpc_stdio_pb2
 from kilolock.provider.certs import process_client_certificate
 from kilolock.provider.errors import PluginStartError
-from kilolock.provider.launch import DEFAULT_START_TIMEOUT, TlsChoice, choose_tls, spawn_plugin
 from kilolock.provider.process import PluginProcess
 from kilolock.provider.rpc import Channel, RpcError, StatusCode
+from kilolock.provider.spawn import DEFAULT_START_TIMEOUT, TlsChoice, choose_tls, spawn_plugin
 from kilolock.redact import Redactor
 
 _log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def connect_spawned(process: PluginProcess, choice: TlsChoice, *, start_timeout:
     alive = process.alive()
     process.kill()
     if use_tls and alive:
-        launch.tls_failed_here.add(binary)
+        spawn.tls_failed_here.add(binary)
         tlsmemo.remember_failure(binary, client)
         # Expected with every current Go provider under grpcio (P-521 certificate under TLS 1.3,
         # which grpcio cannot verify: README "Provider transport"), so INFO, not a warning on every run.

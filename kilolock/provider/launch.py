@@ -3,7 +3,8 @@
 The plugin is spawned before the protocol stubs (and grpc, where grpcio is the transport) are
 imported: a Go binary takes tens of milliseconds to print its handshake (more with AutoMTLS, when
 it generates its own key), and the imports take about as long, so the two overlap. Nothing here
-imports grpc.
+imports grpc. The spawn and the TLS choice are kilolock.provider.spawn's, below the connection and
+the client; this module is above them, and only puts them together.
 """
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kilolock.provider import tlsmemo, transport
-from kilolock.provider.certs import process_client_certificate
-from kilolock.provider.process import LaunchSpec, PluginProcess
+from kilolock.provider import tlsmemo
+from kilolock.provider.spawn import DEFAULT_START_TIMEOUT, choose_tls, spawn_plugin
 from kilolock.redact import Redactor
 
 if TYPE_CHECKING:
@@ -26,15 +25,6 @@ if TYPE_CHECKING:
 _log = logging.getLogger("kilolock.provider.connection")  # where the TLS fallback has always logged
 
 _NAME = re.compile(r"terraform-provider-([A-Za-z0-9-]+)")
-DEFAULT_START_TIMEOUT = 60.0  # go-plugin's StartTimeout
-
-# Binaries whose TLS handshake already failed in this process: later launches go straight to the
-# fallback instead of paying for a doomed start (tlsmemo remembers it across processes).
-tls_failed_here: set[str] = set()
-
-
-def tls_disabled_by_env() -> bool:
-    return bool(os.environ.get("KL_DISABLE_PLUGIN_TLS") or os.environ.get("TF_DISABLE_PLUGIN_TLS"))
 
 
 def provider_name_from_binary(path: str) -> str:
@@ -42,41 +32,6 @@ def provider_name_from_binary(path: str) -> str:
     base = os.path.basename(path)
     m = _NAME.match(base)
     return m.group(1) if m else base
-
-
-@dataclass(frozen=True)
-class TlsChoice:
-    """Whether a launch offers AutoMTLS, over which transport, and why not when it does not."""
-
-    offered: bool  # the plugin was started with a client certificate (AutoMTLS)
-    transport: str  # kilolock.provider.transport: "native" or "grpcio"
-    # AutoMTLS was skipped because it failed before with this binary under this client (tlsmemo's
-    # client id). grpcio's version is known only once grpc is loaded: the connection checks it
-    # then, and tries TLS on a mismatch.
-    remembered: str | None = None
-
-
-def choose_tls(binary: str, tls: bool | None) -> TlsChoice:
-    """``tls`` given: exactly that. None: AutoMTLS unless the environment turns it off or it is
-    known to fail with this binary (in this process, or remembered from an earlier run under the
-    same client). Raises KlError for an unknown KL_PROVIDER_TRANSPORT."""
-    chosen = transport.chosen()
-    if tls is not None:
-        return TlsChoice(tls, chosen)
-    if tls_disabled_by_env() or binary in tls_failed_here:
-        return TlsChoice(False, chosen)
-    remembered = tlsmemo.failed_with(binary)
-    if remembered is None:
-        return TlsChoice(True, chosen)
-    if chosen == "native":  # its version is known without importing anything
-        return TlsChoice(False, chosen, remembered) if remembered == transport.client_id(chosen) else TlsChoice(True, chosen)
-    return TlsChoice(False, chosen, remembered) if remembered.startswith("grpcio ") else TlsChoice(True, chosen)
-
-
-def spawn_plugin(binary: str, name: str, choice: TlsChoice, start_timeout: float, secrets: Redactor,
-                 cwd: str | None) -> PluginProcess:
-    cert_pem = process_client_certificate().cert_pem if choice.offered else None
-    return PluginProcess.spawn(LaunchSpec(binary, name, cert_pem, start_timeout, secrets, cwd))
 
 
 def launch_provider(

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from kilolock.provider import launch, launch_provider, tlsmemo, transport
+from kilolock.provider import launch_provider, spawn, tlsmemo, transport
 from kit.providers import REAL_PROVIDERS, launched, require
 
 
@@ -32,7 +32,7 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.delenv("KL_DISABLE_PLUGIN_TLS", raising=False)
     monkeypatch.delenv("TF_DISABLE_PLUGIN_TLS", raising=False)
-    monkeypatch.setattr(launch, "tls_failed_here", set())
+    monkeypatch.setattr(spawn, "tls_failed_here", set())
     return cache
 
 
@@ -42,7 +42,7 @@ def _starts(binary: str) -> int:
 
 def _new_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a new kl process forgets: the in-process memory of failed attempts."""
-    monkeypatch.setattr(launch, "tls_failed_here", set())
+    monkeypatch.setattr(spawn, "tls_failed_here", set())
 
 
 def test_a_failed_attempt_is_remembered_across_runs(fake_binary, client_id: str, monkeypatch: pytest.MonkeyPatch,
