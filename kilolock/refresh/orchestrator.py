@@ -21,7 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -37,6 +37,8 @@ from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, Res
 from kilolock.refresh.commit import commit_refresh, finish_audit
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
+from kilolock.refresh.result import Failure as Failure  # noqa: PLC0414 - run() returns them: its callers know them from here
+from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
@@ -70,53 +72,6 @@ def _async_reads(instances: int, transport: str) -> bool:
     path = read_path()
     return path == "async" or (path == "auto" and instances >= ASYNC_MIN_INSTANCES.get(transport, 500))
 ProgressFn = Callable[[str, int, int], None]  # (group label, done, total)
-
-
-@dataclass
-class Failure:
-    """One instance that failed, or (address None) a whole provider group that could not start:
-    a missing provider is one failure naming its instances, not one per instance."""
-
-    address: str | None
-    message: str
-    provider: str | None = None  # set for a group failure
-    addresses: list[str] = field(default_factory=list)  # a group failure's instances
-
-
-@dataclass
-class Result:
-    """What a refresh run did: its outcome, counts, drift and failures, as the CLI reports it."""
-
-    state: str
-    run_id: str | None = None
-    status: str = "running"
-    dry_run: bool = False
-    from_serial: int | None = None
-    to_serial: int | None = None
-    checked: int = 0
-    changed: int = 0
-    failed: int = 0
-    changed_addresses: list[str] = field(default_factory=list)
-    # What changed, per instance, as kl drift shows it: {"address", "deposed", "kind": "changed" |
-    # "deleted", "changes": [{"path", "before", "after"}], "status", "ignored_by"}, sensitive values
-    # masked. status, as the drift records have (or would have, for a dry run) it once committed:
-    # "open", "ignored" (ignored_by: the rules, as in kl drift) or "resolved" (read back to what
-    # the last apply or import wrote).
-    drift: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
-    # Legacy provider addresses (Terraform 0.12's provider.null) and the modern form the commit
-    # writes instead, as Terraform 0.13+ does: metadata, not drift.
-    provider_addresses: dict[str, str] = field(default_factory=dict)
-    # Objects stored as legacy flatmap attributes that the provider upgraded (UpgradeResourceState
-    # with RawState.flatmap): the commit writes them as objects; that first form is not drift.
-    reshaped: list[str] = field(default_factory=list)
-    error: str | None = None  # the run-level reason when status is not succeeded
-    guarded: bool = False  # the mass-removal guard refused the commit (a refresh.guarded event)
-    duration_s: float = 0.0
-    providers: list[str] = field(default_factory=list)  # "source version (binary)" per opened group
-    # Requests in flight per opened group: {"provider", "alias", "mode", "start", "max", "final",
-    # "throttled"} (inflight.Gate.report), in the order the groups finished.
-    concurrency: list[dict[str, Any]] = field(default_factory=list)
 
 
 # After StopProvider, how long calls in flight get to end on their own before their providers are

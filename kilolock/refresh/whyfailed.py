@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kilolock.refresh.options import RefreshOptions
-    from kilolock.refresh.orchestrator import Failure, Result
+    from kilolock.refresh.result import Failure, Result
 
 # Marks a run-level error that names its first cause (failed_resources wrote it).
 FIRST = "(first: "
