@@ -134,6 +134,153 @@ def test_the_rule_catches_a_layer_break() -> None:
     assert violations("kilolock.tfstate.writer", "from kilolock.tfstate.parse import is_encrypted_envelope") == []
 
 
+# No circles: whatever the layers allow, no kilolock module may reach itself through its imports
+# (lazy ones and those for type checking count too: a circle that only a function-level import
+# keeps from failing at import time still ties the modules together). The rule for packages:
+# `from P import x` is an arrow to the module P.x when x is a submodule; otherwise to the module
+# P's __init__ took x from when it re-exports x, and to P itself only for what P's __init__
+# defines. So an __init__ that re-exports its submodules (and importing P.x runs it first) makes
+# no circle with them; one that defines what its submodules import is a module like any other.
+Graph = dict[str, set[str]]
+
+
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that bind a module's own names: its body, and what if and try blocks hold."""
+    out: list[ast.stmt] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, (ast.If, ast.Try)):
+            todo.extend([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+    return out
+
+
+def _from_names(source: str, module: str, is_package: bool,
+                module_level: bool = False) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(base, [(name, bound as)]) for each `from BASE import ...` (relative ones resolved), and
+    `import a.b` as (a.b, []): at any depth, or (module_level) only those that bind the module's names."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: list[tuple[str, list[tuple[str, str]]]] = []
+    tree = ast.parse(source)
+    for node in _module_level(tree) if module_level else ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, []) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, [(a.name, a.asname or a.name) for a in node.names]))
+    return out
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> Graph:
+    """Module → the kilolock modules it imports, from {module: (source, is a package)}."""
+    imports = {m: _from_names(src, m, pkg) for m, (src, pkg) in sources.items()}
+    # What each package's __init__ hands on: bound name → the module it took that name from.
+    handed: dict[str, dict[str, str]] = {p: {} for p, (_, pkg) in sources.items() if pkg}
+    for pkg, names in handed.items():
+        for base, taken in _from_names(sources[pkg][0], pkg, True, module_level=True):
+            for name, bound in taken:
+                names[bound] = f"{base}.{name}" if f"{base}.{name}" in sources else base
+
+    def target(base: str, name: str) -> str:
+        seen: set[str] = set()
+        while f"{base}.{name}" not in sources and name in handed.get(base, {}) and base not in seen:
+            seen.add(base)
+            base = handed[base][name]
+        return f"{base}.{name}" if f"{base}.{name}" in sources else base
+
+    graph: Graph = {}
+    for module, found in imports.items():
+        arrows = {target(base, name) for base, taken in found for name, _ in taken}
+        arrows |= {base for base, taken in found if not taken}
+        graph[module] = {m for m in arrows if m in sources and m != module}
+    return graph
+
+
+def circles(graph: Graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, arrows = work[-1]
+            step = next(arrows, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def _describe(graph: Graph, circle: list[str]) -> str:
+    members = set(circle)
+    return "; ".join(f"{m} -> {', '.join(sorted(graph[m] & members))}" for m in circle)
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph({name: (path.read_text(encoding="utf-8"), path.name == "__init__.py") for name, path in _modules()})
+    found = [_describe(graph, c) for c in circles(graph)]
+    assert not found, ("kilolock modules that import each other in a circle (move what they share into a module "
+                       "below both):\n" + "\n".join(found))
+
+
+def test_the_rule_catches_a_circle() -> None:
+    # Lazy and type-checking imports count; a circle names every module in it.
+    lazy = import_graph({
+        "kilolock.a": ("", True),
+        "kilolock.a.x": ("from kilolock.a import y\n", False),
+        "kilolock.a.y": ("def f():\n    from kilolock.a.z import g\n", False),
+        "kilolock.a.z": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kilolock.a.x import T\n", False),
+    })
+    assert circles(lazy) == [["kilolock.a.x", "kilolock.a.y", "kilolock.a.z"]]
+    assert _describe(lazy, circles(lazy)[0]) == ("kilolock.a.x -> kilolock.a.y; kilolock.a.y -> kilolock.a.z; "
+                                                 "kilolock.a.z -> kilolock.a.x")
+    # An __init__ that re-exports its submodules makes no circle with them, also when a submodule
+    # takes a sibling's name through it ...
+    face = import_graph({
+        "kilolock.p": ("from kilolock.p.a import A\nfrom kilolock.p.b import B\n", True),
+        "kilolock.p.a": ("from kilolock.p import B, b\n", False),
+        "kilolock.p.b": ("B = 1\n", False),
+    })
+    assert circles(face) == [] and face["kilolock.p.a"] == {"kilolock.p.b"}
+    # ... but one whose submodule takes what the __init__ itself defines is in a circle with it.
+    owner = import_graph({
+        "kilolock.p": ("from kilolock.p.a import A\ndef helper(): ...\n", True),
+        "kilolock.p.a": ("from kilolock.p import helper\n", False),
+    })
+    assert circles(owner) == [["kilolock.p", "kilolock.p.a"]]
+
+
 def sql_calls(source: str) -> list[int]:
     """Lines that talk to the database directly: a psycopg execute, cursor or COPY."""
     return [node.lineno for node in ast.walk(ast.parse(source))
