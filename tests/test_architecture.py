@@ -295,6 +295,29 @@ def test_sql_lives_in_store() -> None:
     assert sql_calls("with conn.cursor() as cur:\n    cur.execute('SELECT 1')\n") == [1, 2]
 
 
+# A command opens the store through the CommandContext it is handed (kilolock.cli.commands), never
+# through kilolock.store.db directly: what kl does after the command (send the notifications it
+# wrote, name the closest state on a mistyped one) is told by the context, and would skip a store
+# the context never saw opened.
+def store_openings(source: str) -> list[int]:
+    """Lines that open the store other than through a command's context."""
+    def direct(node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute):  # db.open_store, not context.open_store
+            return node.attr == "open_store" and not (isinstance(node.value, ast.Name) and node.value.id == "context")
+        return isinstance(node, ast.ImportFrom) and any(a.name == "open_store" for a in node.names)
+
+    return sorted(getattr(node, "lineno", 0) for node in ast.walk(ast.parse(source)) if direct(node))
+
+
+def test_commands_open_the_store_through_their_context() -> None:
+    found = [f"{path.relative_to(REPO)}:{line}" for name, path in _modules()
+             if unit_of(name) == "kilolock.cli" and name != "kilolock.cli.commands"
+             for line in store_openings(path.read_text(encoding="utf-8"))]
+    assert not found, "commands open the store with context.open_store() (kilolock.cli.commands.CommandContext):\n" + "\n".join(found)
+    assert store_openings("with db.open_store() as conn:\n    pass\nfrom kilolock.store.db import open_store\n") == [1, 3]
+    assert store_openings("with context.open_store() as conn:\n    pass\n") == []
+
+
 # The web UI (kilolock/server/ui) is a reader: of the store it sees the read modules only, so no
 # page can write, lock or refresh; and only the HTTP router reaches it.
 UI = "kilolock.server.ui"

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kilolock.cli.commands import COMMANDS, DRIFT_IGNORE, Command
+from kilolock.cli.commands import COMMANDS, DRIFT_IGNORE, Command, CommandContext
 from kilolock.cli.exitcodes import DETAILED_EXITCODE, exit_code
 from kilolock.errors import KlError, UsageError, one_line
 
@@ -157,41 +157,45 @@ def _configure_logging() -> None:
         logging.getLogger("kilolock.provider").setLevel(logging.ERROR)
 
 
-def _send_notifications() -> None:
+def _send_notifications(context: CommandContext) -> None:
     """Notifications this process committed, or found due, are sent before it exits (bounded).
-    A command that never opened the store never loaded the store module: nothing to do, no cost."""
+    A command that never opened the store has nothing to send, and pays nothing for it."""
     if isinstance(sys.exc_info()[1], KeyboardInterrupt):
         return  # asked to stop now
-    store_db = sys.modules.get("kilolock.store.db")
-    if store_db is None or store_db.opened_url() is None:
+    if context.store_url is None:
         return
-    # Most runs wrote nothing and found nothing due: the sender (http.client, urllib) is not
-    # even imported then, which a small refresh would feel (~10 ms).
-    outbox = sys.modules.get("kilolock.store.notify")
-    if outbox is not None and not any(outbox.work_hint()):
+    # Loaded by opening the store. Most runs wrote nothing and found nothing due: the sender
+    # (http.client, urllib) is not even imported then, which a small refresh would feel (~10 ms).
+    from kilolock.store import notify as outbox
+
+    if not any(outbox.work_hint()):
         return
     from kilolock.notify.deliver import after_command
 
-    after_command()
+    after_command(context.store_url)
 
 
-def _with_close_state(exc: KlError) -> str:
+def _with_close_state(exc: KlError, context: CommandContext) -> str:
     """EXC's message; for a state name that does not exist, the stored name closest to it, if one
     is close (a mistyped name). Looked up here, on the error's way out, so the store's own callers
     (the HTTP backend's first GET of a new state) never pay for it."""
-    versions = sys.modules.get("kilolock.store.versions")  # only loaded by commands that use the database
-    store_db = sys.modules.get("kilolock.store.db")
-    if versions is None or store_db is None or not isinstance(exc, versions.StateNotFound):
+    if context.store_url is None:  # no store opened: no state was looked up
         return str(exc)
-    url = store_db.opened_url()
-    if url is None:
+    from kilolock.store import db, versions
+
+    if not isinstance(exc, versions.StateNotFound):
         return str(exc)
     try:
-        with store_db.connect(url) as conn:
+        with db.connect(context.store_url) as conn:
             close = versions.closest_name(conn, exc.name)
     except Exception:  # noqa: BLE001 - a hint only: the error itself is what matters
         close = None
     return str(exc.suggesting(close))
+
+
+def _from_psycopg(exc: Exception) -> bool:
+    """Whether EXC is the database driver's: then the driver is loaded, and only then is it imported here."""
+    return any(cls.__module__.partition(".")[0] == "psycopg" for cls in type(exc).__mro__)
 
 
 def exit_process(code: int) -> NoReturn:
@@ -237,6 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, argv = _parser_for(argv)
     # Read before parsing: a usage error must exit 1 under it too, and parsing is what failed.
     detailed = DETAILED_EXITCODE in argv[: argv.index("--")] if "--" in argv else DETAILED_EXITCODE in argv
+    context = CommandContext()
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # said by the command they were given to: its usage, its flags to suggest
@@ -247,13 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exit_code(error=True, detailed=detailed, code=2)
         _configure_logging()
         try:
-            return int(command.run(args) or 0)
+            return int(command.run(args, context) or 0)
         finally:
-            _send_notifications()
+            _send_notifications(context)
     except KlError as exc:
         # One line whatever the message quotes: argparse echoes unrecognized arguments raw, and an
         # argument may hold a newline. A parser's usage error adds the command's usage line.
-        print("kl: " + one_line(_with_close_state(exc)), file=sys.stderr)
+        print("kl: " + one_line(_with_close_state(exc, context)), file=sys.stderr)
         if isinstance(exc, ParserUsageError):
             print(one_line(exc.usage), file=sys.stderr)
         return exit_code(error=True, detailed=detailed, code=exc.exit_code)
@@ -265,8 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 1
     except Exception as exc:  # a bug, not a user mistake: one line, the traceback on request
-        psycopg = sys.modules.get("psycopg")  # only loaded by commands that use the database
-        if psycopg is not None and isinstance(exc, psycopg.Error):
+        if _from_psycopg(exc):
+            import psycopg
+
             from kilolock.store import db
 
             # A server restart or a cut connection in any command's own queries is a fault of the
@@ -278,16 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                            if db.commit_outcome_unknown(exc) else "")
                 print(f"kl: lost the database connection: {db.first_line(exc)}{unknown}", file=sys.stderr)
                 return 1
-        if psycopg is not None and isinstance(exc, (psycopg.errors.DuplicatePreparedStatement,
-                                                    psycopg.errors.InvalidSqlStatementName)):
-            from kilolock.store.db import POOLER_ENV, POOLER_PARAM, first_line
-
-            # A prepared statement that vanished or collided: transactions land on other server
-            # connections than the one that prepared it, which is what a transaction pooler does.
-            print(f"kl: {first_line(exc)}: the database connection goes through a transaction pooler (PgBouncer "
-                  f"pool_mode = transaction?); add {POOLER_PARAM}=transaction to KL_DATABASE_URL "
-                  f"(or set {POOLER_ENV}=transaction)", file=sys.stderr)
-            return 1
+            if isinstance(exc, (psycopg.errors.DuplicatePreparedStatement, psycopg.errors.InvalidSqlStatementName)):
+                # A prepared statement that vanished or collided: transactions land on other server
+                # connections than the one that prepared it, which is what a transaction pooler does.
+                print(f"kl: {db.first_line(exc)}: the database connection goes through a transaction pooler (PgBouncer "
+                      f"pool_mode = transaction?); add {db.POOLER_PARAM}=transaction to KL_DATABASE_URL "
+                      f"(or set {db.POOLER_ENV}=transaction)", file=sys.stderr)
+                return 1
         if os.environ.get("KL_DEBUG"):
             raise
         print(f"kl: internal error: {type(exc).__name__}: {exc} (run with KL_DEBUG=1 for a traceback)", file=sys.stderr)

@@ -11,6 +11,7 @@ import sys
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 ROLES = ("read", "write", "admin")
 _ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), write (+ POST, any lock), admin (+ DELETE, force-unlock)"
@@ -58,15 +59,15 @@ def add_grant_arguments(parser: argparse.ArgumentParser) -> None:
     _add_actor(parser)
 
 
-def run_grant(args: argparse.Namespace) -> int:
-    from kilolock.store import access, db
+def run_grant(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         grant_id, before = access.add_grant(conn, args.principal, args.role, args.states, args.actor or cli_args.default_actor())
     change = f" (was {before})" if before and before != args.role else ""
     print(f"grant {grant_id}: {args.principal} has {args.role} on {args.states}{change}")
     if args.principal.startswith("user:") and before is None:
-        with db.open_store() as conn:
+        with context.open_store() as conn:
             if len(access.grants_of(conn, args.principal)) == 1:
                 print(f"note: {args.principal} now has only its grants; the users file's rights no longer apply to it")
     return 0
@@ -80,11 +81,11 @@ def add_revoke_arguments(parser: argparse.ArgumentParser) -> None:
     _add_actor(parser)
 
 
-def run_revoke(args: argparse.Namespace) -> int:
+def run_revoke(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.errors import KlError
-    from kilolock.store import access, db
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         gone = access.revoke_grant(conn, args.principal, None if args.all else args.states, args.actor or cli_args.default_actor())
     if not gone:
         on = "" if args.all else f" on {args.states}"
@@ -99,10 +100,10 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    from kilolock.store import access, db
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = access.list_grants(conn, args.principal)
     if args.format == "json":
         render.emit_json({"version": 1, "grants": [
@@ -127,17 +128,17 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_check(args: argparse.Namespace) -> int:
+def run_check(args: argparse.Namespace, context: CommandContext) -> int:
     from pathlib import Path
 
     from kilolock.errors import KlError
     from kilolock.server import access as rules
     from kilolock.server.auth import Principal, load_users
-    from kilolock.store import access, db
+    from kilolock.store import access
 
     kind, name = args.principal.split(":", 1)
     note = None
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         stored = access.grants_of(conn, args.principal)
         if kind == "token":
             usable = {t["name"]: t for t in access.list_tokens(conn)}.get(name)
@@ -179,10 +180,10 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_log(args: argparse.Namespace) -> int:
-    from kilolock.store import access, db
+def run_log(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = access.audit_log(conn, args.limit)
     if args.format == "json":
         render.emit_json({"version": 1, "entries": rows})
@@ -206,15 +207,15 @@ def add_create_arguments(parser: argparse.ArgumentParser) -> None:
     _add_actor(parser)
 
 
-def run_create(args: argparse.Namespace) -> int:
+def run_create(args: argparse.Namespace, context: CommandContext) -> int:
     import secrets
 
     from kilolock.server.access import token_secret_hash
     from kilolock.server.auth import TOKEN_PREFIX
-    from kilolock.store import access, db
+    from kilolock.store import access
 
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)  # 256 random bits
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         first = not access.any_usable_token(conn)
         expires = access.create_token(conn, args.name, token_secret_hash(secret.encode()), args.role, args.states,
                                       args.expires, args.actor or cli_args.default_actor())
@@ -237,10 +238,10 @@ def add_tokens_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_tokens_list(args: argparse.Namespace) -> int:
-    from kilolock.store import access, db
+def run_tokens_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = access.list_tokens(conn)
     if args.format == "json":
         render.emit_json({"version": 1, "tokens": [
@@ -263,10 +264,10 @@ def add_tokens_revoke_arguments(parser: argparse.ArgumentParser) -> None:
     _add_actor(parser)
 
 
-def run_tokens_revoke(args: argparse.Namespace) -> int:
-    from kilolock.store import access, db
+def run_tokens_revoke(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import access
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         changed = access.revoke_token(conn, args.name, args.actor or cli_args.default_actor())
     print(f"token {args.name}: revoked; kl serve refuses it from now on" if changed else f"token {args.name}: was revoked already")
     return 0

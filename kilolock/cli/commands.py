@@ -4,9 +4,11 @@
 imported only when that command is chosen (to add its arguments, then to run it), so start-up
 never pays for psycopg or grpc. The convention a module follows:
 
-- a command of its own (``kl refresh``): ``add_arguments(parser)`` and ``run(args) -> int``;
+- a command of its own (``kl refresh``): ``add_arguments(parser)`` and ``run(args, context) -> int``;
 - a module that owns a group (``kl state ACTION``): ``add_<action>_arguments(parser)`` and
-  ``run_<action>(args) -> int`` for each action.
+  ``run_<action>(args, context) -> int`` for each action.
+
+``context`` is the command's CommandContext: a command opens the store through it.
 
 A command module keeps its top-level imports light (its heavy ones go inside its run
 functions): ``kl COMMAND --help`` imports it.
@@ -17,7 +19,32 @@ import argparse
 import importlib
 from collections.abc import Callable
 from types import ModuleType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+class CommandContext:
+    """What a command opened, for what kl does once it has run: the notifications the command
+    wrote (or found due) are sent to the database it opened, and a state name it did not find is
+    matched against that database's names. A command opens the store through ``open_store``, so
+    the store is asked only when the command did open it, and kl --help or kl version never loads
+    the database driver."""
+
+    __slots__ = ("store_url",)
+
+    def __init__(self) -> None:
+        self.store_url: str | None = None  # the database whose store the command opened
+
+    def open_store(self, migrate: bool | None = None) -> psycopg.Connection:
+        """kilolock.store.db.open_store, remembered."""
+        from kilolock.store import db
+
+        target = db.resolve_target()
+        conn = db.open_store(migrate, target)
+        self.store_url = target.url
+        return conn
 
 
 class Command(NamedTuple):  # not a dataclass: importing dataclasses costs kl --help ~6 ms
@@ -36,9 +63,10 @@ class Command(NamedTuple):  # not a dataclass: importing dataclasses costs kl --
             self._module(), f"add_{self.action}_arguments" if self.action else "add_arguments")
         add(parser)
 
-    def run(self, args: argparse.Namespace) -> int:
-        run: Callable[[argparse.Namespace], int] = getattr(self._module(), f"run_{self.action}" if self.action else "run")
-        return run(args)
+    def run(self, args: argparse.Namespace, context: CommandContext) -> int:
+        run: Callable[[argparse.Namespace, CommandContext], int] = getattr(
+            self._module(), f"run_{self.action}" if self.action else "run")
+        return run(args, context)
 
 
 def _group(name: str, summary: str, module: str, actions: tuple[tuple[str, str, str], ...]) -> Command:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 
+from kilolock.cli.commands import CommandContext
+
 
 def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     """No arguments."""
 
 
-def run_migrate(args: argparse.Namespace) -> int:
+def run_migrate(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.store import db
     from kilolock.store.migrate import apply_migrations, bundled_migrations
 
@@ -27,7 +29,7 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
     """No arguments."""
 
 
-def run_status(args: argparse.Namespace) -> int:
+def run_status(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.store import db
     from kilolock.store.migrate import pending_migrations
 
@@ -43,7 +45,7 @@ def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
     """No arguments."""
 
 
-def run_stop(args: argparse.Namespace) -> int:
+def run_stop(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.store.embedded import EmbeddedCluster, default_data_dir
 
     cluster = EmbeddedCluster(default_data_dir())

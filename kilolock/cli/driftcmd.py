@@ -11,6 +11,7 @@ from typing import Any
 from kilolock import drift
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
+from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError
 
 EXAMPLE = """examples:
@@ -119,13 +120,13 @@ def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> 
     return what + (f" ({ignored} more ignored by rules)" if ignored and many and not include_resolved else "")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock import globs
-    from kilolock.store import db, summary, versions
+    from kilolock.store import summary, versions
 
     if (args.state is None) == (args.states is None):
         args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         if args.states is None:
             docs = [drift_document(conn, args.state, args.limit, args.all)]
         else:

@@ -6,6 +6,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,11 +30,11 @@ def _holders(holders: list[dict[str, Any]]) -> str:
     return ", ".join(one(h) for h in holders) or "-"
 
 
-def run_status(args: argparse.Namespace) -> int:
+def run_status(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.refresh.whyfailed import headline
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         doc = fleet.status(conn, args.errors)
     workers = [{**w, "state": _state(w)} for w in doc["workers"]]
     if args.format == "json":
@@ -87,11 +88,11 @@ def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
                              "is older than this (default 1h)")
 
 
-def run_prune(args: argparse.Namespace) -> int:
+def run_prune(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.durations import format_duration
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         removed = fleet.prune_workers(conn, args.older_than)
     for w in removed:
         print(f"removed worker {w['name']} ({w['host']}, pid {w['pid']}, "

@@ -12,6 +12,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 
 def rule_id(text: str) -> int:
@@ -39,13 +40,13 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who adds it (default: $USER@cli)")
 
 
-def run_add(args: argparse.Namespace) -> int:
+def run_add(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.schema import drift_path_parse
-    from kilolock.store import db, ignore_rules
+    from kilolock.store import ignore_rules
 
     rule = ignore_rules.NewRule(args.states, args.address, drift_path_parse(args.path) if args.path else None,
                                 args.reason, args.expires)
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         new_id = ignore_rules.add_rule(conn, rule, args.actor or cli_args.default_actor())
         # Stored all the same (a rule may come before the states it is for), but a glob that
         # matches nothing is most often a typo, which would otherwise hide nothing, silently.
@@ -80,10 +81,10 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    from kilolock.store import db, ignore_rules
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import ignore_rules
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = ignore_rules.list_rules(conn)
     if args.format == "json":
         render.emit_json({"version": 1, "rules": [
@@ -107,10 +108,10 @@ def add_remove_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", type=rule_id, help="the rule's id (kl drift ignore list)")
 
 
-def run_remove(args: argparse.Namespace) -> int:
-    from kilolock.store import db, ignore_rules
+def run_remove(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import ignore_rules
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         ignore_rules.remove_rule(conn, args.id)
     print(f"removed drift ignore rule {args.id}: what it hid is open drift again")
     return 0

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
           "refresh.stale")  # store.notify.EVENTS
@@ -110,16 +111,16 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who adds it (default: $USER@cli)")
 
 
-def run_add(args: argparse.Namespace) -> int:
+def run_add(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock import globs
     from kilolock.errors import UsageError
-    from kilolock.store import db, notify
+    from kilolock.store import notify
 
     if args.stale_after is not None and "refresh.stale" not in args.events:
         raise UsageError("--stale-after: the channel's --events do not include refresh.stale")
     if args.replay_open_drift and "drift.new" not in args.events:
         raise UsageError("--replay-open-drift: the channel's --events do not include drift.new")
-    with db.open_store() as conn, conn.transaction():
+    with context.open_store() as conn, conn.transaction():
         channel = notify.add_channel(
             conn, name=args.name, format=args.payload_format, webhook=args.webhook, secret=args.secret,
             states_glob=args.states, states_regex=globs.sql_regex(args.states), events=args.events,
@@ -137,10 +138,10 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    from kilolock.store import db, notify
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import notify
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         channels = notify.list_channels(conn)
     if args.format == "json":
         render.emit_json({"version": 1, "channels": [
@@ -167,10 +168,10 @@ def add_remove_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=channel_name, help="the channel's name (kl notify list)")
 
 
-def run_remove(args: argparse.Namespace) -> int:
-    from kilolock.store import db, notify
+def run_remove(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import notify
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         notify.remove_channel(conn, args.name)
     print(f"removed notification channel {args.name} and its deliveries")
     return 0
@@ -180,12 +181,12 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=channel_name, help="the channel's name (kl notify list)")
 
 
-def run_test(args: argparse.Namespace) -> int:
+def run_test(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.errors import KlError
     from kilolock.notify.deliver import send_test
-    from kilolock.store import db, notify
+    from kilolock.store import notify
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         channel = notify.get_channel(conn, args.name)
     ok, said = send_test(channel)
     if not ok:
@@ -202,10 +203,10 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_log(args: argparse.Namespace) -> int:
-    from kilolock.store import db, notify
+def run_log(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import notify
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = notify.delivery_log(conn, failed=args.failed, channel=args.channel, limit=args.limit)
     if args.format == "json":
         render.emit_json({"version": 1, "deliveries": [

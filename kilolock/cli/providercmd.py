@@ -9,6 +9,7 @@ from typing import Any
 from kilolock import jsondoc
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 
 
@@ -44,13 +45,13 @@ def add_configure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="JSON file, or - for standard input")
 
 
-def run_configure(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_configs, versions
+def run_configure(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import provider_configs, versions
 
     source = normalize_source(args.source)
     raw = cli_args.read_input(args.config)
     config = _load_config(raw, args.config)
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, args.state) if args.state else None
         provider_configs.upsert(conn, sid, source, args.alias, config=config)
     scope = f"state {args.state}" if args.state else "all states"
@@ -65,12 +66,12 @@ def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", type=cli_args.state_name, help="only for this state (default: every state)")
 
 
-def run_pin(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_configs, versions
+def run_pin(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import provider_configs, versions
 
     source = normalize_source(args.source)
     version = args.version.lstrip("v")
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, args.state) if args.state else None
         provider_configs.upsert(conn, sid, source, args.alias, pinned_version=version)
     print(f"{source}{'.' + args.alias if args.alias else ''}: pinned to {version}")
@@ -81,10 +82,10 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_configs, provider_schemas
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import provider_configs, provider_schemas
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = provider_configs.list_all(conn)
         schemas = provider_schemas.list_cached(conn)
     if args.format == "json":
@@ -121,12 +122,12 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--remove", action="store_true", help="remove the limit")
 
 
-def run_limit(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_limits
+def run_limit(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import provider_limits
 
     source = normalize_source(args.source)
     label = source + (f".{args.alias}" if args.alias else "")
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         if args.remove:
             if not provider_limits.remove_limit(conn, source, args.alias):
                 raise KlError(f"provider {label} has no limit (kl provider limits lists them)")
@@ -148,10 +149,10 @@ def add_limits_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_limits(args: argparse.Namespace) -> int:
-    from kilolock.store import db, provider_limits
+def run_limits(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import provider_limits
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = provider_limits.usage(conn)
     if args.format == "json":
         render.emit_json({"version": 1, "limits": [

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kilolock import gcpolicy  # the standard library's gc alone: no cost to import here
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
+from kilolock.cli.commands import CommandContext
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs 3.11
@@ -360,9 +361,9 @@ class _Interrupts:
             signal.signal(s, h)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.all or args.states or args.parallel_states:
-        return run_all(args)
+        return run_all(args, context)
     if args.state is None:
         from kilolock.errors import UsageError
 
@@ -378,12 +379,12 @@ def run(args: argparse.Namespace) -> int:
     early = prelaunch.start(args.state, secrets)
     used: list[tuple[str, str | None]] = []
     try:
-        return _run_one(args, secrets, early, used)
+        return _run_one(args, context, secrets, early, used)
     finally:
         early.finish(used)
 
 
-def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
+def _run_one(args: argparse.Namespace, context: CommandContext, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from dataclasses import replace
 
     from kilolock.refresh.factory import ProductionFactory
@@ -399,7 +400,7 @@ def _run_one(args: argparse.Namespace, secrets: Redactor, early: Prelaunched, us
     with _Interrupts(cancel) as interrupts:
         progress = _Progress() if sys.stderr.isatty() else None
         try:
-            with db.open_store() as conn:
+            with context.open_store() as conn:
                 sid = versions.state_id(conn, args.state)
                 options = options_from_args(args, settings.get(conn, sid))
                 wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
@@ -448,13 +449,13 @@ def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict
             "results": [result_json(r) for r in results]}
 
 
-def run_all(args: argparse.Namespace) -> int:
+def run_all(args: argparse.Namespace, context: CommandContext) -> int:
     """``kl refresh --all``: every state --states matches, each as ``kl refresh STATE`` would,
     PARALLEL at a time; one line per state, a summary, one exit code for all."""
     from kilolock.errors import KlError, UsageError
     from kilolock.refresh.fleet import refresh_many
     from kilolock.refresh.orchestrator import Cancellation
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
     if args.state is not None:
         raise UsageError("refresh: give a STATE or --all, not both (--states GLOB picks states for --all)")
@@ -464,7 +465,7 @@ def run_all(args: argparse.Namespace) -> int:
     cancel = Cancellation()
 
     lines = _StateLines() if args.format == "table" and not args.quiet else None
-    with _Interrupts(cancel) as interrupts, db.open_store() as conn:
+    with _Interrupts(cancel) as interrupts, context.open_store() as conn:
         names = [name for _, name in fleet.refreshable_states(conn, args.states or "**")]
         if not names:  # an error, not a passing gate: a mistyped glob must not look like "no drift"
             raise KlError(f"refresh --all: no refreshable state matches {args.states!r} (kl state list shows the states)"

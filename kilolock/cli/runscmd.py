@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 if TYPE_CHECKING:
     from kilolock.store.refresh_runs import RunRow
@@ -20,10 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kilolock.store import db, refresh_runs, versions
+def run(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import refresh_runs, versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, args.state)
         if args.stale:
             marked = refresh_runs.finish_stale(conn, sid, cli_args.default_actor())

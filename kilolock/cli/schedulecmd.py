@@ -7,6 +7,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 
 def _schedule_id(text: str) -> int:
@@ -43,16 +44,16 @@ def _cron(text: str) -> str:
     return text
 
 
-def run_set(args: argparse.Namespace) -> int:
+def run_set(args: argparse.Namespace, context: CommandContext) -> int:
     from datetime import datetime, timezone
 
     from kilolock.cron import parse
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
     now = datetime.now(timezone.utc)
     first = now if args.every else parse(args.cron).next_after(now)
     assert first is not None  # _cron refused expressions that never match
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         schedule_id = fleet.add_schedule(conn, args.states, every_s=args.every, cron=args.cron, jitter_s=args.jitter or 0.0,
                                          first_run_at=first, actor=args.actor or cli_args.default_actor())
         matched = len(fleet.refreshable_states(conn, args.states))
@@ -82,11 +83,11 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.durations import format_duration
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         schedules, live, now = fleet.schedules_now(conn)
     if args.format == "json":
         render.emit_json({"version": 1, "live_workers": live, "schedules": [
@@ -118,31 +119,31 @@ def add_pause_arguments(parser: argparse.ArgumentParser) -> None:
 add_resume_arguments = add_remove_arguments = add_pause_arguments
 
 
-def _pause(args: argparse.Namespace, paused: bool) -> int:
+def _pause(args: argparse.Namespace, context: CommandContext, paused: bool) -> int:
     from kilolock.errors import KlError
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         found = fleet.set_paused(conn, args.id, paused)
     if not found:
         raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
     return 0
 
 
-def run_pause(args: argparse.Namespace) -> int:
-    return _pause(args, True)
+def run_pause(args: argparse.Namespace, context: CommandContext) -> int:
+    return _pause(args, context, True)
 
 
-def run_resume(args: argparse.Namespace) -> int:
+def run_resume(args: argparse.Namespace, context: CommandContext) -> int:
     """A resumed schedule that missed its times fires once, at the next worker poll."""
-    return _pause(args, False)
+    return _pause(args, context, False)
 
 
-def run_remove(args: argparse.Namespace) -> int:
+def run_remove(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.errors import KlError
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         removed = fleet.remove_schedule(conn, args.id)
     if removed is None:
         raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
@@ -157,11 +158,11 @@ def add_run_now_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the states to queue for the workers now")
 
 
-def run_run_now(args: argparse.Namespace) -> int:
+def run_run_now(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.errors import KlError
-    from kilolock.store import db, fleet
+    from kilolock.store import fleet
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         matched, queued = fleet.enqueue_now(conn, args.states)
     if not matched:
         raise KlError(f"no refreshable state matches {args.states!r} (kl state list shows the states)")

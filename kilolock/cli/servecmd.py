@@ -7,6 +7,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV
 
@@ -113,7 +114,7 @@ def _cannot_listen(listen: str, exc: OSError) -> KlError:
     return KlError(f"cannot listen on {listen}: {words[:1].lower()}{words[1:]}")
 
 
-def build_server(args: argparse.Namespace) -> tuple[KilolockHTTPServer, int]:
+def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[KilolockHTTPServer, int]:
     """The server, bound, and how many usable kl tokens the store held at its start."""
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
@@ -127,7 +128,7 @@ def build_server(args: argparse.Namespace) -> tuple[KilolockHTTPServer, int]:
     tls = tls_context(args.tls_cert, args.tls_key)
     if args.pool_size < 1 or args.max_connections < 1 or args.workers < 1 or args.timeout <= 0 or args.header_timeout <= 0:
         raise UsageError("--pool-size, --max-connections and --workers must be at least 1, --timeout and --header-timeout positive")
-    db.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
+    context.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
     url = db.resolve_target().url
     with db.connect(url) as conn:
         # kl token create's tokens are credentials once one exists: until then a server without
@@ -148,12 +149,12 @@ def build_server(args: argparse.Namespace) -> tuple[KilolockHTTPServer, int]:
     return server, kl_tokens
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.hash_password:
         return _hash_password()
     from kilolock.server.options import parse_listen
 
-    server, kl_tokens = build_server(args)
+    server, kl_tokens = build_server(args, context)
     if not args.quiet:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from kilolock import tfstate
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError
 
 if TYPE_CHECKING:
@@ -28,8 +29,8 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="accept a different lineage")
 
 
-def run_import(args: argparse.Namespace) -> int:
-    from kilolock.store import db, versions
+def run_import(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import versions
 
     origin = "<stdin>" if args.file == "-" else args.file
     # Only one whole copy of the input at a time: its text, then its bytes again, which UTF-8 gives
@@ -54,7 +55,7 @@ def run_import(args: argparse.Namespace) -> int:
         del doc
     raw = text.encode("utf-8")
     del text
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         try:
             result = versions.write_version(
                 conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(),
@@ -109,11 +110,11 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_list(args: argparse.Namespace) -> int:
+def run_list(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.globs import compile_glob
-    from kilolock.store import db, summary
+    from kilolock.store import summary
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = summary.list_states(conn)
     if args.states is not None:
         pattern = compile_glob(args.states)
@@ -133,10 +134,10 @@ def add_versions_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_versions(args: argparse.Namespace) -> int:
-    from kilolock.store import db, versions
+def run_versions(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         rows = versions.list_versions(conn, args.name)
     if args.format == "json":
         render.emit_json(
@@ -163,10 +164,10 @@ def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
 
 
-def run_pull(args: argparse.Namespace) -> int:
-    from kilolock.store import db, versions
+def run_pull(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         versions.write_pulled(conn, args.name, args.serial, sys.stdout.write)
     return 0
 
@@ -180,11 +181,11 @@ def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser, markdown=True)
 
 
-def run_diff(args: argparse.Namespace) -> int:
+def run_diff(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.cli import statediff
-    from kilolock.store import db, history
+    from kilolock.store import history
 
-    with db.open_store() as conn, conn.transaction():  # one snapshot: the serials checked are the ones read
+    with context.open_store() as conn, conn.transaction():  # one snapshot: the serials checked are the ones read
         sid, serial_from, serial_to = history.endpoints(conn, args.name, args.serial_from, args.serial_to)
         rows = [] if serial_from is None else history.differing_objects(conn, sid, serial_from, serial_to)
         schemas = history.cached_schemas(conn, statediff.schema_keys(rows))
@@ -217,11 +218,11 @@ def add_set_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"remove a stored setting (repeatable): {', '.join(SETTINGS)}")
 
 
-def run_set(args: argparse.Namespace) -> int:
+def run_set(args: argparse.Namespace, context: CommandContext) -> int:
     import os
 
     from kilolock.errors import UsageError
-    from kilolock.store import db, settings, versions
+    from kilolock.store import settings, versions
 
     given = {
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
@@ -237,7 +238,7 @@ def run_set(args: argparse.Namespace) -> int:
     if both:
         flag = next(k for k, c in settings.COLUMNS.items() if c == both[0])
         raise UsageError(f"kl state set: --{flag} and --unset {flag} together; give one")
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, args.name)
         stored = settings.update(conn, sid, settings.Changes(values, unset), cli_args.default_actor())
     print(f"{args.name}: settings stored")
@@ -252,10 +253,10 @@ def add_show_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_show(args: argparse.Namespace) -> int:
-    from kilolock.store import db, settings, versions
+def run_show(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import settings, versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         stored = settings.get(conn, versions.state_id(conn, args.name))
     if args.format == "json":
         render.emit_json({"version": 1, "state": args.name, "settings": stored.as_json(),
@@ -287,10 +288,10 @@ def add_unlock_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who unlocks it (default: $USER@cli)")
 
 
-def run_unlock(args: argparse.Namespace) -> int:
-    from kilolock.store import db, locks, versions
+def run_unlock(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import locks, versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, args.name)
         released = locks.unlock_by_id(conn, sid, args.name, args.lock_id, args.actor or cli_args.default_actor())
     if released is None:
@@ -311,13 +312,13 @@ def add_rm_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_rm(args: argparse.Namespace) -> int:
+def run_rm(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.server import store_ops
-    from kilolock.store import db, state_admin, versions
+    from kilolock.store import state_admin, versions
     from kilolock.store.locks import StateLocked
 
     name = args.name
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, name)
         _refuse_locked(conn, sid, name, "not deleted")
         owned = state_admin.owned(conn, sid)
@@ -350,15 +351,15 @@ def add_mv_arguments(parser: argparse.ArgumentParser) -> None:
     cli_args.add_format(parser)
 
 
-def run_mv(args: argparse.Namespace) -> int:
-    from kilolock.store import db, state_admin, versions
+def run_mv(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import state_admin, versions
     from kilolock.store.locks import StateLocked
 
     old, new = args.old, args.new
     if old == new:
         raise KlError(f"kl state mv: {old!r} is already its name; nothing renamed")
     backend = _backend_block(args.serve_url, new)
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         sid = versions.state_id(conn, old)
         _refuse_locked(conn, sid, old, "not renamed")
         if state_admin.exists(conn, new):

@@ -6,6 +6,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
+from kilolock.cli.commands import CommandContext
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,11 +21,11 @@ def _lock_text(info: dict[str, Any]) -> str:
     return f"by {who} ({what}, since {info.get('Created') or '?'}), lock ID {info.get('ID')}"
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
-    from kilolock.store import db, refresh_runs, summary, versions
+    from kilolock.store import refresh_runs, summary, versions
 
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, versions.state_id(conn, args.name))
     oldest = s.pop("open_drift_oldest_for")

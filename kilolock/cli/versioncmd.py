@@ -7,6 +7,7 @@ import platform
 import sys
 
 import kilolock
+from kilolock.cli.commands import CommandContext
 
 
 def _codec_backend() -> str:
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``kl version`` takes no arguments."""
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     codec = _codec_line()  # first: it may extract the native files, which fixes the cache dir
     build, cache_dir = _build_and_cache()
     lines = [

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from kilolock.cli import args as cli_args
+from kilolock.cli.commands import CommandContext
 
 EXAMPLE = """examples:
   kl worker --parallel-states 4 --name "$(hostname)-a"     # on every host that shares the database
@@ -54,7 +55,7 @@ def _env_duration(name: str, default: float) -> float:
     return parse_duration(text) if text else default
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.cli.refreshcmd import options_from_args
     from kilolock.refresh.fleet import Worker, WorkerConfig
     from kilolock.store import db
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     url = db.resolve_target().url
     # A worker commits, so it sends what its runs notify while it runs, not only when it exits.
     sender = Background(lambda: db.connect(url))
-    with db.open_store() as conn:
+    with context.open_store() as conn:
         worker = Worker(conn, config, lambda stored: options_from_args(refresh_args, stored),
                         say=lambda text: print(text, flush=True))
 

@@ -161,13 +161,12 @@ def _wait_budget() -> float:
         return WAIT_AFTER_COMMIT_S
 
 
-def after_command() -> None:
-    """The CLI's last step: a process that committed events sends them (waiting a bounded time for
-    retries); one that found deliveries due when it opened the store sends those. A process that
-    did neither (and one that never opened the store: `kl version`) returns at once."""
+def after_command(url: str) -> None:
+    """The CLI's last step, for a command that opened the store of URL: a process that committed
+    events sends them (waiting a bounded time for retries); one that found deliveries due when it
+    opened the store sends those. A process that did neither returns at once."""
     wrote, due = outbox.work_hint()
-    url = db.opened_url()
-    if not (wrote or due) or url is None:
+    if not (wrote or due):
         return
     if wrote and os.environ.get(FAULT_ENV) == "kill-before-delivery":
         os.kill(os.getpid(), signal.SIGKILL)

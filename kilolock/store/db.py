@@ -208,25 +208,17 @@ def reconnected(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
             raise ConnectionLost(first_line(exc)) from exc
 
 
-# The database this process opened the store of (open_store), for the notifications it delivers
-# before it exits (kilolock.notify.deliver.after_command).
-_opened: dict[str, str] = {}
-
-
-def opened_url() -> str | None:
-    return _opened.get("url")
-
-
-def open_store(migrate: bool | None = None) -> psycopg.Connection:
+def open_store(migrate: bool | None = None, target: Target | None = None) -> psycopg.Connection:
     """A connection ready for use: the schema must be current.
 
     The embedded database is migrated automatically (it is kl's own); an external one must be
-    migrated explicitly with `kl db migrate`, unless `migrate=True`.
+    migrated explicitly with `kl db migrate`, unless `migrate=True`. ``target``: the database, when
+    the caller resolved it already (resolve_target otherwise).
     """
     from kilolock.store import notify
     from kilolock.store.migrate import apply_migrations, pending_migrations
 
-    target = resolve_target()
+    target = target or resolve_target()
     conn = connect(target.url)
     try:
         if migrate or (migrate is None and target.embedded):
@@ -240,7 +232,6 @@ def open_store(migrate: bool | None = None) -> psycopg.Connection:
                 )
         # One indexed EXISTS: any notification a crashed or impatient process left to deliver?
         notify.check_due(conn)
-        _opened["url"] = target.url
     except psycopg.OperationalError as exc:
         # The server went away between connecting and the schema check (a restart, a terminated
         # backend): a fault to name in one line, not an internal error with the query quoted.

@@ -145,7 +145,7 @@ def test_an_undeclared_transaction_pooler_is_named_with_what_to_change(monkeypat
     from kilolock import cli
     from kilolock.cli import statecmd
 
-    def broken(_args: object) -> int:
+    def broken(_args: object, _context: object) -> int:
         raise getattr(psycopg.errors, error)('prepared statement "_pg3_0" already exists')
 
     monkeypatch.setattr(statecmd, "run_list", broken)

@@ -349,7 +349,7 @@ def test_a_connection_lost_in_any_commands_own_query_is_one_line(monkeypatch, ca
     from kilolock import cli
     from kilolock.cli import statuscmd
 
-    def lost(_args):
+    def lost(_args, _context):
         raise psycopg.OperationalError("terminating connection due to administrator command\nSSL SYSCALL error: EOF detected")
 
     monkeypatch.setattr(statuscmd, "run", lost)
