@@ -18,7 +18,7 @@ from kilolock import schema as sch
 from kilolock import tfstate
 from kilolock.cli.driftcmd import drift_document
 from kilolock.cli.render import _default as json_default
-from kilolock.store import provider_schemas, versions
+from kilolock.store import provider_schemas, states, writes
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 ROUNDS = 3 if QUICK else 7
@@ -77,7 +77,7 @@ def drifted_db(bench_db: str) -> str:
             resource_schemas={"aws_instance": sch.Schema(1, _AWS_INSTANCE)}))
         for serial, source in ((1, "apply"), (2, "refresh")):
             raw = _state(serial, source == "refresh")
-            versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="bench")
+            writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="bench")
     return bench_db
 
 
@@ -101,7 +101,7 @@ def test_drift_document_against_a_bare_select(benchmark, drifted_db, bench_summa
 
             for path in ("tags", "monitoring"):
                 ignore_rules.add_rule(conn, ignore_rules.NewRule("prod", "aws_instance.*", sch.path_parse(path)), "bench")
-        sid = versions.state_id(conn, "prod")
+        sid = states.state_id(conn, "prod")
         assert len(_bare(conn, sid)) == CHANGED + DELETED
         doc = json.loads(_document(conn))
         assert doc["total"] == CHANGED + DELETED

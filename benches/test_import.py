@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import writes
 from kit.pg import one_row
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
@@ -44,7 +44,7 @@ def fresh_db(bench_db):
 
 
 def _kl_import(conn: psycopg.Connection, raw: bytes, n: int) -> None:
-    versions.write_version(conn, f"s{n}", tfstate.parse_state(raw), raw, source="import", actor="bench")
+    writes.store_document(conn, f"s{n}", tfstate.parse_state(raw), raw, source="import", actor="bench")
 
 
 def _bare_insert(conn: psycopg.Connection, raw: bytes, n: int) -> None:

@@ -91,7 +91,7 @@ from kilolock.refresh.encoding import EncodingClient
 from kilolock.refresh.factory import ProductionFactory
 from kilolock.refresh.inflight import Parallelism
 from kilolock.refresh.options import RefreshOptions
-from kilolock.store import versions
+from kilolock.store import states, writes
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test")) / "plugin-cache"
@@ -215,8 +215,8 @@ def _bare_floor(channel: grpc.Channel, n: int, state: bytes) -> float:
 def test_per_instance_cost_within_the_grpc_floor(benchmark, bench_db, bench_summary):
     raw = (REPO / "tests" / "fixtures" / "states" / "big2000-v1.tfstate").read_bytes()
     with psycopg.connect(bench_db, autocommit=True) as conn:
-        versions.write_version(conn, "per-instance", tfstate.parse_state(raw), raw, source="import", actor="bench")
-        sid = versions.state_id(conn, "per-instance")
+        writes.store_document(conn, "per-instance", tfstate.parse_state(raw), raw, source="import", actor="bench")
+        sid = states.state_id(conn, "per-instance")
         for variable in ("KL_READ_PATH", "KL_PROVIDER_TRANSPORT"):
             assert variable not in os.environ, f"the bench measures kl's own choice: unset {variable}"
 
@@ -335,8 +335,8 @@ AUTO_CPU_GATE = 1.10
 def test_auto_costs_no_more_than_a_fixed_10_against_a_fast_provider(benchmark, bench_db, bench_summary):
     raw = _null_state(AUTO_INSTANCES)
     with psycopg.connect(bench_db, autocommit=True) as conn:
-        versions.write_version(conn, "auto-overhead", tfstate.parse_state(raw), raw, source="import", actor="bench")
-        sid = versions.state_id(conn, "auto-overhead")
+        writes.store_document(conn, "auto-overhead", tfstate.parse_state(raw), raw, source="import", actor="bench")
+        sid = states.state_id(conn, "auto-overhead")
         client = ProductionFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
         try:
             factory = _KeepOpen(client)

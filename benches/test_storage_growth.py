@@ -30,7 +30,7 @@ import psycopg
 from kilolock import tfstate
 from kilolock.refresh.commit import commit_refresh
 from kilolock.server import store_ops
-from kilolock.store import versions
+from kilolock.store import states, versions, writes
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 STATES = 4 if QUICK else 20
@@ -104,13 +104,13 @@ class _Fleet:
     def import_all(self) -> None:
         for s in range(STATES):
             raw = self.raw(s)
-            versions.write_version(self.conn, self.name(s), tfstate.parse_state(raw, keep_objects=False), raw,
+            writes.store_document(self.conn, self.name(s), tfstate.parse_state(raw, keep_objects=False), raw,
                                    source="import", actor="bench")
 
     def refresh(self, s: int, changed: bool) -> None:
         """A refresh commit as the orchestrator makes it: the document parsed exactly, serial+1,
         the changed objects in place, and the touched set naming them."""
-        sid = versions.state_id(self.conn, self.name(s))
+        sid = states.state_id(self.conn, self.name(s))
         start = versions.current_version(self.conn, sid)
         assert start is not None
         touched = self.change(s) if changed else set()
@@ -163,9 +163,9 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
         f"{per_refresh / 1024:.1f} KiB = {per_refresh / state_size:.1%} of a state ({ROUNDS} rounds, gate {GATE_CHANGE:.0%}); "
         f"per backend POST {per_post / 1024:.1f} KiB = {per_post / state_size:.1%}; per no-change refresh "
         f"{per_no_change:.0f} B (gate {GATE_NO_CHANGE_BYTES} B)")
-    for label, (a, b, writes) in {"import": (0, 1, STATES), "refresh": (1, 2, STATES * ROUNDS),
+    for label, (a, b, count) in {"import": (0, 1, STATES), "refresh": (1, 2, STATES * ROUNDS),
                                   "POST": (2, 3, STATES * POST_ROUNDS), "no-change refresh": (3, 4, STATES * NO_CHANGE_ROUNDS)}.items():
-        bench_summary.append(f"  KiB per {label}: {_growth(sizes[a], sizes[b], writes)}")
+        bench_summary.append(f"  KiB per {label}: {_growth(sizes[a], sizes[b], count)}")
     assert per_refresh <= GATE_CHANGE * state_size, f"a 1% refresh adds {per_refresh / state_size:.1%} of a state"
     assert per_post <= GATE_CHANGE * state_size, f"a 1% backend POST adds {per_post / state_size:.1%} of a state"
     assert per_no_change <= GATE_NO_CHANGE_BYTES, f"a no-change refresh adds {per_no_change:.0f} B"

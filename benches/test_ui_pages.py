@@ -42,7 +42,7 @@ def _instance(i: int, version: int) -> dict[str, Any]:
 
 def _populate(conn: psycopg.Connection) -> None:
     from kilolock import tfstate
-    from kilolock.store import versions
+    from kilolock.store import writes
     from kit.uistates import cache_cloud_schema
 
     cache_cloud_schema(conn)
@@ -53,19 +53,19 @@ def _populate(conn: psycopg.Connection) -> None:
                            "outputs": {}, "resources": resources}).encode()
 
     first = raw(1)
-    versions.write_version(conn, STATE, tfstate.parse_state(first), first, source="import", actor="bench")
+    writes.store_document(conn, STATE, tfstate.parse_state(first), first, source="import", actor="bench")
     for serial in range(2, VERSIONS + 1):
         changed = [(serial * 37 + k * 101) % INSTANCES for k in range(CHANGED)]
         for i in changed:
             resources[i] = _instance(i, serial)
         doc = raw(serial)
         touched = {(f"cloud_server.s{i:05d}", "") for i in changed}
-        versions.write_version(conn, STATE, tfstate.parse_state(doc), doc, source="apply" if serial % 10 == 0 else "refresh",
-                               actor="bench", expect_serial=serial - 1, expect_lineage="big", touched=touched)
+        writes.commit_delta(conn, STATE, tfstate.parse_state(doc), doc, expect_serial=serial - 1, expect_lineage="big",
+                            touched=touched, actor="bench", source="apply" if serial % 10 == 0 else "refresh")
     for n in range(5):  # a few small states beside it, for the overview
         small = json.dumps({"version": 4, "serial": 1, "lineage": f"small{n}", "outputs": {},
                             "resources": [_instance(i, 1) for i in range(3)]}).encode()
-        versions.write_version(conn, f"bench/small{n}", tfstate.parse_state(small), small, source="import", actor="bench")
+        writes.store_document(conn, f"bench/small{n}", tfstate.parse_state(small), small, source="import", actor="bench")
 
 
 @pytest.fixture(scope="module")

@@ -181,13 +181,15 @@ def _with_close_state(exc: KlError, context: CommandContext) -> str:
     (the HTTP backend's first GET of a new state) never pay for it."""
     if context.store_url is None:  # no store opened: no state was looked up
         return str(exc)
-    from kilolock.store import db, versions
+    from kilolock.store import errors
 
-    if not isinstance(exc, versions.StateNotFound):
+    if not isinstance(exc, errors.StateNotFound):
         return str(exc)
+    from kilolock.store import db, states
+
     try:
         with db.connect(context.store_url) as conn:
-            close = versions.closest_name(conn, exc.name)
+            close = states.closest_name(conn, exc.name)
     except Exception:  # noqa: BLE001 - a hint only: the error itself is what matters
         close = None
     return str(exc.suggesting(close))

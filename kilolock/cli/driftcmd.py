@@ -122,7 +122,7 @@ def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock import globs
-    from kilolock.store import summary, versions
+    from kilolock.store import states, summary
 
     if (args.state is None) == (args.states is None):
         args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
             names = globs.select(args.states, [r["name"] for r in summary.list_states(conn)])
             if not names:
                 # A gate over nothing would pass forever: a mistyped glob must not look like "no drift".
-                raise KlError(versions.no_state_matches(conn, args.states))
+                raise KlError(states.no_state_matches(conn, args.states))
             docs = [drift_document(conn, n, args.limit, args.all) for n in names]
     open_drift = sum(d["open"] for d in docs)  # the gate counts open drift, --all or not
     if args.format == "json":

@@ -65,10 +65,11 @@ def _unmatched(conn: Any, states: str, address: str) -> str | None:
     """What a new rule's globs match nothing of now, in a few words with the closest name; None: they match."""
     import difflib
 
-    from kilolock.store import ignore_rules, versions
+    from kilolock.store import ignore_rules
+    from kilolock.store.states import no_state_matches
 
     if not ignore_rules.states_match(conn, states):
-        return "--states: " + versions.no_state_matches(conn, states)
+        return "--states: " + no_state_matches(conn, states)
     if ignore_rules.address_matches(conn, states, address):
         return None
     candidates = ignore_rules.some_addresses(conn, states, _NEAR_ADDRESSES + 1)

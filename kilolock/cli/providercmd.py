@@ -46,13 +46,13 @@ def add_configure_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_configure(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import provider_configs, versions
+    from kilolock.store import provider_configs, states
 
     source = normalize_source(args.source)
     raw = cli_args.read_input(args.config)
     config = _load_config(raw, args.config)
     with context.open_store() as conn:
-        sid = versions.state_id(conn, args.state) if args.state else None
+        sid = states.state_id(conn, args.state) if args.state else None
         provider_configs.upsert(conn, sid, source, args.alias, config=config)
     scope = f"state {args.state}" if args.state else "all states"
     print(f"{source}{'.' + args.alias if args.alias else ''} ({scope}): config stored: {_describe_secret_free(config)}")
@@ -67,12 +67,12 @@ def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_pin(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import provider_configs, versions
+    from kilolock.store import provider_configs, states
 
     source = normalize_source(args.source)
     version = args.version.lstrip("v")
     with context.open_store() as conn:
-        sid = versions.state_id(conn, args.state) if args.state else None
+        sid = states.state_id(conn, args.state) if args.state else None
         provider_configs.upsert(conn, sid, source, args.alias, pinned_version=version)
     print(f"{source}{'.' + args.alias if args.alias else ''}: pinned to {version}")
     return 0

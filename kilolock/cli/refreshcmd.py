@@ -392,7 +392,7 @@ def _run_one(args: argparse.Namespace, context: CommandContext, secrets: Redacto
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.orchestrator import run as run_refresh
     from kilolock.refresh.slots import fleet_slots
-    from kilolock.store import db, settings, versions
+    from kilolock.store import db, settings, states
 
     cancel = Cancellation()
     # The handlers stay until the result is printed: a signal after the commit must not kill kl
@@ -401,7 +401,7 @@ def _run_one(args: argparse.Namespace, context: CommandContext, secrets: Redacto
         progress = _Progress() if sys.stderr.isatty() else None
         try:
             with context.open_store() as conn:
-                sid = versions.state_id(conn, args.state)
+                sid = states.state_id(conn, args.state)
                 options = options_from_args(args, settings.get(conn, sid))
                 wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
                 factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,

@@ -22,10 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import refresh_runs, versions
+    from kilolock.store import refresh_runs, states
 
     with context.open_store() as conn:
-        sid = versions.state_id(conn, args.state)
+        sid = states.state_id(conn, args.state)
         if args.stale:
             marked = refresh_runs.finish_stale(conn, sid, cli_args.default_actor())
             print(f"{args.state}: {len(marked)} stale run(s) marked failed" + (": " + ", ".join(marked) if marked else ""),

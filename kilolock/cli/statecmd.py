@@ -30,7 +30,7 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_import(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import versions
+    from kilolock.store import writes
 
     origin = "<stdin>" if args.file == "-" else args.file
     # Only one whole copy of the input at a time: its text, then its bytes again, which UTF-8 gives
@@ -57,11 +57,14 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     del text
     with context.open_store() as conn:
         try:
-            result = versions.write_version(
-                conn, args.name, state, raw, source=args.source, actor=args.actor or cli_args.default_actor(),
-                force=args.force, origin=origin, envelope=envelope,
-            )
-        except versions.SerialBehind as behind:
+            actor = args.actor or cli_args.default_actor()
+            if state is None:
+                result = writes.store_envelope(conn, args.name, raw, envelope, source=args.source, actor=actor,
+                                               force=args.force, origin=origin)
+            else:
+                result = writes.store_document(conn, args.name, state, raw, source=args.source, actor=actor,
+                                               force=args.force, origin=origin)
+        except writes.SerialBehind as behind:
             raise KlError(behind_message(behind, origin, args.file)) from None
     v = result.version
     if not result.created:
@@ -222,7 +225,7 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
     import os
 
     from kilolock.errors import UsageError
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states
 
     given = {
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
@@ -239,7 +242,7 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
         flag = next(k for k, c in settings.COLUMNS.items() if c == both[0])
         raise UsageError(f"kl state set: --{flag} and --unset {flag} together; give one")
     with context.open_store() as conn:
-        sid = versions.state_id(conn, args.name)
+        sid = states.state_id(conn, args.name)
         stored = settings.update(conn, sid, settings.Changes(values, unset), cli_args.default_actor())
     print(f"{args.name}: settings stored")
     _show_settings(args.name, stored)
@@ -254,10 +257,10 @@ def add_show_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_show(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states
 
     with context.open_store() as conn:
-        stored = settings.get(conn, versions.state_id(conn, args.name))
+        stored = settings.get(conn, states.state_id(conn, args.name))
     if args.format == "json":
         render.emit_json({"version": 1, "state": args.name, "settings": stored.as_json(),
                           "updated_at": stored.updated_at, "updated_by": stored.updated_by})
@@ -289,10 +292,10 @@ def add_unlock_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_unlock(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import locks, versions
+    from kilolock.store import locks, states
 
     with context.open_store() as conn:
-        sid = versions.state_id(conn, args.name)
+        sid = states.state_id(conn, args.name)
         released = locks.unlock_by_id(conn, sid, args.name, args.lock_id, args.actor or cli_args.default_actor())
     if released is None:
         print(f"{args.name}: not locked; nothing unlocked")
@@ -314,12 +317,12 @@ def add_rm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_rm(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.server import store_ops
-    from kilolock.store import state_admin, versions
+    from kilolock.store import errors, state_admin, states
     from kilolock.store.locks import StateLocked
 
     name = args.name
     with context.open_store() as conn:
-        sid = versions.state_id(conn, name)
+        sid = states.state_id(conn, name)
         _refuse_locked(conn, sid, name, "not deleted")
         owned = state_admin.owned(conn, sid)
         uses = state_admin.glob_uses(conn, name)
@@ -329,7 +332,7 @@ def run_rm(args: argparse.Namespace, context: CommandContext) -> int:
         except StateLocked as exc:  # locked since the check above
             raise KlError(_unlock_hint(exc)) from None
         if not gone:
-            raise versions.StateNotFound(name)
+            raise errors.StateNotFound(name)
     if args.format == "json":
         render.emit_json({"version": 1, "deleted": name, "owned": _owned_json(owned),
                           "kept": [_use_json(u) for u in uses]})
@@ -352,7 +355,7 @@ def add_mv_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_mv(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import state_admin, versions
+    from kilolock.store import state_admin, states
     from kilolock.store.locks import StateLocked
 
     old, new = args.old, args.new
@@ -360,7 +363,7 @@ def run_mv(args: argparse.Namespace, context: CommandContext) -> int:
         raise KlError(f"kl state mv: {old!r} is already its name; nothing renamed")
     backend = _backend_block(args.serve_url, new)
     with context.open_store() as conn:
-        sid = versions.state_id(conn, old)
+        sid = states.state_id(conn, old)
         _refuse_locked(conn, sid, old, "not renamed")
         if state_admin.exists(conn, new):
             raise state_admin.StateExists(new)

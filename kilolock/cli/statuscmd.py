@@ -23,11 +23,11 @@ def _lock_text(info: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
-    from kilolock.store import refresh_runs, summary, versions
+    from kilolock.store import refresh_runs, states, summary
 
     with context.open_store() as conn:
         s = summary.state_status(conn, args.name)
-        dead = refresh_runs.dead_runs(conn, versions.state_id(conn, args.name))
+        dead = refresh_runs.dead_runs(conn, states.state_id(conn, args.name))
     oldest = s.pop("open_drift_oldest_for")
     if args.format == "json":
         render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),

@@ -14,7 +14,7 @@ import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
-from kilolock.store import db, locks, refresh_runs, versions
+from kilolock.store import db, locks, refresh_runs, versions, writes
 from kilolock.store.db import first_line, reconnected
 
 
@@ -24,11 +24,12 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
                    sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
     A lock held by someone else is waited for up to ``lock_timeout`` seconds (lockwait).
-    ``touched`` and ``same_resources``: how the state differs from ``start`` (versions.write_version).
+    ``touched`` and ``same_resources``: how the state differs from ``start`` (writes.commit_delta,
+    writes.commit_unchanged).
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
-    # any stored version out as Terraform does. A str: write_version sends its UTF-8 a slice at a
+    # any stored version out as Terraform does. A str: the store sends its UTF-8 a slice at a
     # time, so the bytes (and libpq's copy of them as a parameter) never exist whole beside it.
     raw = parser.dumps_compact(state.raw)
     # A connection that died during the reads fails here, before anything is sent, so that case is
@@ -47,11 +48,12 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
             if run_id is not None and not refresh_runs.still_running(conn, run_id):
                 raise KlError(f"run {run_id} was finished meanwhile by someone else (a fleet worker took its job "
                               "over after its lease expired); refresh not committed")
-            written = versions.write_version(
-                conn, name, state, raw, source="refresh", actor=actor,
-                expect_serial=start.serial, expect_lineage=start.lineage, touched=touched,
-                same_resources=same_resources,
-            )
+            if same_resources:
+                written = writes.commit_unchanged(conn, name, state, raw, expect_serial=start.serial,
+                                                  expect_lineage=start.lineage, actor=actor)
+            else:
+                written = writes.commit_delta(conn, name, state, raw, expect_serial=start.serial,
+                                              expect_lineage=start.lineage, touched=touched, actor=actor)
             landed = written.version.id, written.version.serial
         finally:
             locks.release(conn, sid, info["ID"], actor)

@@ -29,7 +29,7 @@ from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.orchestrator import Cancellation, Result
 from kilolock.refresh.orchestrator import run as run_refresh
 from kilolock.refresh.warm import WarmProviders
-from kilolock.store import db, fleet, refresh_runs, settings, versions
+from kilolock.store import db, fleet, refresh_runs, settings, states
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
 from kilolock.store.settings import StateSettings
@@ -68,7 +68,7 @@ def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, 
     """One state, as kl refresh runs it; an error before its run began is a failed Result.
     WARM: a worker's pool of provider processes, reused across its runs (kilolock.refresh.warm)."""
     try:
-        sid = sid or versions.state_id(conn, name)
+        sid = sid or states.state_id(conn, name)
         options = options_for(settings.get(conn, sid))
         factory = (warm.factory if warm is not None else ProductionFactory)(
             conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout, workdir=options.workdir)
@@ -94,7 +94,7 @@ def refresh_many(conn: psycopg.Connection, names: list[str], options_for: Option
             return Result(state=name, status="cancelled", error=cancel.reason)
         try:
             with db.reconnect(conn) as own:
-                sid = versions.state_id(own, name)
+                sid = states.state_id(own, name)
                 try:
                     wait_until_not_running(own, sid, name, options_for(settings.get(own, sid)), cancel)
                 except KlError as exc:

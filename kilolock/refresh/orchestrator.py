@@ -42,7 +42,7 @@ from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import db, history, ignore_rules, locks, refresh_runs, versions
+from kilolock.store import db, history, ignore_rules, locks, refresh_runs, states, versions
 from kilolock.store.db import first_line
 
 log = logging.getLogger("kilolock.refresh")
@@ -691,7 +691,7 @@ def run(
     grace = stop_grace()
 
     try:
-        sid = versions.state_id(conn, name)
+        sid = states.state_id(conn, name)
         current = versions.current_version(conn, sid)
         if current is None:
             raise KlError(f"state {name!r} has no versions to refresh")

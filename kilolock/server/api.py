@@ -10,7 +10,7 @@ from kilolock.server.backend import Response, json_body, text
 from kilolock.store import db, history, locks, summary
 from kilolock.store import drift as drift_store
 from kilolock.store import versions as versions_store
-from kilolock.store.versions import StateNotFound
+from kilolock.store.errors import StateNotFound
 
 
 def states(conn: psycopg.Connection, may_read: Callable[[str], bool] | None = None) -> Response:

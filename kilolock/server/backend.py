@@ -19,8 +19,8 @@ import psycopg
 from kilolock import jsondoc, tfstate
 from kilolock.server import store_ops
 from kilolock.server.auth import Principal
+from kilolock.store.errors import VersionConflict
 from kilolock.store.locks import StateLocked
-from kilolock.store.versions import VersionConflict
 
 
 @dataclass

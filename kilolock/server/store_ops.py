@@ -1,9 +1,9 @@
 """What the backend's requests do to the store, each one transaction.
 
 Writes and lock changes on a state are serialised on its ``states`` row
-(versions.lock_state_row), so "is it locked, and by whom" and the write that depends on the answer
+(states.lock_state_row), so "is it locked, and by whom" and the write that depends on the answer
 cannot interleave with a LOCK. Versions, plain and OpenTofu-encrypted, go through
-kilolock.store.versions.write_version (the one write path). No SQL here: that lives in kilolock.store.
+kilolock.store.writes (store_document, store_envelope). No SQL here: that lives in kilolock.store.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import psycopg
 
 from kilolock import tfstate
 from kilolock.errors import KlError
-from kilolock.store import locks, versions
+from kilolock.store import errors, locks, states, versions, writes
 from kilolock.store.locks import StateLocked
 
 
@@ -70,27 +70,27 @@ def write_state(conn: psycopg.Connection, name: str, raw: bytes, lock_id: str | 
     envelope = tfstate.envelope_ids(doc, origin="request body") if encrypted else None
     state = None if encrypted else tfstate.parse_state(doc, origin="request body")
     with conn.transaction():
-        sid = versions.lock_state_row(conn, name, create=True)
+        sid = states.lock_state_row(conn, name, create=True)
         assert sid is not None
         _check_lock(conn, name, sid, lock_id)
-        if encrypted:
-            result = versions.write_version(conn, name, None, raw, source="apply", actor=actor, origin="request body",
-                                            envelope=envelope, force=_is_empty(conn, sid))
+        if state is None:
+            result = writes.store_envelope(conn, name, raw, envelope, source="apply", actor=actor, origin="request body",
+                                           force=_is_empty(conn, sid))
         else:
-            result = versions.write_version(conn, name, state, raw, source="apply", actor=actor, force=_is_empty(conn, sid))
+            result = writes.store_document(conn, name, state, raw, source="apply", actor=actor, force=_is_empty(conn, sid))
     return Written(result.version.serial, result.created, encrypted=encrypted)
 
 
 def delete_state(conn: psycopg.Connection, name: str, lock_id: str | None) -> bool:
     """Remove a state and its history; False when there was none."""
     with conn.transaction():
-        sid = versions.lock_state_row(conn, name, create=False)
+        sid = states.lock_state_row(conn, name, create=False)
         if sid is None:
             return False
         holder = locks.current(conn, sid)
         if holder is not None and holder.get("ID") != lock_id:
             raise StateLocked(name, holder, "not deleted")
-        versions.delete_state(conn, sid)
+        states.delete_state(conn, sid)
     return True
 
 
@@ -98,8 +98,8 @@ def lock_holder(conn: psycopg.Connection, name: str) -> tuple[bool, str | None]:
     """Whether the state is locked, and the principal that took the lock through kl serve (None
     for a lock kl refresh or an older kl serve took)."""
     try:
-        sid = versions.state_id(conn, name)
-    except versions.StateNotFound:
+        sid = states.state_id(conn, name)
+    except errors.StateNotFound:
         return False, None
     if locks.current(conn, sid) is None:
         return False, None
@@ -109,7 +109,7 @@ def lock_holder(conn: psycopg.Connection, name: str) -> tuple[bool, str | None]:
 def lock(conn: psycopg.Connection, name: str, info: dict[str, Any], actor: str, principal: str | None = None) -> None:
     """Take the lock; a retry by the holder (same ID) succeeds again. StateLocked otherwise."""
     with conn.transaction():
-        sid = versions.lock_state_row(conn, name, create=True)
+        sid = states.lock_state_row(conn, name, create=True)
         assert sid is not None
         holder = locks.current(conn, sid)
         if holder is not None:
@@ -123,7 +123,7 @@ def unlock(conn: psycopg.Connection, name: str, lock_id: str, actor: str, forced
     """Release the lock ``lock_id``; unlocking an unlocked state is a no-op (retries happen).
     ``forced`` records the event as a force-unlock (OpenTofu's force-unlock sends only the ID)."""
     with conn.transaction():
-        sid = versions.lock_state_row(conn, name, create=False)
+        sid = states.lock_state_row(conn, name, create=False)
         if sid is None:
             return
         holder = locks.current(conn, sid)
@@ -140,5 +140,5 @@ def unlock(conn: psycopg.Connection, name: str, lock_id: str, actor: str, forced
 def force_unlock(conn: psycopg.Connection, name: str, actor: str) -> dict[str, Any] | None:
     """Release whatever lock is held (Terraform's force-unlock sends no ID); the released LockInfo."""
     with conn.transaction():
-        sid = versions.lock_state_row(conn, name, create=False)
+        sid = states.lock_state_row(conn, name, create=False)
         return locks.force_release(conn, sid, actor) if sid else None

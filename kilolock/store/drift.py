@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kilolock.store.versions import state_id
+from kilolock.store.states import state_id
 
 _COLS = """address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
        previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,

@@ -1,4 +1,4 @@
-"""The drift record, kept by the one write path (versions.write_version) in the version's transaction.
+"""The drift record, kept by the write path (store/writes.py) in the version's transaction.
 
 The rule (also in migration 0007 and README "Drift"): a refresh-sourced version that closes the
 open lifecycle at an address, with a new one there (`changed`) or none (`deleted`), opens a drift

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from kilolock.errors import KlError
-from kilolock.store.versions import state_id
+from kilolock.store.states import state_id
 
 _LAST_TWO = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial DESC LIMIT 2"
 _SERIALS = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND serial = ANY(%s)"

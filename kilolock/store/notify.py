@@ -1,7 +1,7 @@
 """Notifications in the database: channels, the outbox of events, deliveries and their attempts.
 
 Events are written in the transaction of what caused them (migration 0013): drift events by the
-one write path (versions.write_version → drift_records.record → ``record_drift_events``), refresh
+one write path (store/writes.py → drift_records.record → ``record_drift_events``), refresh
 events by the refresh_runs finish (``record_run_events``). Both are single set-based statements
 that also create the deliveries, one per matching channel, so an event is never committed without
 them nor sent without having been committed.

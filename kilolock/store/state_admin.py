@@ -4,7 +4,7 @@ what names it by glob.
 A state's own rows are keyed by its id (versions, lifecycles, pieces, lock and lock events, refresh
 runs, drift records, settings, per-state provider configs, fleet jobs, notification events): the
 schema's foreign keys cascade them all from the ``states`` row, so deleting that row deletes them in
-the same statement (versions.delete_state), and a rename changes the name alone while they follow
+the same statement (states.delete_state), and a rename changes the name alone while they follow
 the id. Grants, ignore rules, notify channels and schedules name states by glob: they belong to no
 one state, so both leave them as they are, and list them for the user to decide.
 """
@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from kilolock.errors import KlError
-from kilolock.store import locks, versions
+from kilolock.store import errors, locks, states
 
 
 class StateExists(KlError):
@@ -111,14 +111,14 @@ def exists(conn: psycopg.Connection, name: str) -> bool:
 
 
 def rename(conn: psycopg.Connection, old: str, new: str) -> str:
-    """Rename state OLD to NEW in one transaction, under OLD's row lock (versions.lock_state_row: no
+    """Rename state OLD to NEW in one transaction, under OLD's row lock (states.lock_state_row: no
     write or lock change interleaves); its id, which everything of its own follows. StateNotFound,
     StateLocked (someone holds its lock) or StateExists: nothing changed."""
     try:
         with conn.transaction():
-            sid = versions.lock_state_row(conn, old, create=False)
+            sid = states.lock_state_row(conn, old, create=False)
             if sid is None:
-                raise versions.StateNotFound(old)
+                raise errors.StateNotFound(old)
             holder = locks.current(conn, sid)
             if holder is not None:
                 raise locks.StateLocked(old, holder, "not renamed")

@@ -7,7 +7,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from kilolock.store.versions import current_version_of, state_id
+from kilolock.store.states import state_id
+from kilolock.store.versions import current_version_of
 
 _LIST = sql.SQL("""
 SELECT s.name, v.serial, (SELECT count(*) FROM state_versions x WHERE x.state_id = s.id) AS versions,

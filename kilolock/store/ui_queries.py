@@ -16,7 +16,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kilolock.store.versions import StateNotFound, current_version_of
+from kilolock.store.errors import StateNotFound
+from kilolock.store.versions import current_version_of
 
 
 @dataclass(frozen=True)

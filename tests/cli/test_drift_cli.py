@@ -10,7 +10,7 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.cli import main
-from kilolock.store import versions
+from kilolock.store import states, versions, writes
 
 
 def _kl(*argv: str) -> tuple[int, str, str]:
@@ -22,7 +22,7 @@ def _kl(*argv: str) -> tuple[int, str, str]:
 
 def _write(db_url: str, name: str, raw: bytes, source: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as c:
-        versions.write_version(c, name, tfstate.parse_state(raw), raw, source=source, actor="test")
+        writes.store_document(c, name, tfstate.parse_state(raw), raw, source=source, actor="test")
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_status_points_at_runs_stale_when_a_run_looks_dead_and_shows_time_zones(
     from kilolock.store import refresh_runs
 
     with psycopg.connect(drifted, autocommit=True) as c:  # a run whose process died: its session lock is gone
-        sid = versions.state_id(c, "prod")
+        sid = states.state_id(c, "prod")
         current = versions.current_version(c, sid)
         assert current is not None
         refresh_runs.begin(c, sid, current.id, "ghost@cli")

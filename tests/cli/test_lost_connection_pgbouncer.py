@@ -33,7 +33,7 @@ def _pooled(template: str, db_url: str) -> str:
     return template.format(dbname=psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]) + " kl_pooler=transaction"
 
 
-def _start_broken(pooled: str, tmp_path: Path, *args: str, at: str = "versions.write_version",
+def _start_broken(pooled: str, tmp_path: Path, *args: str, at: str = breakcommit.WRITES,
                   ) -> tuple[subprocess.Popen[bytes], int, Path]:
     """kl ARGS through the pooler with its next write AT (a kilolock.store function) held before
     COMMIT: (process, the server pid of the held transaction, the file that lets it go on)."""

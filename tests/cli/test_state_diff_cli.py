@@ -13,7 +13,7 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.cli import main
-from kilolock.store import versions
+from kilolock.store import writes
 
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 PW = [[{"type": "get_attr", "value": "pw"}]]
@@ -42,8 +42,10 @@ def _obj(attributes: dict[str, Any], marks: list[Any] | None = None, **extra: An
 def _write(db_url: str, name: str, doc: dict[str, Any] | bytes) -> None:
     raw = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
     with psycopg.connect(db_url, autocommit=True) as c:
-        state = None if b"encrypted_data" in raw else tfstate.parse_state(raw)
-        versions.write_version(c, name, state, raw, source="apply", actor="test")
+        if b"encrypted_data" in raw:
+            writes.store_envelope(c, name, raw, None, source="apply", actor="test")
+        else:
+            writes.store_document(c, name, tfstate.parse_state(raw), raw, source="apply", actor="test")
 
 
 def _json(*argv: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 
 import psycopg
 
-from kilolock.store import locks, versions
+from kilolock.store import locks, states
 from kit.pg import one_row
 
 
@@ -76,7 +76,7 @@ def test_status_shows_the_lock_id_and_unlock_needs_it(db_url, run_kl, make_state
     assert run_kl("state", "import", "prod", "-", input=make_state(1, {"a": {"id": "1"}})).returncode == 0
     info = locks.lock_info("OperationTypeApply", "alice@laptop", "1.0.3")
     with psycopg.connect(db_url, autocommit=True) as c:
-        locks.acquire(c, versions.state_id(c, "prod"), "prod", info, "alice")
+        locks.acquire(c, states.state_id(c, "prod"), "prod", info, "alice")
     text = run_kl("status", "prod").stdout.decode()
     assert f"locked:       by alice@laptop (OperationTypeApply, since {info['Created']}), lock ID {info['ID']}\n" in text
     assert json.loads(run_kl("status", "prod", "--format", "json").stdout)["lock"] == info
@@ -125,7 +125,7 @@ def test_refresh_lock_timeout_and_dry_run_on_a_locked_state(db_url, run_kl, make
     assert run_kl("state", "import", "prod", "-", input=make_state(1, {})).returncode == 0
     info = locks.lock_info("OperationTypeApply", "alice@laptop", "1.0.3")
     with psycopg.connect(db_url, autocommit=True) as c:
-        locks.acquire(c, versions.state_id(c, "prod"), "prod", info, "alice")
+        locks.acquire(c, states.state_id(c, "prod"), "prod", info, "alice")
     r = run_kl("refresh", "prod", "--lock-timeout", "1s", "--format", "json")
     out = json.loads(r.stdout)
     assert r.returncode == 1 and out["error"].endswith("waited 1s (--lock-timeout)") and info["ID"] in out["error"]

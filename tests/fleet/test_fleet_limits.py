@@ -18,13 +18,13 @@ from kit.kl import kl_cmd, kl_env
 
 def add_slow_states(db_url: str, names: list[str], cache: Path, reads: int) -> None:
     from kilolock import tfstate
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states, writes
 
     with psycopg.connect(db_url, autocommit=True) as conn:
         for name in names:
             raw = fake_state(["fake_slow"] * reads, lineage=f"lineage-{name}")
-            versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
-            settings.update(conn, versions.state_id(conn, name),
+            writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+            settings.update(conn, states.state_id(conn, name),
                             settings.Changes({"provider_search_paths": [str(cache)]}), "test")
 
 
@@ -83,7 +83,7 @@ def test_provider_limit_set_list_and_remove(run_kl, db_url):
 
 def test_a_limit_for_a_provider_no_state_uses_is_set_with_a_note(run_kl, db_url, tmp_path):
     from kilolock import tfstate
-    from kilolock.store import versions
+    from kilolock.store import writes
 
     raw = fake_state(["fake_slow"], lineage="lineage-used")
     doc = json.loads(raw)
@@ -92,7 +92,7 @@ def test_a_limit_for_a_provider_no_state_uses_is_set_with_a_note(run_kl, db_url,
     doc["resources"].append(aliased)
     raw = json.dumps(doc).encode()
     with psycopg.connect(db_url, autocommit=True) as conn:
-        versions.write_version(conn, "used/a", tfstate.parse_state(raw), raw, source="import", actor="test")
+        writes.store_document(conn, "used/a", tfstate.parse_state(raw), raw, source="import", actor="test")
 
     def note(*args: str) -> str:
         r = run_kl("provider", "limit", *args, "--max-in-flight", "3")

@@ -155,12 +155,12 @@ def test_an_undeclared_transaction_pooler_is_named_with_what_to_change(monkeypat
 
 
 def test_a_pooled_run_beats_instead_of_locking_and_stops_beating_when_its_finish_fails(db_url, monkeypatch):
-    from kilolock.store import db, refresh_runs, versions
+    from kilolock.store import db, refresh_runs, states
 
     add_states(db_url, ["beat/a"], instances=1)
     monkeypatch.setenv(db.POOLER_ENV, "transaction")
     conn = db.connect(db_url)
-    sid = versions.state_id(conn, "beat/a")
+    sid = states.state_id(conn, "beat/a")
     version = q(db_url, "SELECT id FROM state_versions WHERE state_id = %s", (sid,))[0][0]
     run_id = refresh_runs.begin(conn, sid, str(version), "test")
     assert q(db_url, "SELECT heartbeat_at IS NOT NULL FROM refresh_runs WHERE id = %s", (run_id,))[0][0]

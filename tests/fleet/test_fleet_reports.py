@@ -84,15 +84,15 @@ def _drifted_states(db_url: str, drifted: list[str], clean: list[str]) -> None:
     version that changed a trigger since the last apply (the null provider reads back what is stored,
     so the drift stays open after another refresh)."""
     from kilolock import tfstate
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states, writes
 
     with psycopg.connect(db_url, autocommit=True) as conn:
         for name in drifted + clean:
-            writes = [(1, "1", "apply")] + ([(2, "2", "refresh")] if name in drifted else [])
-            for serial, trigger, source in writes:
+            history = [(1, "1", "apply")] + ([(2, "2", "refresh")] if name in drifted else [])
+            for serial, trigger, source in history:
                 raw = build_state(serial, {"a": {"id": f"{name}-a", "triggers": {"t": trigger}}}, lineage=f"l-{name}")
-                versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="test")
-            settings.update(conn, versions.state_id(conn, name),
+                writes.store_document(conn, name, tfstate.parse_state(raw), raw, source=source, actor="test")
+            settings.update(conn, states.state_id(conn, name),
                             settings.Changes({"provider_search_paths": [str(PLUGIN_CACHE)]}), "test")
 
 
@@ -167,10 +167,10 @@ def test_gone_workers_expire_from_fleet_status_and_fleet_prune_removes_them(run_
 
 
 def test_the_last_hour_counts_a_run_failed_by_a_take_over(run_kl, conn):
-    from kilolock.store import fleet, refresh_runs, versions
+    from kilolock.store import fleet, refresh_runs, states, versions
 
     add_states(conn.info.dsn, ["s"], instances=1)
-    sid = versions.state_id(conn, "s")
+    sid = states.state_id(conn, "s")
     fleet.enqueue_now(conn, "s")
     dead, _ = fleet.register_worker(conn, "dead", 1, 30.0)
     [job] = fleet.claim(conn, dead, 1, 30.0)

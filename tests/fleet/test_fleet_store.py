@@ -12,14 +12,14 @@ from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.commit import commit_refresh
 from kilolock.refresh.fleet import next_run
-from kilolock.store import fleet, locks, refresh_runs, versions
+from kilolock.store import fleet, locks, refresh_runs, states, versions, writes
 from kit.states import build_state
 
 
 def _state(conn: psycopg.Connection, name: str) -> str:
     raw = build_state(1, {"a": {"id": "a", "triggers": None}}, lineage=f"l-{name}")
-    versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
-    return versions.state_id(conn, name)
+    writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+    return states.state_id(conn, name)
 
 
 def test_a_dead_workers_job_is_taken_over_and_its_run_ends_at_the_last_heartbeat(conn, db_url):

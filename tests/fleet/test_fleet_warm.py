@@ -98,12 +98,12 @@ def add_fake(db_url: str, name: str, cache: Path, kind: str) -> None:
     import psycopg
 
     from kilolock import tfstate
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states, writes
 
     raw = fake_state([kind], lineage=f"lineage-{name}")
     with psycopg.connect(db_url, autocommit=True) as conn:
-        versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
-        settings.update(conn, versions.state_id(conn, name), settings.Changes({"provider_search_paths": [str(cache)]}), "test")
+        writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+        settings.update(conn, states.state_id(conn, name), settings.Changes({"provider_search_paths": [str(cache)]}), "test")
 
 
 @pytest.mark.parametrize("read_path", ["threads", "async", "async-grpcio"])

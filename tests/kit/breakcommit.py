@@ -1,9 +1,9 @@
 """Fault injection for a kl process (`python -m kit.breakcommit ARGS...` runs kl with it): the
 database connection breaks inside a write's transaction, after its last statement and before its
-COMMIT. The write is $KL_TEST_BREAK_AT, a function of kilolock.store ("versions.write_version",
-the default; "locks.acquire", "refresh_runs.finish", ...), or several separated by commas. Behind
-PgBouncer that is the break psycopg reports on its own COMMIT as InternalError("received 2 results
-from command 'COMMIT'"), without SQLSTATE.
+COMMIT. The write is $KL_TEST_BREAK_AT, a function of kilolock.store ("locks.acquire",
+"refresh_runs.finish", ...), or several separated by commas; by default WRITES, every write of a
+version (whichever one the command makes). Behind PgBouncer that is the break psycopg reports on
+its own COMMIT as InternalError("received 2 results from command 'COMMIT'"), without SQLSTATE.
 
 Armed by the file $KL_TEST_BREAK_ARM (removed when it fires: one break per arming). The write then
 creates $KL_TEST_BREAK_HELD (holding the server pid of its transaction) and holds the transaction
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ARM, HELD, GO, AT = "KL_TEST_BREAK_ARM", "KL_TEST_BREAK_HELD", "KL_TEST_BREAK_GO", "KL_TEST_BREAK_AT"
+WRITES = "writes.store_document,writes.store_envelope,writes.commit_delta,writes.commit_unchanged"
 
 
 def _hold(conn: Any) -> None:
@@ -36,7 +37,7 @@ def _hold(conn: Any) -> None:
 def install() -> None:
     import importlib
 
-    for at in os.environ.get(AT, "versions.write_version").split(","):
+    for at in os.environ.get(AT, WRITES).split(","):
         module_name, function = at.strip().rsplit(".", 1)
         module = importlib.import_module(f"kilolock.store.{module_name}")
         setattr(module, function, breaking(getattr(module, function)))

@@ -28,25 +28,25 @@ POLL = "200ms"
 def add_states(db_url: str, names: list[str], instances: int = 5, search_path: Path = PLUGIN_CACHE) -> None:
     """States of INSTANCES null_resources each, stored with their provider search path (kl state set)."""
     from kilolock import tfstate
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states, writes
 
     with psycopg.connect(db_url, autocommit=True) as conn:
         for name in names:
             raw = build_state(1, {f"n{i}": {"id": f"{name}-{i}", "triggers": None} for i in range(instances)},
                               lineage=f"lineage-{name}")
-            versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
-            settings.update(conn, versions.state_id(conn, name),
+            writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+            settings.update(conn, states.state_id(conn, name),
                             settings.Changes({"provider_search_paths": [str(search_path)]}), "test")
 
 
 def add_fake_state(db_url: str, name: str, cache: Path) -> None:
     from kilolock import tfstate
-    from kilolock.store import settings, versions
+    from kilolock.store import settings, states, writes
 
     raw = fake_state(["fake_slow"], lineage=f"lineage-{name}")
     with psycopg.connect(db_url, autocommit=True) as conn:
-        versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
-        settings.update(conn, versions.state_id(conn, name), settings.Changes({"provider_search_paths": [str(cache)]}), "test")
+        writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+        settings.update(conn, states.state_id(conn, name), settings.Changes({"provider_search_paths": [str(cache)]}), "test")
 
 
 def q(db_url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -51,13 +51,13 @@ def _drift_rows(conn: psycopg.Connection, state_id: str) -> list[tuple]:
 
 def reindex_mismatches(db_url: str, state: str) -> list[str]:
     """Differences between the stored lifecycle rows of STATE and a re-index from scratch: every
-    stored version replayed in serial order into a scratch state by kl's own write_version (the full,
+    stored version replayed in serial order into a scratch state by kl's own writes.store_document (the full,
     unscoped index), in a transaction that is rolled back. [] when they agree."""
     from kilolock import tfstate
-    from kilolock.store import versions
+    from kilolock.store import states, writes
 
     with psycopg.connect(db_url) as conn:  # not autocommit: everything below is one transaction
-        sid = versions.state_id(conn, state)
+        sid = states.state_id(conn, state)
         stored = _lifecycle_rows(conn, sid)
         rows = conn.execute(
             "SELECT serial, source, actor, kl_version_document(id)::text, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial",
@@ -67,10 +67,10 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
         for serial, source, actor, text, encrypted in rows:
             if encrypted:
                 continue
-            versions.write_version(conn, scratch, tfstate.parse_state(text, origin=f"v{serial}"), text.encode(),
-                                   source=source, actor=actor, force=True)
-        rebuilt = _lifecycle_rows(conn, versions.state_id(conn, scratch))
-        drift_stored, drift_rebuilt = _drift_rows(conn, sid), _drift_rows(conn, versions.state_id(conn, scratch))
+            writes.store_document(conn, scratch, tfstate.parse_state(text, origin=f"v{serial}"), text.encode(),
+                                  source=source, actor=actor, force=True)
+        rebuilt = _lifecycle_rows(conn, states.state_id(conn, scratch))
+        drift_stored, drift_rebuilt = _drift_rows(conn, sid), _drift_rows(conn, states.state_id(conn, scratch))
         conn.rollback()
     out = []
     stored_set, rebuilt_set = set(map(repr, stored)), set(map(repr, rebuilt))

@@ -1,5 +1,5 @@
 """States for the web UI's tests and bench: servers of a made-up provider whose cached schema calls
-`password` sensitive, written through the one write path (store.versions.write_version) as
+`password` sensitive, written through the write path (store.writes) as
 imports, applies and refreshes, so versions, lifecycles and drift records are kl's own."""
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def document(serial: int, resources: list[dict[str, Any]], lineage: str = "ui-li
 def write(conn: psycopg.Connection, name: str, serial: int, resources: list[dict[str, Any]], source: str,
           actor: str, lineage: str = "ui-lineage") -> None:
     from kilolock import tfstate
-    from kilolock.store import versions
+    from kilolock.store import writes
 
     raw = document(serial, resources, lineage)
-    versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor=actor)
+    writes.store_document(conn, name, tfstate.parse_state(raw), raw, source=source, actor=actor)
 
 
 def cache_cloud_schema(conn: psycopg.Connection) -> None:

@@ -203,7 +203,9 @@ def populate(conn: psycopg.Connection) -> None:
         provider_schemas,
         refresh_runs,
         settings,
+        states,
         versions,
+        writes,
     )
 
     # Notification channels (0013) first: the writes below then make events and deliveries.
@@ -214,8 +216,8 @@ def populate(conn: psycopg.Connection) -> None:
                        states_glob="hist*", states_regex=globs.sql_regex("hist*"), events=["drift.new", "drift.resolved"],
                        failed_after=2, ui_url=None, created_by="fixture@cli")
 
-    def import_file(name: str, raw: bytes, source: str) -> versions.WriteResult:
-        return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="fixture@cli")
+    def import_file(name: str, raw: bytes, source: str) -> writes.WriteResult:
+        return writes.store_document(conn, name, tfstate.parse_state(raw), raw, source=source, actor="fixture@cli")
 
     # prod: real Terraform states, then a refresh that changed one object and lost another.
     import_file("prod", (STATES / "varied.tfstate").read_bytes(), "import")
@@ -229,12 +231,12 @@ def populate(conn: psycopg.Connection) -> None:
         if res["mode"] == "managed" and res["name"] == "many":
             res["instances"] = res["instances"][:2]
     raw = parser.dumps_compact(doc).encode()
-    prod_id = versions.state_id(conn, "prod")
+    prod_id = states.state_id(conn, "prod")
     run_id = refresh_runs.begin(conn, prod_id, v2.id, "fixture@cli")
     info = locks.lock_info("OperationTypeRefresh", "fixture@cli", f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     locks.acquire(conn, prod_id, "prod", info, "fixture@cli")
-    v3 = versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="fixture@cli",
-                                expect_serial=v2.serial, expect_lineage=v2.lineage).version
+    v3 = writes.commit_delta(conn, "prod", tfstate.parse_state(raw), raw, expect_serial=v2.serial,
+                             expect_lineage=v2.lineage, touched=None, actor="fixture@cli").version
     locks.release(conn, prod_id, info["ID"], "fixture@cli")
     # The requests in flight it used (0011): one adaptive provider group that was throttled, one fixed.
     refresh_runs.finish(conn, run_id, status="succeeded", checked=24, changed=2, failed=0, error_summary=None,
@@ -321,7 +323,7 @@ def populate(conn: psycopg.Connection) -> None:
     # Refresh settings (0008): one state with all of them, one with a setting set and then unset.
     settings.update(conn, prod_id, settings.Changes({"workdir": "/srv/terraform/prod", "provider_search_paths": ("/opt/kl/providers", "/usr/share/terraform/plugins"),
                                                      "provider_parallelism": 4, "actor": "cron@ops"}), "fixture@cli")
-    precise_id = versions.state_id(conn, "precise")
+    precise_id = states.state_id(conn, "precise")
     settings.update(conn, precise_id, settings.Changes({"actor": "ci@ops", "workdir": "/tmp/precise",
                                                         "provider_parallelism": "auto"}), "fixture@cli")  # auto: 0011
     settings.update(conn, precise_id, settings.Changes(unset=("workdir",)), "fixture@cli")
@@ -371,7 +373,7 @@ def populate(conn: psycopg.Connection) -> None:
                                events=["refresh.stale"], failed_after=1, ui_url=None, created_by="fixture@cli",
                                stale_after_s=100 * 365 * 86400.0)
     conn.execute("INSERT INTO notify_stale_notices (state_id, channel_id, last_ok_at, noticed_at) "
-                 "VALUES (%s, %s, '-infinity', '2026-01-02T00:00:00Z')", (versions.state_id(conn, "prod"), stale.id))
+                 "VALUES (%s, %s, '-infinity', '2026-01-02T00:00:00Z')", (states.state_id(conn, "prod"), stale.id))
     conn.execute("UPDATE notify_channels SET stale_checked_at = 'infinity' WHERE id = %s", (stale.id,))
 
     # Fleet-wide provider limits (0016): one for the unaliased null provider, one for an alias, and

@@ -6,11 +6,11 @@ from __future__ import annotations
 import psycopg
 
 from kilolock import globs, tfstate
-from kilolock.store import notify, versions
+from kilolock.store import notify, writes
 
 
 def _write(conn: psycopg.Connection, raw: bytes, source: str) -> None:
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="test")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="test")
 
 
 def _pending_drift(conn: psycopg.Connection, make_state, channels: int) -> None:

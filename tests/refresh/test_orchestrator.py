@@ -16,7 +16,7 @@ from kilolock.redact import MASK, Redactor
 from kilolock.refresh import inflight, orchestrator
 from kilolock.refresh.client import OpenedProvider, ReadOutcome, ResourceError, ThrottledError
 from kilolock.refresh.options import RefreshOptions
-from kilolock.store import locks, versions
+from kilolock.store import locks, states, writes
 from kit.paths import REPO
 
 NULL = "registry.terraform.io/hashicorp/null"
@@ -148,7 +148,7 @@ class FakeFactory:
 
 def seed(conn, make_state, attrs: dict[str, dict], serial=1, source="apply", **kw):
     raw = make_state(serial, attrs, **kw)
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
 
 
 def attrs(n, **extra):
@@ -193,13 +193,15 @@ def test_a_refresh_that_changes_no_object_commits_with_the_same_resources(conn, 
     # then writes the top level alone (tests/store/test_version_pieces.py).
     seed(conn, make_state, attrs(3))
     said: list[bool] = []
-    real = versions.write_version
 
-    def spy(*args, **kwargs):
-        said.append(kwargs.get("same_resources", False))
-        return real(*args, **kwargs)
+    def spying(real, same: bool):
+        def spy(*args, **kwargs):
+            said.append(same)
+            return real(*args, **kwargs)
+        return spy
 
-    monkeypatch.setattr(versions, "write_version", spy)
+    monkeypatch.setattr(writes, "commit_delta", spying(writes.commit_delta, False))
+    monkeypatch.setattr(writes, "commit_unchanged", spying(writes.commit_unchanged, True))
     docs = []
     for _ in range(2):
         assert run(conn, FakeFactory()).status == "succeeded"
@@ -369,7 +371,7 @@ def test_groups_by_provider_and_alias(conn):
          "instances": [{"schema_version": 0, "attributes": {"id": "d"}}]},
     ]}
     raw = json.dumps(doc).encode()
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     f = FakeFactory()
     res = run(conn, f, concurrency=1)
     assert sorted(f.opened) == [(NULL, ""), (NULL, "alt")]
@@ -398,7 +400,7 @@ def test_state_moved_during_the_run_commits_nothing(conn, db_url, make_state):
 
 def test_locked_state_is_refused(conn, make_state):
     seed(conn, make_state, attrs(2))
-    sid = versions.state_id(conn, "prod")
+    sid = states.state_id(conn, "prod")
     locks.acquire(conn, sid, "prod", locks.lock_info("OperationTypeApply", "alice@laptop", "1.0.3"), "alice")
     f = FakeFactory()
     res = run(conn, f)
@@ -438,7 +440,7 @@ def test_newer_schema_in_state_and_failed_upgrade_are_per_resource_errors(conn, 
     doc = json.loads(raw)
     doc["resources"][0]["instances"][0]["schema_version"] = 5
     raw = json.dumps(doc).encode()
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     f = FakeFactory(schema_versions={"null_resource": 1})
     f.fail_upgrade = {"b"}
     res = run(conn, f)
@@ -569,7 +571,7 @@ def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):
         [{"type": "get_attr", "value": "vanished"}],
     ]
     raw = json.dumps(doc).encode()
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     run(conn, FakeFactory())
     inst = current(conn)[2]["resources"][0]["instances"][0]
     assert inst["sensitive_attributes"] == [
@@ -593,12 +595,12 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
     raw = make_state(1, {"same": {"id": "s", "triggers": None}, "drifts": {"id": "d", "triggers": None},
                          "gone": {"id": "g", "triggers": None}, "marked": {"id": "m", "secret": "x", "triggers": None},
                          "old": {"id": "o", "legacy_field": 1, "triggers": None}})
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     f = FakeFactory(world={"d": {"id": "d", "triggers": {"k": "v"}}, "g": None})
     res = run(conn, f)
     assert res.status == "succeeded" and res.changed_addresses == ["null_resource.drifts", "null_resource.gone", "null_resource.old"]
     latest = conn.execute("SELECT kl_version_document(id)::text FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0].encode()
-    versions.write_version(conn, "reindexed", tfstate.parse_state(latest), latest, source="import", actor="t")
+    writes.store_document(conn, "reindexed", tfstate.parse_state(latest), latest, source="import", actor="t")
 
     def open_rows(name):
         return sorted(conn.execute(
@@ -620,7 +622,7 @@ def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_sta
     from kilolock.store import refresh_runs
 
     seed(conn, make_state, attrs(1))
-    sid = versions.state_id(conn, "prod")
+    sid = states.state_id(conn, "prod")
     vid = conn.execute("SELECT id FROM state_versions").fetchone()[0]
     alive = psycopg.connect(db_url, autocommit=True)
     dead = psycopg.connect(db_url, autocommit=True)
@@ -667,7 +669,7 @@ def test_a_workdir_missing_on_this_host_fails_before_any_provider_starts(conn, m
 
 
 def hold_lock(conn, who="alice@laptop"):
-    sid = versions.state_id(conn, "prod")
+    sid = states.state_id(conn, "prod")
     info = locks.lock_info("OperationTypeApply", who, "1.0.3")
     locks.acquire(conn, sid, "prod", info, "alice")
     return sid, info
@@ -727,7 +729,7 @@ def test_lock_timeout_waits_for_a_lock_taken_during_the_reads_then_commits(conn,
 
     seed(conn, make_state, attrs(2))
     conn.commit()
-    sid = versions.state_id(conn, "prod")
+    sid = states.state_id(conn, "prod")
     taken: list[dict] = []
     releaser: list[threading.Thread] = []
 
@@ -788,7 +790,7 @@ def test_flatmap_objects_are_upgraded_from_flatmap_with_sensitive_values_masked_
          "instances": [{"schema_version": 0, "attributes_flat": {"id": f"id{i}", "secret": f"flat-s3cret-{i}",
                                                                   "triggers.%": "1", "triggers.k": "v"}}]}
         for i in range(2)]}).encode()
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="t")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="t")
     f = FakeFactory()
     f.fail_upgrade = {"id1"}
     res = run(conn, f)

@@ -173,14 +173,14 @@ def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, works
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.options import RefreshOptions
     from kilolock.refresh.orchestrator import run
-    from kilolock.store import versions
+    from kilolock.store import states
 
     import_state(run_kl, workspace)
     monkeypatch.chdir(workspace)
     counts = []
     with psycopg.connect(db_url, autocommit=True) as conn:
         for _ in range(2):
-            factory = ProductionFactory(conn, versions.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+            factory = ProductionFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
             res = run(conn, "prod", factory, RefreshOptions(actor="t"))
             assert res.status == "succeeded", res.error
             counts.append(factory.get_schema_calls)

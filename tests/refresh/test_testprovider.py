@@ -426,14 +426,14 @@ def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, 
     import psycopg
 
     from kilolock.refresh.factory import ProductionFactory
-    from kilolock.store import provider_schemas, versions
+    from kilolock.store import provider_schemas, states
 
     kl.import_state()
     monkeypatch.setenv("KL_TESTPROVIDER_DIR", str(kl.ws / "remote"))
     source = "registry.terraform.io/kilolock/testfw"
     with psycopg.connect(db_url, autocommit=True) as conn:
         def opened() -> tuple[int, int | None]:
-            factory = ProductionFactory(conn, versions.state_id(conn, "tp"), (str(PLUGIN_CACHE),))
+            factory = ProductionFactory(conn, states.state_id(conn, "tp"), (str(PLUGIN_CACHE),))
             client = factory.open(source, "", Redactor())
             try:
                 return factory.get_schema_calls, client.identity_schema_version("testfw_thing")

@@ -96,7 +96,7 @@ def _wait_blocked(db_url: str) -> str:
 
 
 # Where the commit is held: before its version row is written (the state row lock that
-# write_version takes FOR UPDATE; FOR NO KEY UPDATE still lets the lock row's foreign key through),
+# every write of a version takes FOR UPDATE; FOR NO KEY UPDATE still lets the lock row's foreign key through),
 # and after it (the lifecycle table, which the index updates once the version row is inserted).
 BLOCKERS = {
     "before-version-row": ("SELECT 1 FROM states WHERE name = 'prod' FOR NO KEY UPDATE", "FOR UPDATE"),
@@ -318,18 +318,18 @@ def test_a_commit_whose_answer_was_lost_is_settled_from_the_database(db_url):
     from kilolock import tfstate
     from kilolock.errors import KlError
     from kilolock.refresh.commit import settle_lost_commit
-    from kilolock.store import db, locks, versions
+    from kilolock.store import db, locks, states, versions, writes
 
     with db.connect(db_url) as setup:
-        versions.write_version(setup, "prod", tfstate.parse_state(fake_state(["fake_echo"])), fake_state(["fake_echo"]),
-                               source="import", actor="t")
-        sid = versions.state_id(setup, "prod")
+        writes.store_document(setup, "prod", tfstate.parse_state(fake_state(["fake_echo"])), fake_state(["fake_echo"]),
+                              source="import", actor="t")
+        sid = states.state_id(setup, "prod")
         raw = fake_state(["fake_echo"], serial=2)
         for attempt, landed in (("landed", True), ("lost", False)):
             info = locks.lock_info("OperationTypeRefresh", "t", "kl", info="kl refresh run x")
             locks.acquire(setup, sid, "prod", info, "t")
             if landed:  # what the cut transaction did before its answer was lost
-                versions.write_version(setup, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="t")
+                writes.store_document(setup, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="t")
             dead = db.connect(db_url)
             setup.execute("SELECT pg_terminate_backend(%s)", (dead.info.backend_pid,))
             with pytest.raises(psycopg.OperationalError) as cut:

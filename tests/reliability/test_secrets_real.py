@@ -131,14 +131,14 @@ def test_provider_logs_at_trace_level_hold_no_secret(run_kl, db_url, applied, ca
     from kilolock.refresh.factory import ProductionFactory
     from kilolock.refresh.options import RefreshOptions
     from kilolock.refresh.orchestrator import run
-    from kilolock.store import db, versions
+    from kilolock.store import db, states
 
     doc, secrets = applied
     assert run_kl("state", "import", "prod", "-", input=variant(doc, schema_version=0, drop=("bcrypt_hash", "numeric"))).returncode == 0
     monkeypatch.setenv("TF_LOG", "trace")
     caplog.set_level(1)
     with db.open_store() as conn:
-        factory = ProductionFactory(conn, versions.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+        factory = ProductionFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
         result = run(conn, "prod", factory, RefreshOptions(dry_run=True))
     assert result.status == "succeeded" and result.changed == 1, result
     trace = [r for r in caplog.records if r.levelno < 10 and r.name == "kilolock.provider.random"]

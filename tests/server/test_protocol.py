@@ -230,7 +230,7 @@ def test_an_envelope_with_serial_and_lineage_in_the_clear_is_stored_at_its_seria
 
 def test_json_api(client, db_url, make_state):
     from kilolock import tfstate as tfs
-    from kilolock.store import versions
+    from kilolock.store import writes
 
     client.request("POST", "/states/api", make_state(1, {"a": {"id": "1", "triggers": {"k": "old"}, "pw": "hunter2"}}))
     client.request("LOCK", "/states/api", _lock_info("L"))
@@ -240,7 +240,7 @@ def test_json_api(client, db_url, make_state):
     doc["resources"][0]["instances"][0]["sensitive_attributes"] = [[{"type": "get_attr", "value": "pw"}]]
     raw = json.dumps(doc).encode()
     with psycopg.connect(db_url, autocommit=True) as c:
-        versions.write_version(c, "api", tfs.parse_state(raw), raw, source="refresh", actor="kl")
+        writes.store_document(c, "api", tfs.parse_state(raw), raw, source="refresh", actor="kl")
 
     states = client.request("GET", "/api/v1/states").json()["states"]
     assert [(s["name"], s["serial"], s["lock"]["ID"]) for s in states] == [("api", 2, "L")]

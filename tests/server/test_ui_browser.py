@@ -100,10 +100,10 @@ def test_every_page_loads_with_no_console_error_and_no_secret(browser, phone, ba
 
 
 def test_the_overview_fits_a_phone_with_drift_and_last_refresh_in_view(phone, base_url: str, conn, shots: Path) -> None:
-    from kilolock.store import refresh_runs, versions
+    from kilolock.store import refresh_runs, states, versions
 
     # A run of team/prod, so its last-refresh cell holds its longest text (a time, an age, a status).
-    sid = versions.state_id(conn, "team/prod")
+    sid = states.state_id(conn, "team/prod")
     current = versions.current_version(conn, sid)
     assert current is not None
     run = refresh_runs.begin(conn, sid, current.id, "kl-refresh")

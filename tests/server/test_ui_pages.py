@@ -209,9 +209,9 @@ def test_a_token_sees_only_the_states_its_grants_let_it_read(start_server, conn,
 
 def test_the_drift_chart_counts_open_drift_at_each_version(ui: Client, conn) -> None:
     from kilolock.server.ui import svg
-    from kilolock.store import ui_queries, versions
+    from kilolock.store import states, ui_queries
 
-    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/prod"), 200)
+    series = ui_queries.drift_series(conn, states.state_id(conn, "team/prod"), 200)
     # v3's refresh found bravo changed and charlie deleted; v4's apply resolved both; v5 found alpha
     assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 0), (3, 2), (4, 0), (5, 1)]
     chart = svg.drift_chart(series)
@@ -254,7 +254,7 @@ def test_a_secret_marked_inside_a_dynamic_value_never_reaches_a_page(ui: Client,
 
 
 def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, conn, run_kl) -> None:
-    from kilolock.store import ui_queries, versions
+    from kilolock.store import states, ui_queries
     from kit.uistates import server, write
 
     write(conn, "team/noisy", 1, [server("kilo"), server("lima")], "import", "alice")
@@ -266,13 +266,13 @@ def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, con
     assert "1 drifted" in html and "Open drift (1)" in html
     assert "Open drift at the last 2 versions (serial 1 to 2): 0 then 1, growing; at most 1 (serial 2)." in html
     assert "Not counted: 1 hidden by ignore rules." in html and "+1 hidden by ignore rules" in html
-    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/noisy"), 200)
+    series = ui_queries.drift_series(conn, states.state_id(conn, "team/noisy"), 200)
     header = ui_queries.state_header(conn, "team/noisy")
     assert series[-1]["open"] == header["open_drift"] == 1 and header["ignored_drift"] == 1
     assert "1 drifted" in page(ui, "/ui/", q="noisy")
     # A resolved record counts where it was open, whatever rules say now (they hide open drift only).
     write(conn, "team/noisy", 3, [server("kilo"), server("lima")], "apply", "bob")
-    series = ui_queries.drift_series(conn, versions.state_id(conn, "team/noisy"), 200)
+    series = ui_queries.drift_series(conn, states.state_id(conn, "team/noisy"), 200)
     assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 2), (3, 0)]
     assert "Not counted" not in page(ui, "/ui/state", name="team/noisy")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import versions, writes
 
 STATES = Path(__file__).resolve().parents[1] / "fixtures" / "states"
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
@@ -50,7 +50,7 @@ def _pulled(conn, name, serial=None) -> str:
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_streamed_pull_is_byte_identical_to_the_whole_document_layout(conn, shape):
     raw = json.dumps(SHAPES[shape]).encode()
-    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    writes.store_document(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
     # What a refresh loads, a piece at a time: the text's parse, its keys in the same order.
     loaded = versions.load_document(conn, "s", 1, tfstate.loads_exact)
@@ -60,26 +60,26 @@ def test_streamed_pull_is_byte_identical_to_the_whole_document_layout(conn, shap
 @pytest.mark.parametrize("fixture", ["varied.tfstate", "big2000-v1.tfstate"])
 def test_streamed_pull_gives_back_terraforms_bytes(conn, fixture):
     raw = (STATES / fixture).read_bytes()
-    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    writes.store_document(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
     assert _pulled(conn, "s") == raw.decode()
 
 
 def test_encrypted_envelope_is_pulled_whole_as_before(conn):
     raw = json.dumps({"meta": {"k": "e30="}, "encrypted_data": "AAAA", "encryption_version": "v0"}).encode()
-    versions.write_version(conn, "s", None, raw, source="apply", actor="t")
+    writes.store_envelope(conn, "s", raw, None, source="apply", actor="t")
     assert _pulled(conn, "s") == tfstate.pretty_state(versions.raw_state_text(conn, "s"))
     assert versions.load_document(conn, "s", 1, json.loads) == json.loads(versions.raw_state_text(conn, "s"))
 
 
 def test_write_sends_the_bytes_as_they_are_and_refuses_what_jsonb_cannot_hold(conn, make_state):
     raw = make_state(1, {"a": {"id": "é<&>"}})
-    versions.write_version(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
+    writes.store_document(conn, "s", tfstate.parse_state(raw), raw, source="import", actor="t")
     assert json.loads(versions.raw_state_text(conn, "s")) == json.loads(raw)
     with pytest.raises(tfstate.StateError, match="not UTF-8 text"):
-        versions.write_version(conn, "t", None, b'{"a": "\xff"}', source="apply", actor="t")
+        writes.store_envelope(conn, "t", b'{"a": "\xff"}', None, source="apply", actor="t")
     # A raw NUL byte would cut a text parameter short: refused, as psycopg refuses one in a str.
     with pytest.raises(tfstate.StateError, match="cannot contain NUL"):
-        versions.write_version(conn, "u", None, b'{"a": 1}\x00{"b": 2}', source="apply", actor="t")
+        writes.store_envelope(conn, "u", b'{"a": 1}\x00{"b": 2}', None, source="apply", actor="t")
     assert conn.execute("SELECT count(*) FROM state_versions").fetchone()[0] == 1
 
 
@@ -99,22 +99,22 @@ def test_a_version_given_as_text_is_stored_as_its_utf8_bytes_would_be(conn, make
     # time through COPY: the same version, hash included, as its UTF-8 bytes make.
     import hashlib
 
-    from kilolock.store.versions import _UTF8_CHUNK
+    from kilolock.store.versions import UTF8_CHUNK
 
-    attrs = {"id": "é<&>", "esc": "back\\slash \"quoted\" tab\tnew\nline\r", "big": "x" * (_UTF8_CHUNK + 7) + "ü"}
+    attrs = {"id": "é<&>", "esc": "back\\slash \"quoted\" tab\tnew\nline\r", "big": "x" * (UTF8_CHUNK + 7) + "ü"}
     text = json.dumps(json.loads(make_state(1, {"a": attrs})), ensure_ascii=False, separators=(",", ":"))
-    as_text = versions.write_version(conn, "t", tfstate.parse_state(text), text, source="refresh", actor="t")
-    as_bytes = versions.write_version(conn, "b", tfstate.parse_state(text), text.encode(), source="refresh", actor="t")
+    as_text = writes.store_document(conn, "t", tfstate.parse_state(text), text, source="refresh", actor="t")
+    as_bytes = writes.store_document(conn, "b", tfstate.parse_state(text), text.encode(), source="refresh", actor="t")
     assert as_text.version.content_hash == as_bytes.version.content_hash == hashlib.sha256(text.encode()).hexdigest()
     assert versions.raw_state_text(conn, "t") == versions.raw_state_text(conn, "b")
     assert _pulled(conn, "t") == _pulled(conn, "b")
     # What jsonb cannot hold, and what UTF-8 cannot carry, are refused as from bytes, nothing written.
     nul = text.replace("back", "\\u0000", 1)
     with pytest.raises(tfstate.StateError, match="PostgreSQL cannot store it as JSON"):
-        versions.write_version(conn, "n", tfstate.parse_state(nul), nul, source="refresh", actor="t")
+        writes.store_document(conn, "n", tfstate.parse_state(nul), nul, source="refresh", actor="t")
     lone = text.replace("back", "\ud800", 1)
     with pytest.raises(tfstate.StateError, match="not UTF-8 text"):
-        versions.write_version(conn, "s", tfstate.parse_state(lone), lone, source="refresh", actor="t")
+        writes.store_document(conn, "s", tfstate.parse_state(lone), lone, source="refresh", actor="t")
     assert conn.execute("SELECT count(*) FROM state_versions").fetchone()[0] == 2
 
 

@@ -13,7 +13,7 @@ from kilolock import drift as drift_model
 from kilolock import schema as sch
 from kilolock import tfstate
 from kilolock.store import drift as drift_store
-from kilolock.store import ignore_rules, summary, versions
+from kilolock.store import ignore_rules, summary, writes
 from kit.states import NULL_PROVIDER
 
 
@@ -25,7 +25,7 @@ def state(serial: int, objects: dict[str, dict[str, Any]]) -> bytes:
 
 
 def write(conn, name: str, raw: bytes, source: str) -> None:
-    versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="t")
+    writes.store_document(conn, name, tfstate.parse_state(raw), raw, source=source, actor="t")
 
 
 def doc(conn, name: str = "prod", include_resolved: bool = False) -> dict:

@@ -10,7 +10,7 @@ from typing import Any
 from kilolock import drift as drift_model
 from kilolock import tfstate
 from kilolock.store import drift as drift_store
-from kilolock.store import summary, versions
+from kilolock.store import states, summary, writes
 from kit.states import NULL_PROVIDER
 
 MARK = [[{"type": "get_attr", "value": "secret"}]]
@@ -26,7 +26,7 @@ def state(serial: int, objects: dict[str, Any], *, marks: dict[str, list] | None
 
 
 def write(conn, raw: bytes, source: str):
-    return versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
+    return writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
 
 
 def lifecycles(conn) -> list[tuple]:
@@ -139,7 +139,7 @@ def test_an_encrypted_apply_resolves_too(conn):
     write(conn, state(1, {"a": A}), "apply")
     write(conn, state(2, {}), "refresh")
     env = json.dumps({"meta": {}, "encrypted_data": "QUJD", "encryption_version": "v0"}).encode()
-    versions.write_version(conn, "prod", None, env, source="apply", actor="t")
+    writes.store_envelope(conn, "prod", env, None, source="apply", actor="t")
     assert records(conn) == [("null_resource.a", "deleted", 2, 2, 3, "apply", None)]
 
 
@@ -147,7 +147,7 @@ def test_deleting_the_state_deletes_its_records(conn):
     write(conn, state(1, {"a": A}), "apply")
     write(conn, state(2, {}), "refresh")
     with conn.transaction():
-        versions.delete_state(conn, versions.state_id(conn, "prod"))
+        states.delete_state(conn, states.state_id(conn, "prod"))
     assert records(conn) == []
 
 
@@ -197,8 +197,8 @@ def test_scoped_refresh_commits_keep_the_same_drift_records_as_a_full_reindex(co
              ({"a": A, "c": {"id": "c"}}, {"a": MARK, "c": MARK}, {("null_resource.a", "")})]
     for serial, (objects, marks, touched) in enumerate(steps, start=2):
         raw = state(serial, objects, marks=marks)
-        versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="t",
-                               expect_serial=serial - 1, expect_lineage="l", touched=touched)
+        writes.commit_delta(conn, "prod", tfstate.parse_state(raw), raw, expect_serial=serial - 1, expect_lineage="l",
+                            touched=touched, actor="t")
     assert records(conn) == [("null_resource.a", "changed", 2, 3, 4, "refresh", ["id"]),
                              ("null_resource.b", "deleted", 3, 3, None, None, None)]
     assert reindex_mismatches(db_url, "prod") == []

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import writes
 
 
 def write(conn, raw: bytes, source: str):
-    return versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
+    return writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source=source, actor="t")
 
 
 def drift(conn):

@@ -8,7 +8,7 @@ import json
 import psycopg
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import versions, writes
 from kilolock.store.migrate import apply_migrations
 from kit import upgrade as upgradekit
 from kit.pg import one_row
@@ -89,12 +89,12 @@ def test_the_first_write_after_the_upgrade_reopens_nothing(empty_db_url):
             doc2 = json.loads(raw)
             doc2["serial"] = parsed.serial + 1
             raw2 = json.dumps(doc2).encode()
-            res = versions.write_version(conn, name, tfstate.parse_state(raw2), raw2, source="refresh", actor="t")
+            res = writes.store_document(conn, name, tfstate.parse_state(raw2), raw2, source="refresh", actor="t")
             assert (name, res.opened, res.closed) == (name, 0, 0)
         # and an identity that changes is a new lifecycle: the hash did read it
         doc2 = json.loads(versions.raw_state_text(conn, "ident"))
         doc2["serial"] += 1
         doc2["resources"][0]["instances"][0]["identity"] = {"id": "i-456", "region": "eu"}
         raw3 = json.dumps(doc2).encode()
-        res = versions.write_version(conn, "ident", tfstate.parse_state(raw3), raw3, source="apply", actor="t")
+        res = writes.store_document(conn, "ident", tfstate.parse_state(raw3), raw3, source="apply", actor="t")
         assert (res.opened, res.closed) == (1, 1)

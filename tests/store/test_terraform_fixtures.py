@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import versions, writes
 
 STATES = Path(__file__).resolve().parents[1] / "fixtures" / "states"
 TERRAFORM = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilolock-test")) / "bin" / "terraform-1.0.3"
@@ -18,7 +18,7 @@ TERRAFORM = Path(os.environ.get("KL_TEST_CACHE", Path.home() / ".cache" / "kilol
 
 def write(conn, path: Path, name="prod", source="apply"):
     raw = path.read_bytes()
-    return versions.write_version(conn, name, tfstate.parse_state(raw, str(path)), raw, source=source, actor="t")
+    return writes.store_document(conn, name, tfstate.parse_state(raw, str(path)), raw, source=source, actor="t")
 
 
 @pytest.mark.parametrize("fixture", ["varied.tfstate", "varied-v2.tfstate"])

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import states, versions, writes
 from kit.pg import one_row, record_statements
 
 STATES = Path(__file__).resolve().parents[1] / "fixtures" / "states"
@@ -33,8 +33,8 @@ def _doc(serial: int, ids: dict[str, str], **top: Any) -> bytes:
                                      for n, i in ids.items()], **top}).encode()
 
 
-def _write(conn: psycopg.Connection, raw: bytes, name: str = "prod") -> versions.WriteResult:
-    return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
+def _write(conn: psycopg.Connection, raw: bytes, name: str = "prod") -> writes.WriteResult:
+    return writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
 
 
 def _pieces(conn: psycopg.Connection) -> tuple[int, int]:
@@ -51,7 +51,7 @@ def _loaded(conn: psycopg.Connection, name: str, serial: int | None = None) -> s
     """The version as a refresh loads it (versions.load_document, a piece at a time), written back
     compact with its keys in the order it has them: it must be the text's parse, order included."""
     if serial is None:
-        current = versions.current_version(conn, versions.state_id(conn, name))
+        current = versions.current_version(conn, states.state_id(conn, name))
         assert current is not None
         serial = current.serial
     loaded = versions.load_document(conn, name, serial, tfstate.loads_exact)
@@ -93,7 +93,7 @@ def test_pieces_read_back_exactly_as_a_whole_copy(conn, fixture):
     raw = fixture.read_bytes()
     raw = gzip.decompress(raw) if fixture.name.endswith(".gz") else raw
     state = tfstate.parse_state(raw, str(fixture))
-    versions.write_version(conn, "pieced", state, raw, source="import", actor="test")
+    writes.store_document(conn, "pieced", state, raw, source="import", actor="test")
     _store_whole(conn, "whole", raw)
     assert one_row(conn, "SELECT raw_state IS NULL FROM state_versions v JOIN states s ON s.id = v.state_id "
                          "WHERE s.name = 'pieced'")[0]
@@ -122,7 +122,7 @@ def test_pieces_read_back_exactly_as_a_whole_copy(conn, fixture):
 ], ids=["odd", "key-order", "no-resources", "empty-resources"])
 def test_odd_documents_read_back_exactly(conn, doc):
     state = tfstate.parse_state(doc)
-    versions.write_version(conn, "pieced", state, doc, source="import", actor="test")
+    writes.store_document(conn, "pieced", state, doc, source="import", actor="test")
     _store_whole(conn, "whole", doc)
     assert one_row(conn, "SELECT raw_state IS NULL FROM state_versions v JOIN states s ON s.id = v.state_id "
                          "WHERE s.name = 'pieced'")[0]
@@ -137,7 +137,7 @@ def test_deleting_a_state_removes_its_pieces_only(conn):
     _write(conn, _doc(1, ids), "b")  # the same content: its own pieces, not shared ones
     assert _pieces(conn) == (2 * 6, 2 * 1)
     with conn.transaction():
-        versions.delete_state(conn, versions.state_id(conn, "a"))
+        states.delete_state(conn, states.state_id(conn, "a"))
     assert _pieces(conn) == (6, 1)
     assert _pull(conn, "b") == tfstate.pretty_state(_doc(1, ids).decode())
 
@@ -172,8 +172,8 @@ def test_a_refresh_commit_after_a_whole_version_reads_back_exactly(conn):
     conn.execute("UPDATE state_versions SET raw_state = kl_version_document(id), head_piece = NULL, layout = NULL")
     conn.execute("DELETE FROM version_lists; DELETE FROM version_pieces")
     second = _doc(2, {**ids, "r2": "changed"})
-    versions.write_version(conn, "prod", tfstate.parse_state(second), second, source="refresh", actor="test",
-                           expect_serial=1, expect_lineage="l", touched={("null_resource.r2", "")})
+    writes.commit_delta(conn, "prod", tfstate.parse_state(second), second, expect_serial=1, expect_lineage="l",
+                        touched={("null_resource.r2", "")}, actor="test")
     assert one_row(conn, "SELECT count(*) FILTER (WHERE attributes_of IS NOT NULL), count(*) FROM version_pieces") == (1, 5)
     assert _pull(conn, "prod", 1) == tfstate.pretty_state(_doc(1, ids).decode())
     assert _pull(conn, "prod", 2) == tfstate.pretty_state(second.decode())
@@ -192,12 +192,14 @@ def _rows_of(conn: psycopg.Connection, name: str) -> list[tuple[Any, ...]]:
            WHERE s.name = %s ORDER BY v.serial""", (name,)).fetchall()
 
 
-def _refresh_write(conn: psycopg.Connection, name: str, raw: bytes, *, same: bool) -> versions.WriteResult:
-    cur = versions.current_version(conn, versions.state_id(conn, name))
+def _refresh_write(conn: psycopg.Connection, name: str, raw: bytes, *, same: bool) -> writes.WriteResult:
+    cur = versions.current_version(conn, states.state_id(conn, name))
     assert cur is not None
-    return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source="refresh", actor="test",
-                                  expect_serial=cur.serial, expect_lineage=cur.lineage, touched=set(),
-                                  same_resources=same)
+    if same:
+        return writes.commit_unchanged(conn, name, tfstate.parse_state(raw), raw, expect_serial=cur.serial,
+                                       expect_lineage=cur.lineage, actor="test")
+    return writes.commit_delta(conn, name, tfstate.parse_state(raw), raw, expect_serial=cur.serial,
+                               expect_lineage=cur.lineage, touched=set(), actor="test")
 
 
 @pytest.mark.parametrize("top", [{}, {"outputs": {"o": {"value": 2.50, "type": "number"}}}], ids=["serial only", "new top level"])
@@ -229,8 +231,7 @@ def test_a_commit_with_the_same_resources_sends_no_document(conn, monkeypatch):
     state = tfstate.parse_state(raw)
     sent = record_statements(monkeypatch)
     monkeypatch.setattr(psycopg.Cursor, "copy", lambda *a, **k: pytest.fail("COPY of a document with the same resources"))
-    versions.write_version(conn, "prod", state, raw, source="refresh", actor="test", expect_serial=1, expect_lineage="l",
-                           touched=set(), same_resources=True)
+    writes.commit_unchanged(conn, "prod", state, raw, expect_serial=1, expect_lineage="l", actor="test")
     assert not [q for q in sent if "TEMP TABLE" in q]
     # The state row (made if missing, then locked), the current version, the layout to share, the
     # head piece, the version row.
@@ -250,10 +251,3 @@ def test_a_commit_with_the_same_resources_after_a_whole_version_stores_the_docum
     assert _pull(conn, "prod", 2) == tfstate.pretty_state(_doc(2, ids).decode())
     assert _pull(conn, "prod", 1) == tfstate.pretty_state(_doc(1, ids).decode())
 
-
-def test_same_resources_needs_an_empty_touched(conn):
-    _write(conn, _doc(1, {"a": "1"}))
-    raw = _doc(2, {"a": "1"})
-    with pytest.raises(ValueError, match="empty touched"):
-        versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="test",
-                               expect_serial=1, expect_lineage="l", touched={("null_resource.a", "")}, same_resources=True)

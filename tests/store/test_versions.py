@@ -5,12 +5,17 @@ import psycopg
 import pytest
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import errors, writes
 from kit.pg import one_row
 
 
 def write(conn, raw: bytes, name: str = "prod", source: str = "import", **kw):
-    return versions.write_version(conn, name, tfstate.parse_state(raw), raw, source=source, actor="test", **kw)
+    return writes.store_document(conn, name, tfstate.parse_state(raw), raw, source=source, actor="test", **kw)
+
+
+def commit(conn, raw: bytes, *, expect_serial: int, expect_lineage: str, name: str = "prod"):
+    return writes.commit_delta(conn, name, tfstate.parse_state(raw), raw, expect_serial=expect_serial,
+                               expect_lineage=expect_lineage, touched=None, actor="test")
 
 
 def open_rows(conn, name="prod"):
@@ -76,14 +81,14 @@ def test_identical_bytes_are_an_idempotent_retry(conn, make_state):
 @pytest.mark.parametrize("serial", [4, 5])
 def test_serial_that_does_not_advance_is_refused(conn, make_state, serial):
     write(conn, make_state(5, {"a": {"id": "1"}}))
-    with pytest.raises(versions.VersionConflict, match=f"is at serial 5; the new state has serial {serial}"):
+    with pytest.raises(errors.VersionConflict, match=f"is at serial 5; the new state has serial {serial}"):
         write(conn, make_state(serial, {"a": {"id": "other"}}))
     assert counts(conn) == (1, 1, 1)
 
 
 def test_foreign_lineage_needs_force(conn, make_state):
     write(conn, make_state(1, {"a": {"id": "1"}}))
-    with pytest.raises(versions.VersionConflict, match="lineage lineage-1, the new state has other"):
+    with pytest.raises(errors.VersionConflict, match="lineage lineage-1, the new state has other"):
         write(conn, make_state(2, {"a": {"id": "1"}}, lineage="other"))
     res = write(conn, make_state(2, {"a": {"id": "1"}}, lineage="other"), force=True)
     assert res.created and res.version.lineage == "other"
@@ -92,10 +97,10 @@ def test_foreign_lineage_needs_force(conn, make_state):
 def test_compare_and_swap_refuses_a_moved_state(conn, make_state):
     write(conn, make_state(1, {"a": {"id": "1"}}))
     write(conn, make_state(2, {"a": {"id": "2"}}))
-    with pytest.raises(versions.VersionConflict, match="changed while this run was in progress"):
-        write(conn, make_state(3, {"a": {"id": "3"}}), source="refresh", expect_serial=1, expect_lineage="lineage-1")
+    with pytest.raises(errors.VersionConflict, match="changed while this run was in progress"):
+        commit(conn, make_state(3, {"a": {"id": "3"}}), expect_serial=1, expect_lineage="lineage-1")
     assert counts(conn)[0] == 2
-    ok = write(conn, make_state(3, {"a": {"id": "3"}}), source="refresh", expect_serial=2, expect_lineage="lineage-1")
+    ok = commit(conn, make_state(3, {"a": {"id": "3"}}), expect_serial=2, expect_lineage="lineage-1")
     assert ok.created
 
 
@@ -134,7 +139,7 @@ def test_concurrent_writers_one_serial_one_winner(db_url, make_state):
             try:
                 write(c, make_state(2, {"a": {"id": f"writer-{n}"}}))
                 outcomes.append("ok")
-            except versions.VersionConflict:
+            except errors.VersionConflict:
                 outcomes.append("refused")
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]

@@ -3,7 +3,7 @@ POST): the statements around the temporary tables must not cost more than the da
 from __future__ import annotations
 
 from kilolock import tfstate
-from kilolock.store import versions
+from kilolock.store import states, versions, writes
 from kit.pg import record_statements
 
 
@@ -18,7 +18,7 @@ def test_a_write_runs_without_jit_and_leaves_the_session_setting_alone(conn, mak
     conn.execute("SET jit = on")
     for serial in (1, 2):
         raw = make_state(serial, {"a": {"id": str(serial)}, "b": {"id": "2"}})
-        versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
+        writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
     assert [r[0] for r in conn.execute("SELECT setting FROM jit_seen")] == ["off", "off"]
     assert conn.execute("SHOW jit").fetchone() == ("on",)  # SET LOCAL: over with the write's transaction
 
@@ -28,15 +28,15 @@ def test_a_refresh_that_closes_no_lifecycle_skips_the_drift_statement(conn, make
 
     sent = record_statements(monkeypatch)
 
-    def refresh(serial: int, attributes: dict[str, str]) -> versions.WriteResult:
+    def refresh(serial: int, attributes: dict[str, str]) -> writes.WriteResult:
         raw = make_state(serial, {"a": attributes, "b": {"id": "2"}})
-        cur = versions.current_version(conn, versions.state_id(conn, "prod"))
+        cur = versions.current_version(conn, states.state_id(conn, "prod"))
         assert cur is not None
-        return versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="refresh", actor="test",
-                                      expect_serial=cur.serial, expect_lineage=cur.lineage, touched={("null_resource.a", "")})
+        return writes.commit_delta(conn, "prod", tfstate.parse_state(raw), raw, expect_serial=cur.serial,
+                                   expect_lineage=cur.lineage, touched={("null_resource.a", "")}, actor="test")
 
     raw = make_state(1, {"a": {"id": "1"}, "b": {"id": "2"}})
-    versions.write_version(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="test")
     drift_statements = (drift_records._REFRESH, drift_records._RESOLVE_ALL)
     sent.clear()
     assert refresh(2, {"id": "1"}).closed == 0  # read back unchanged

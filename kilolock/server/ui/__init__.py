@@ -17,7 +17,7 @@ from kilolock.server.access import Grants
 from kilolock.server.auth import Principal
 from kilolock.server.backend import Response
 from kilolock.store.db import DatabaseError
-from kilolock.store.versions import StateNotFound
+from kilolock.store.errors import StateNotFound
 
 PREFIX = "/ui/"
 

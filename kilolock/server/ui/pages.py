@@ -18,7 +18,7 @@ from kilolock.server.access import Grants
 from kilolock.server.auth import Principal
 from kilolock.server.ui import access, svg
 from kilolock.store import history, ui_queries
-from kilolock.store.versions import StateNotFound
+from kilolock.store.errors import StateNotFound
 
 DEFAULT_PER_PAGE = 50
 MAX_PER_PAGE = 500

@@ -1,0 +1,302 @@
+"""Every way a version enters the database, one operation each: a whole document (kl state import,
+an apply through kl serve), an OpenTofu-encrypted envelope, and a refresh's commit of what changed
+(its delta) or of a document whose resources did not change at all.
+
+Each is one transaction: the version row, its lifecycle rows (store/lifecycles.py), its pieces
+(store/pieces.py) and the drift records it finds or resolves (store/drift_records.py), with the
+serial and lineage rules checked under the row lock on the state (store/states.py).
+"""
+from __future__ import annotations
+
+import codecs
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.adapt import Dumper
+
+from kilolock import tfstate
+from kilolock.store import drift_records, lifecycles, pieces, states, versions
+from kilolock.store.errors import VersionConflict
+from kilolock.store.versions import VERSION_COLS, VersionRow
+
+log = logging.getLogger("kilolock.store.writes")
+
+SOURCES = ("import", "apply", "refresh")
+
+
+class SerialBehind(VersionConflict):
+    """A write whose serial does not advance the state's: the writer's copy is behind what kl holds.
+
+    ``newer`` are the versions kl holds from the writer's serial on (oldest first, a few at most):
+    what was written since, and by what (a refresh, most often, when an old Terraform file is
+    imported again). ``known`` is the serial of the version kl holds with the same content, when
+    the writer's copy is one kl already has."""
+
+    def __init__(self, name: str, held: VersionRow, new_serial: int, newer: list[VersionRow], known: int | None) -> None:
+        super().__init__(
+            f"state {name!r} is at serial {held.serial}; the new state has serial {new_serial}, which does not advance it "
+            "(a write must have a higher serial unless it is byte-identical to the current version)"
+        )
+        self.name, self.held, self.new_serial, self.newer, self.known = name, held, new_serial, newer, known
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What writing a state version did."""
+
+    state_id: str
+    version: VersionRow
+    created: bool  # False: an idempotent retry of the current version, nothing written
+    opened: int = 0
+    closed: int = 0
+    unchanged: int = 0  # lifecycles kept, including those whose metadata alone was updated
+    metadata_updated: int = 0  # open rows whose marks, provider address, schema version or flatmap form changed in place
+
+
+def store_document(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, source: str,
+                   actor: str | None, force: bool = False, origin: str = "state") -> WriteResult:
+    """Store ``raw`` (already parsed into ``state``) as the next version of state ``name``, every
+    object of it indexed. ``force`` accepts a new lineage; ``origin`` names the input in error
+    messages. ``raw`` as a str is the version's UTF-8, sent a slice at a time: neither its bytes nor
+    libpq's copy of a parameter are ever held whole."""
+    new_hash = _checked_hash(raw, source, origin)
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, None)
+        if cur is not None and _check_advance(conn, sid, name, cur, state, new_hash, force):
+            return WriteResult(state_id=sid, version=cur, created=False)
+        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin=origin, touched=None)
+
+
+def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate.EnvelopeIds | None, *, source: str,
+                   actor: str | None, force: bool = False, origin: str = "state") -> WriteResult:
+    """Store ``raw``, an OpenTofu-encrypted envelope, as the next version of state ``name``, kept
+    opaque: it hides the resources, so it indexes no lifecycles. ``ids`` is the serial and lineage it
+    carries in the clear (tfstate.envelope_ids), checked by the same rules as a plain state's; an
+    envelope without them is numbered after the current version and keeps the lineage kl knew (the
+    serial order of versions stays the order of writes)."""
+    new_hash = _checked_hash(raw, source, origin)
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, None)
+        if ids is not None:
+            if cur is not None and _check_advance(conn, sid, name, cur, ids, new_hash, force):
+                return WriteResult(state_id=sid, version=cur, created=False)
+            serial, lineage = ids.serial, ids.lineage
+        else:
+            if cur is not None and cur.content_hash == new_hash:
+                return WriteResult(state_id=sid, version=cur, created=False)
+            serial, lineage = (cur.serial + 1 if cur else 1), (cur.lineage if cur else "")
+        with _as_json(origin):
+            version = _jsonb_rows(conn).execute(
+                _INSERT_VERSION, (sid, serial, lineage, None, source, _JsonbText(raw), new_hash, actor, True)).fetchone()
+        assert version is not None
+        drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+        return WriteResult(state_id=sid, version=version, created=True)
+
+
+def commit_delta(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
+                 expect_lineage: str, touched: set[tuple[str, str]] | None, actor: str | None,
+                 source: str = "refresh") -> WriteResult:
+    """Store ``raw`` (parsed into ``state``) as the next version of state ``name`` if its current
+    version is still the one the caller started from (``expect_serial``, ``expect_lineage``): a
+    compare-and-swap, VersionConflict otherwise. ``touched`` lists the (address, deposed) objects
+    that may differ from that version, removed ones included; the caller guarantees every other
+    object is unchanged, so the lifecycle index looks at the touched ones only and a refresh commit
+    costs what drifted, not what exists (None: any object may differ, all are indexed)."""
+    new_hash = _checked_hash(raw, source, "state")
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, (expect_serial, expect_lineage))
+        assert cur is not None  # the compare-and-swap found it
+        if _check_advance(conn, sid, name, cur, state, new_hash, False):
+            return WriteResult(state_id=sid, version=cur, created=False)
+        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched)
+
+
+def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
+                     expect_lineage: str, actor: str | None, source: str = "refresh") -> WriteResult:
+    """commit_delta of a document whose resources are exactly those of the version the caller
+    started from, byte for byte (the caller's word: a refresh that changed no object, the common
+    case). The new version shares that version's layout and stores only its top level, so such a
+    commit costs a few statements whatever the state's size; when that version is not stored so it
+    can be shared (whole, or with the serial in its head), the document is stored as commit_delta
+    stores it."""
+    new_hash = _checked_hash(raw, source, "state")
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, (expect_serial, expect_lineage))
+        assert cur is not None  # the compare-and-swap found it
+        if _check_advance(conn, sid, name, cur, state, new_hash, False):
+            return WriteResult(state_id=sid, version=cur, created=False)
+        version = pieces.insert_sharing_layout(conn, sid, cur, state, state.serial, state.lineage,
+                                               state.terraform_version or None, source, new_hash, actor)
+        if version is None:
+            return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=set())
+        log.debug("%s serial %d: no object differs from serial %d, stored as its top level on that version's layout",
+                  name, version.serial, cur.serial)
+        if source != "refresh":  # as in _store: a refresh that closed nothing has no drift to record
+            drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+        return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
+
+
+# --- the private core, shared by the operations above ------------------------------------------
+
+_INSERT_VERSION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
+VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {VERSION_COLS}
+"""
+
+# The document goes to a temporary table (no WAL, dropped at commit) and is split there
+# (store/pieces.py). Uncompressed (STORAGE EXTERNAL): the document lives for one transaction, and
+# every statement that looks into it reads it whole again; compressing a big one, then
+# decompressing it once per statement, cost more than the space it saved. work_mem for this
+# transaction only: sorting and hashing a big state's pieces spilled to disk at the default 4 MB.
+# JIT off for the write: the planner, blind to what the temporary tables hold, puts the
+# statements over them far above jit_above_cost, and compiling them took 35-70 ms of a 10-instance
+# refresh commit (on a server with JIT, as Debian's and most builds are) for queries that run in
+# well under a millisecond. SET LOCAL: both end with the transaction (a transaction pooler is fine).
+_DOC_TABLE = """
+SET LOCAL jit = off;
+CREATE TEMP TABLE kl_doc (doc jsonb) ON COMMIT DROP;
+ALTER TABLE kl_doc ALTER COLUMN doc SET STORAGE EXTERNAL;
+SET LOCAL work_mem = '64MB'
+"""
+_DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
+
+_NEWER = f"""
+SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial >= %s ORDER BY serial LIMIT 5
+"""
+
+
+class _JsonbText:
+    """A version's bytes, sent to PostgreSQL as jsonb text exactly as they are: a str parameter
+    would cost two more full copies of a big state (the decoded str, then psycopg's encoding)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _JsonbTextDumper(Dumper):
+    oid = psycopg.adapters.types["jsonb"].oid
+
+    def dump(self, obj: _JsonbText) -> bytes:
+        # libpq sends a text parameter as a C string: a NUL byte would cut the document short.
+        # psycopg refuses one in a str the same way.
+        if b"\x00" in obj.data:
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+        return obj.data
+
+
+def _jsonb_rows(conn: psycopg.Connection) -> psycopg.Cursor[VersionRow]:
+    cur = versions.version_rows(conn)
+    cur.adapters.register_dumper(_JsonbText, _JsonbTextDumper)
+    return cur
+
+
+@contextlib.contextmanager
+def _as_json(origin: str) -> Iterator[None]:
+    """PostgreSQL's refusal of the document it is sent (e.g. \\u0000, which jsonb cannot store), as
+    the input's error."""
+    try:
+        yield
+    except psycopg.errors.DataError as exc:
+        raise tfstate.StateError(f"{origin}: PostgreSQL cannot store it as JSON: {str(exc).strip().splitlines()[0]}") from None
+
+
+def _is_utf8(raw: bytes) -> bool:
+    """Whether RAW is UTF-8, checked a chunk at a time (no decoded copy of the whole document)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(raw)
+    try:
+        for start in range(0, len(view), versions.UTF8_CHUNK):
+            decoder.decode(view[start:start + versions.UTF8_CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _checked_hash(raw: bytes | str, source: str, origin: str) -> str:
+    """The content hash of RAW, once it is known to be UTF-8 text and SOURCE one kl records."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}")
+    try:
+        new_hash = versions.content_hash(raw)
+    except UnicodeEncodeError:
+        raise tfstate.StateError(f"{origin}: not UTF-8 text (a lone surrogate)") from None
+    if isinstance(raw, bytes) and not _is_utf8(raw):
+        raise tfstate.StateError(f"{origin}: not UTF-8 text")
+    return new_hash
+
+
+def _lock_current(conn: psycopg.Connection, name: str, expect: tuple[int, str] | None) -> tuple[str, VersionRow | None]:
+    """Lock state NAME's row (made first if new) and read its current version, which must be the
+    EXPECT (serial, lineage) when given: nothing else may write the state until the transaction ends."""
+    sid = states.lock_state_row(conn, name, create=True)
+    assert sid is not None  # created above, and deletes wait for the row lock we hold
+    cur = versions.current_version(conn, sid)
+    if expect is not None and (cur is None or (cur.serial, cur.lineage) != expect):
+        now = f"serial {cur.serial}, lineage {cur.lineage}" if cur else "no version"
+        raise VersionConflict(
+            f"state {name!r} changed while this run was in progress (started from serial {expect[0]}, now {now}); nothing was written"
+        )
+    return sid, cur
+
+
+def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRow, new: tfstate.State | tfstate.EnvelopeIds,
+                   new_hash: str, force: bool) -> bool:
+    """The serial and lineage rules. True: the write is a retry of the current version."""
+    if new_hash == cur.content_hash:
+        return True
+    # A version kl numbered itself (an encrypted one from before kl read their lineage) has none.
+    if new.lineage != cur.lineage and (cur.lineage or not cur.encrypted) and not force:
+        raise VersionConflict(
+            f"state {name!r} has lineage {cur.lineage}, the new state has {new.lineage}: "
+            "it is a different state; use --force to replace it anyway"
+        )
+    if new.serial <= cur.serial:
+        newer = versions.version_rows(conn).execute(_NEWER, (sid, new.serial)).fetchall()
+        known = next((v.serial for v in newer if v.serial == new.serial and v.content_hash == new_hash), None)
+        raise SerialBehind(name, cur, new.serial, newer, known)
+    return False
+
+
+# COPY's text format: a backslash starts an escape, and a newline, carriage return or tab would
+# end the row or the field. JSON text holds the last three only escaped, but a caller's need not.
+_COPY_ESCAPES = ((b"\\", b"\\\\"), (b"\n", b"\\n"), (b"\r", b"\\r"), (b"\t", b"\\t"))
+
+
+def _copy_text(chunk: bytes) -> bytes:
+    for plain, escaped in _COPY_ESCAPES:
+        if plain in chunk:
+            chunk = chunk.replace(plain, escaped)
+    return chunk
+
+
+def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes | str, new_hash: str, *, source: str,
+           actor: str | None, origin: str, touched: set[tuple[str, str]] | None) -> WriteResult:
+    """The document's version row, its lifecycle index (of the TOUCHED objects only, when given)
+    and its pieces, inside the caller's transaction, which holds the state's row lock."""
+    rows = _jsonb_rows(conn)
+    with _as_json(origin):
+        rows.execute(_DOC_TABLE)
+        if isinstance(raw, str):
+            with rows.copy("COPY kl_doc (doc) FROM STDIN") as copy:
+                for chunk in versions.utf8_chunks(raw):
+                    copy.write(_copy_text(chunk))
+        else:
+            rows.execute(_DOC_INSERT, (_JsonbText(raw),))
+    version, pieced, has_resources = pieces.insert_version(conn, sid, state.serial, state.lineage,
+                                                           state.terraform_version or None, source, new_hash, actor)
+    opened, closed, relabelled = lifecycles.index(conn, sid, version, state, touched, pieced)
+    if has_resources:
+        pieces.store_pieces(conn, sid, version)
+    conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
+    # A refresh's drift is its closed lifecycles: none closed (most refreshes), nothing to record,
+    # and the statement that looks (planned afresh on every connection) is spared.
+    if source != "refresh" or closed:
+        drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+    return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
+                       unchanged=len(state.instances) - opened, metadata_updated=relabelled)
