@@ -105,13 +105,8 @@ def commit_delta(conn: psycopg.Connection, name: str, state: tfstate.State, raw:
     that may differ from that version, removed ones included; the caller guarantees every other
     object is unchanged, so the lifecycle index looks at the touched ones only and a refresh commit
     costs what drifted, not what exists (None: any object may differ, all are indexed)."""
-    new_hash = _checked_hash(raw, source, "state")
-    with conn.transaction():
-        sid, cur = _lock_current(conn, name, (expect_serial, expect_lineage))
-        assert cur is not None  # the compare-and-swap found it
-        if _check_advance(conn, sid, name, cur, state, new_hash, False):
-            return WriteResult(state_id=sid, version=cur, created=False)
-        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched)
+    return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source=source, actor=actor,
+                   touched=touched, share_layout=False)
 
 
 def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
@@ -122,21 +117,8 @@ def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, 
     commit costs a few statements whatever the state's size; when that version is not stored so it
     can be shared (whole, or with the serial in its head), the document is stored as commit_delta
     stores it."""
-    new_hash = _checked_hash(raw, source, "state")
-    with conn.transaction():
-        sid, cur = _lock_current(conn, name, (expect_serial, expect_lineage))
-        assert cur is not None  # the compare-and-swap found it
-        if _check_advance(conn, sid, name, cur, state, new_hash, False):
-            return WriteResult(state_id=sid, version=cur, created=False)
-        version = pieces.insert_sharing_layout(conn, sid, cur, state, state.serial, state.lineage,
-                                               state.terraform_version or None, source, new_hash, actor)
-        if version is None:
-            return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=set())
-        log.debug("%s serial %d: no object differs from serial %d, stored as its top level on that version's layout",
-                  name, version.serial, cur.serial)
-        if source != "refresh":  # as in _store: a refresh that closed nothing has no drift to record
-            drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
-        return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
+    return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source=source, actor=actor,
+                   touched=set(), share_layout=True)
 
 
 # --- the private core, shared by the operations above ------------------------------------------
@@ -261,6 +243,27 @@ def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRo
         known = next((v.serial for v in newer if v.serial == new.serial and v.content_hash == new_hash), None)
         raise SerialBehind(name, cur, new.serial, newer, known)
     return False
+
+
+def _commit(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, expect: tuple[int, str], *,
+            source: str, actor: str | None, touched: set[tuple[str, str]] | None, share_layout: bool) -> WriteResult:
+    """commit_delta, or commit_unchanged when SHARE_LAYOUT (TOUCHED then empty)."""
+    new_hash = _checked_hash(raw, source, "state")
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, expect)
+        assert cur is not None  # the compare-and-swap found it
+        if _check_advance(conn, sid, name, cur, state, new_hash, False):
+            return WriteResult(state_id=sid, version=cur, created=False)
+        if share_layout:
+            version = pieces.insert_sharing_layout(conn, sid, cur, state, state.serial, state.lineage,
+                                                   state.terraform_version or None, source, new_hash, actor)
+            if version is not None:
+                log.debug("%s serial %d: no object differs from serial %d, stored as its top level on that version's "
+                          "layout", name, version.serial, cur.serial)
+                if source != "refresh":  # as in _store: a refresh that closed nothing has no drift to record
+                    drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+                return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
+        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched)
 
 
 # COPY's text format: a backslash starts an escape, and a newline, carriage return or tab would
