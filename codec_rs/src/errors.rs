@@ -44,10 +44,12 @@ impl PathError {
             return self.message.clone();
         }
         let mut path = Vec::new();
-        for step in steps.iter().rev() {
+        for (n, step) in steps.iter().rev().enumerate() {
             match step {
                 Step::Attr(name) => {
-                    if !path.is_empty() {
+                    // After another step, not after other text: an attribute named "" is a step
+                    // that writes nothing, and the one after it still gets its dot.
+                    if n > 0 {
                         path.push(b'.');
                     }
                     path.extend_from_slice(name.as_bytes());

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kilolock.codec import CodecError
@@ -313,6 +313,10 @@ def _ill_typed_case(draw: st.DrawFn) -> tuple[Any, str]:
 
 @SETTINGS
 @given(_ill_typed_case())
+# Attributes named "": the dot goes after a step even when that step wrote nothing (the Rust
+# backend once left it out after an empty name).
+@example((["object", {"": ["object", {"": "string"}]}], '{"":{"":false}}'))
+@example((["object", {"a": ["object", {"": ["list", "string"]}]}], '{"a":{"":[1]}}'))
 def test_backends_agree_on_ill_typed_json(both: tuple[types.ModuleType, types.ModuleType],
                                           case: tuple[Any, str]) -> None:
     """Same bytes, or the same CodecError message (path and words), for any well-formed JSON."""
