@@ -1,4 +1,4 @@
-"""``kl refresh``: parse flags, build factory + orchestrator, render the result (ADR 0006 layer 4)."""
+"""``kl refresh``: parse the flags, run the refresh service (kilolock.refresh.service), render its result."""
 from __future__ import annotations
 
 import argparse
@@ -16,10 +16,9 @@ if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs 3.11
 
     from kilolock.redact import Redactor
-    from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.options import RefreshOverrides
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.prelaunch import Prelaunched
-    from kilolock.store.settings import StateSettings
 
 SHOWN_ADDRESSES = 25
 
@@ -49,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without one (here or stored) no deletion is committed")
     parser.add_argument("--lock-timeout", metavar="DURATION", default="0s",
                         help="wait this long for a lock someone else holds, as Terraform's -lock-timeout (default 0s)")
-    # Durations stay text until the run starts (options_from_args): a bad one is reported in
+    # Durations stay text until the run starts (overrides_from_args): a bad one is reported in
     # parse_duration's words, and kilolock.refresh is not imported for --help.
     parser.add_argument("--timeout", metavar="DURATION", help="cancel after this long: 30s, 5m, 1h, 1d")
     parser.add_argument("--rpc-timeout", metavar="DURATION", default="10m",
@@ -67,30 +66,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --all: states refreshed at once (default 1)")
 
 
-def options_from_args(args: argparse.Namespace, stored: StateSettings | None = None) -> RefreshOptions:
-    """The run's options: each flag given, else the state's stored setting, else kl's default."""
+def overrides_from_args(args: argparse.Namespace) -> RefreshOverrides:
+    """What the flags tell the run, over the state's stored settings (RefreshOptions.resolve)."""
     import os
 
     from kilolock.durations import parse_duration
-    from kilolock.refresh.inflight import AUTO, parse_parallelism
-    from kilolock.refresh.options import RefreshOptions
+    from kilolock.refresh.options import RefreshOverrides
 
     # Relative paths on the command line mean kl's directory; stored ones are absolute already.
-    flag_paths = tuple(os.path.abspath(p) for p in args.provider_search_path or ())
-    return RefreshOptions(
+    return RefreshOverrides(
         dry_run=args.dry_run,
         fail_fast=args.fail_fast,
-        concurrency=args.concurrency or os.cpu_count() or 1,
-        provider_parallelism=parse_parallelism(str(args.provider_parallelism or (stored and stored.provider_parallelism)
-                                                   or AUTO)),
-        actor=args.actor or (stored and stored.actor) or cli_args.default_actor(),
-        search_paths=flag_paths or (stored and stored.provider_search_paths) or (),
-        workdir=os.path.abspath(args.workdir) if args.workdir else (stored.workdir if stored else None),
+        concurrency=args.concurrency,
+        provider_parallelism=args.provider_parallelism,
+        actor=args.actor,
+        search_paths=tuple(os.path.abspath(p) for p in args.provider_search_path or ()),
+        workdir=os.path.abspath(args.workdir) if args.workdir else None,
         lock_timeout=parse_duration(args.lock_timeout, allow_zero=True),
         timeout=parse_duration(args.timeout) if args.timeout else None,
         rpc_timeout=parse_duration(args.rpc_timeout),
         always_upgrade=args.always_upgrade,
         allow_mass_removal=args.allow_mass_removal,
+        default_actor=cli_args.default_actor(),
     )
 
 
@@ -368,7 +365,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         from kilolock.errors import UsageError
 
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
-    options_from_args(args)  # flag errors (a bad duration) before the database is opened
+    overrides = overrides_from_args(args)  # flag errors (a bad duration) before the database is opened
     gcpolicy.hold()  # until the state is loaded: see kilolock.gcpolicy
     from kilolock.redact import Redactor as RunSecrets
     from kilolock.refresh import prelaunch
@@ -379,20 +376,16 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     early = prelaunch.start(args.state, secrets)
     used: list[tuple[str, str | None]] = []
     try:
-        return _run_one(args, context, secrets, early, used)
+        return _run_one(args, context, overrides, secrets, early, used)
     finally:
         early.finish(used)
 
 
-def _run_one(args: argparse.Namespace, context: CommandContext, secrets: Redactor, early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
-    from dataclasses import replace
-
-    from kilolock.refresh.factory import ProductionFactory
-    from kilolock.refresh.fleet import wait_until_not_running
+def _run_one(args: argparse.Namespace, context: CommandContext, overrides: RefreshOverrides, secrets: Redactor,
+             early: Prelaunched, used: list[tuple[str, str | None]]) -> int:
     from kilolock.refresh.orchestrator import Cancellation
-    from kilolock.refresh.orchestrator import run as run_refresh
-    from kilolock.refresh.slots import fleet_slots
-    from kilolock.store import db, settings, states
+    from kilolock.refresh.service import Launching, refresh_one
+    from kilolock.store import db
 
     cancel = Cancellation()
     # The handlers stay until the result is printed: a signal after the commit must not kill kl
@@ -401,16 +394,12 @@ def _run_one(args: argparse.Namespace, context: CommandContext, secrets: Redacto
         progress = _Progress() if sys.stderr.isatty() else None
         try:
             with context.open_store() as conn:
-                sid = states.state_id(conn, args.state)
-                options = options_from_args(args, settings.get(conn, sid))
-                wait_until_not_running(conn, sid, args.state, options, cancel)  # a fleet worker's run of it
-                factory = ProductionFactory(conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                            workdir=options.workdir, early=early)
-                with fleet_slots(conn) as provider_slots:  # kl provider limit counts manual refreshes too
-                    result = run_refresh(conn, args.state, factory, replace(options, provider_slots=provider_slots),
-                                         progress=progress, cancel=cancel, secrets=secrets,
-                                         on_lock_wait=progress.lock_wait if progress else None,
-                                         on_loaded=gcpolicy.settled)
+                launching = Launching(early)
+                result = refresh_one(conn, args.state, overrides, factories=launching, progress=progress,
+                                     cancel=cancel, secrets=secrets,
+                                     on_lock_wait=progress.lock_wait if progress else None, on_loaded=gcpolicy.settled)
+                factory = launching.factory
+                assert factory is not None  # made before the run began, and the run returned
                 used.extend(factory.used)
                 if factory.unavailable is not None:
                     raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure
@@ -461,7 +450,7 @@ def run_all(args: argparse.Namespace, context: CommandContext) -> int:
         raise UsageError("refresh: give a STATE or --all, not both (--states GLOB picks states for --all)")
     if not args.all:
         raise UsageError("refresh: --states and --parallel-states go with --all")
-    options_from_args(args)  # flag errors first
+    overrides = overrides_from_args(args)  # flag errors first
     cancel = Cancellation()
 
     lines = _StateLines() if args.format == "table" and not args.quiet else None
@@ -472,8 +461,7 @@ def run_all(args: argparse.Namespace, context: CommandContext) -> int:
                           if args.states else "refresh --all: there is no refreshable state")
         if lines is not None:
             lines.start(names)
-        results = refresh_many(conn, names, lambda stored: options_from_args(args, stored),
-                               args.parallel_states or 1, cancel, on_done=lines)
+        results = refresh_many(conn, names, overrides, args.parallel_states or 1, cancel, on_done=lines)
         open_drift: dict[str, int] = {}
         if args.detailed_exitcode:
             for r in results:

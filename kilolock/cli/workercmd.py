@@ -56,20 +56,19 @@ def _env_duration(name: str, default: float) -> float:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.cli.refreshcmd import options_from_args
+    from kilolock.durations import parse_duration
     from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db
 
     lease = args.lease or _env_duration("KL_WORKER_LEASE", 60.0)
     config = WorkerConfig(name=args.name, parallel_states=args.parallel_states, once=args.once, lease_s=lease,
                           poll_s=args.poll or _env_duration("KL_WORKER_POLL", 2.0), grace_s=args.grace,
                           warm_providers=args.warm_providers, warm_idle_s=args.warm_idle)
-    # A worker's run is `kl refresh STATE` with the state's stored settings and kl's defaults.
-    refresh_args = argparse.Namespace(
-        dry_run=False, fail_fast=False, concurrency=None, provider_parallelism=None, actor=None,
-        provider_search_path=None, workdir=None, lock_timeout=args.lock_timeout, timeout=None, rpc_timeout="10m",
-        always_upgrade=False, allow_mass_removal=False)
-    options_from_args(refresh_args)  # a bad --lock-timeout before anything starts
+    # A worker's run is `kl refresh STATE` with the state's stored settings and kl's defaults; a
+    # bad --lock-timeout is refused here, before anything starts.
+    overrides = RefreshOverrides(lock_timeout=parse_duration(args.lock_timeout, allow_zero=True),
+                                 default_actor=cli_args.default_actor())
     from kilolock.notify.deliver import Background
     from kilolock.store import notify
 
@@ -77,8 +76,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     # A worker commits, so it sends what its runs notify while it runs, not only when it exits.
     sender = Background(lambda: db.connect(url))
     with context.open_store() as conn:
-        worker = Worker(conn, config, lambda stored: options_from_args(refresh_args, stored),
-                        say=lambda text: print(text, flush=True))
+        worker = Worker(conn, config, overrides, say=lambda text: print(text, flush=True))
 
         def on_signal(signum: int, _frame: Any) -> None:
             worker.stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")

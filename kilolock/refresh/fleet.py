@@ -9,7 +9,6 @@ on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import logging
 import threading
 import time
@@ -23,97 +22,41 @@ import psycopg
 from kilolock import cron
 from kilolock.errors import KlError
 from kilolock.refresh import slots
-from kilolock.refresh.factory import ProductionFactory
-from kilolock.refresh.lockwait import wait_for_lock
-from kilolock.refresh.options import RefreshOptions
+from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
 from kilolock.refresh.orchestrator import Cancellation, Result
-from kilolock.refresh.orchestrator import run as run_refresh
-from kilolock.refresh.warm import WarmProviders
-from kilolock.store import db, fleet, refresh_runs, settings, states
+from kilolock.refresh.service import failed, refresh_or_fail
+from kilolock.refresh.warm import WarmFactory, WarmProviders
+from kilolock.store import db, fleet, refresh_runs
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
-from kilolock.store.settings import StateSettings
 
 log = logging.getLogger("kilolock.fleet")
 
-OptionsFor = Callable[[StateSettings | None], RefreshOptions]
 _T = TypeVar("_T")
-
-
-def check_not_running(conn: psycopg.Connection, sid: str, name: str) -> None:
-    """Refuse (StateBusy) while a fleet worker or another live ``kl refresh`` refreshes the state:
-    two runs of one state never overlap, so ``kl refresh`` waits for it (--lock-timeout) or says
-    who runs it."""
-    job = fleet.running_job(conn, sid)
-    if job is not None:
-        raise StateBusy(name, {"Who": f"worker {job['worker']} (fleet job {job['id']})", "Created": job["claimed_at"],
-                               "Operation": "kl worker", "ID": job["run_id"] or f"job {job['id']}"},
-                        "--lock-timeout DURATION waits for it")
-    busy = refresh_runs.live_run(conn, sid)
-    if busy is not None:
-        raise busy
-
-
-def wait_until_not_running(conn: psycopg.Connection, sid: str, name: str, options: RefreshOptions,
-                           cancel: Cancellation) -> None:
-    wait_for_lock(lambda: check_not_running(conn, sid, name), options.lock_timeout, sleep=cancel.wait)
-
-
-def _failed(name: str, message: str) -> Result:
-    return Result(state=name, status="failed", error=message)
-
-
-def refresh_state(conn: psycopg.Connection, name: str, options_for: OptionsFor, cancel: Cancellation,
-                  sid: str | None = None, warm: WarmProviders | None = None) -> Result:
-    """One state, as kl refresh runs it; an error before its run began is a failed Result.
-    WARM: a worker's pool of provider processes, reused across its runs (kilolock.refresh.warm)."""
-    try:
-        sid = sid or states.state_id(conn, name)
-        options = options_for(settings.get(conn, sid))
-        factory = (warm.factory if warm is not None else ProductionFactory)(
-            conn, sid, options.search_paths, rpc_timeout=options.rpc_timeout, workdir=options.workdir)
-        return run_refresh(conn, name, factory, options, cancel=cancel)
-    except StateBusy:
-        raise  # not a failed run: none began; the caller waits, retries or reports it
-    except KlError as exc:
-        return _failed(name, str(exc))
-    except psycopg.Error as exc:
-        if not db.lost(exc, conn):
-            raise
-        return _failed(name, f"lost the database connection ({first_line(exc)}); nothing was refreshed")
 
 
 # ---------------------------------------------------------------- kl refresh --all
 
-def refresh_many(conn: psycopg.Connection, names: list[str], options_for: OptionsFor, parallel: int,
+def refresh_many(conn: psycopg.Connection, names: list[str], overrides: RefreshOverrides, parallel: int,
                  cancel: Cancellation, on_done: Callable[[Result], None] | None = None) -> list[Result]:
     """Refresh NAMES, PARALLEL at a time, each on its own connection; results in NAMES' order.
-    A state a worker is refreshing is waited for (the options' lock timeout) or reported failed."""
-    def one(name: str) -> Result:
+    A state a worker is refreshing is waited for (the lock timeout) or reported failed."""
+    def one(name: str, shared: FleetSlotSource | None) -> Result:
         if cancel.cancelled:
             return Result(state=name, status="cancelled", error=cancel.reason)
         try:
             with db.reconnect(conn) as own:
-                sid = states.state_id(own, name)
-                try:
-                    wait_until_not_running(own, sid, name, options_for(settings.get(own, sid)), cancel)
-                except KlError as exc:
-                    return _failed(name, str(exc))
-                result = refresh_state(own, name, options_for, cancel, sid)
-        except KlError as exc:  # StateBusy too: a worker took the state in the instant after the check
-            result = _failed(name, str(exc))
+                result = refresh_or_fail(own, name, overrides, provider_slots=shared, cancel=cancel)
+        except KlError as exc:  # StateBusy too: the wait ran out, or a worker took the state after it
+            result = failed(name, str(exc))
         if on_done is not None:
             on_done(result)
         return result
 
-    with slots.fleet_slots(conn) as fleet_slots, \
+    # The states refreshed at once share this process's slots.
+    with slots.fleet_slots(conn) as shared, \
             cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
-        if fleet_slots is not None:  # the states refreshed at once share this process's slots
-            given = options_for
-
-            def options_for(stored: StateSettings | None) -> RefreshOptions:
-                return dataclasses.replace(given(stored), provider_slots=fleet_slots)
-        return list(pool.map(one, names))
+        return list(pool.map(lambda name: one(name, shared), names))
 
 
 # ---------------------------------------------------------------- schedules
@@ -176,11 +119,11 @@ class _InFlight:
 class Worker:
     """One ``kl worker`` process. ``stop()`` (SIGTERM) drains; ``run()`` returns an exit code."""
 
-    def __init__(self, conn: psycopg.Connection, config: WorkerConfig, options_for: OptionsFor,
+    def __init__(self, conn: psycopg.Connection, config: WorkerConfig, overrides: RefreshOverrides,
                  say: Callable[[str], None] = print) -> None:
         self.conn = conn
         self.config = config
-        self.options_for = options_for
+        self.overrides = overrides  # what every run is told on top of its state's stored settings
         self.say = say
         self.worker_id = 0
         self.name = ""
@@ -191,6 +134,7 @@ class Worker:
         self.completed = 0
         self.failed = 0
         self.warm = WarmProviders(config.warm_providers, config.warm_idle_s)
+        self._slots: FleetSlotSource | None = None  # while claiming: one FleetSlots for all of its runs
         self._stop_at: float | None = None  # time.monotonic() of stop()
         self._db_failures = 0  # database errors in a row in the claiming loop
         self.abandoned = 0  # threads still stuck (on a hung database) when the worker gave up on them
@@ -273,17 +217,15 @@ class Worker:
         return True
 
     def _claiming(self, errors: list[BaseException]) -> None:
-        given = self.options_for
         try:
             # One FleetSlots for all of this worker's runs: the slots it leases serve whichever run needs them.
-            with slots.fleet_slots(self.conn, always=True) as fleet_slots:
-                self.options_for = lambda stored: dataclasses.replace(given(stored), provider_slots=fleet_slots)
+            with slots.fleet_slots(self.conn, always=True) as self._slots:
                 self._loop()
                 self._drain()
         except BaseException as exc:  # noqa: BLE001 - handed to run(), on the main thread
             errors.append(exc)
         finally:
-            self.options_for = given
+            self._slots = None
             self._stopping.set()
 
     def _retry_delay(self) -> float:
@@ -373,7 +315,9 @@ class Worker:
         job = flight.job
         refresh_runs.mark_fleet_job(conn, job.id)  # begin() links the run and refuses an overlap
         try:
-            result = refresh_state(conn, job.state, self.options_for, flight.cancel, job.state_id, self.warm)
+            # No wait: the claimed job is the run a plain kl refresh would wait for.
+            result = refresh_or_fail(conn, job.state, self.overrides, state_id=job.state_id, factories=self._warm_factory,
+                                     provider_slots=self._slots, wait=False, cancel=flight.cancel)
         except StateBusy as busy:  # never two runs of one state: try again shortly
             fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
             self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
@@ -392,6 +336,10 @@ class Worker:
                  + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
                  + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
                  + ("" if kept else " (the job's lease had been taken over)"))
+
+    def _warm_factory(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> WarmFactory:
+        return self.warm.factory(conn, state_id, options.search_paths, rpc_timeout=options.rpc_timeout,
+                                 workdir=options.workdir)
 
     def _internal_error(self, job: fleet.Job, exc: Exception) -> None:
         """A bug: the run's audit row is finished; record it on the job, keep working."""

@@ -1,17 +1,44 @@
-"""What a refresh run is asked to do (the CLI flags, as one value)."""
+"""What a refresh run is asked to do: the command line's flags (RefreshOverrides) over the state's
+stored settings (kl state set) over kl's defaults, resolved into one value (RefreshOptions)."""
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kilolock.errors import UsageError
-from kilolock.refresh.inflight import AUTO, FleetSlots, Parallelism
+from kilolock.refresh.inflight import AUTO, FleetSlots, Parallelism, parse_parallelism
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self needs 3.11
+
+    from kilolock.store.settings import StateSettings
 
 
 class FleetSlotSource(Protocol):
     def for_provider(self, source: str, alias: str) -> FleetSlots | None: ...
+
+
+@dataclass(frozen=True)
+class RefreshOverrides:
+    """What one run is told on top of the state's stored settings: the flags of ``kl refresh`` (a
+    worker's runs give none but the lock timeout). None, or empty, where nothing was said."""
+
+    dry_run: bool = False
+    fail_fast: bool = False
+    concurrency: int | None = None
+    provider_parallelism: int | str | None = None  # "auto" or a number, as typed or stored
+    actor: str | None = None
+    search_paths: tuple[str, ...] = ()  # absolute: a relative path means the directory kl was started in
+    workdir: str | None = None  # absolute, as search_paths
+    lock_timeout: float = 0.0
+    timeout: float | None = None
+    rpc_timeout: float = 600.0
+    always_upgrade: bool = False
+    allow_mass_removal: bool = False
+    # Who runs it when neither the flag nor the stored settings say: the caller knows ($USER@cli).
+    default_actor: str = "unknown@cli"
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,25 @@ class RefreshOptions:
     # mass_removal_min of them) is treated as a credentials problem, not as reality.
     mass_removal_share: float = 0.5
     mass_removal_min: int = 2
+
+    @classmethod
+    def resolve(cls, overrides: RefreshOverrides, stored: StateSettings | None) -> Self:
+        """The run's options: each override given, else the state's stored setting, else kl's default."""
+        return cls(
+            dry_run=overrides.dry_run,
+            fail_fast=overrides.fail_fast,
+            concurrency=overrides.concurrency or os.cpu_count() or 1,
+            provider_parallelism=parse_parallelism(str(overrides.provider_parallelism
+                                                       or (stored and stored.provider_parallelism) or AUTO)),
+            actor=overrides.actor or (stored and stored.actor) or overrides.default_actor,
+            search_paths=overrides.search_paths or (stored and stored.provider_search_paths) or (),
+            workdir=overrides.workdir or (stored.workdir if stored else None),
+            lock_timeout=overrides.lock_timeout,
+            timeout=overrides.timeout,
+            rpc_timeout=overrides.rpc_timeout,
+            always_upgrade=overrides.always_upgrade,
+            allow_mass_removal=overrides.allow_mass_removal,
+        )
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

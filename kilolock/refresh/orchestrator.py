@@ -671,15 +671,17 @@ def run(
     factory: ClientFactory,
     options: RefreshOptions,
     *,
+    state_id: str | None = None,
     progress: ProgressFn | None = None,
     cancel: Cancellation | None = None,
     secrets: Redactor | None = None,
     on_lock_wait: LockWaitFn | None = None,
     on_loaded: Callable[[], None] | None = None,
 ) -> Result:
-    """Refresh state NAME. ``secrets``: the run's redactor (a new, empty one unless given);
-    ``on_lock_wait`` hears about every retry while waiting for someone else's lock; ``on_loaded`` is
-    called once the state is loaded and indexed, before any read (kilolock.gcpolicy)."""
+    """Refresh state NAME; ``state_id``: its id, when the caller looked it up already. ``secrets``:
+    the run's redactor (a new, empty one unless given); ``on_lock_wait`` hears about every retry
+    while waiting for someone else's lock; ``on_loaded`` is called once the state is loaded and
+    indexed, before any read (kilolock.gcpolicy)."""
     started = time.monotonic()
     cancel = cancel or Cancellation()
     secrets = Redactor() if secrets is None else secrets
@@ -691,7 +693,7 @@ def run(
     grace = stop_grace()
 
     try:
-        sid = states.state_id(conn, name)
+        sid = state_id or states.state_id(conn, name)
         current = versions.current_version(conn, sid)
         if current is None:
             raise KlError(f"state {name!r} has no versions to refresh")

@@ -330,6 +330,7 @@ def test_a_bug_s_record_whose_new_connection_breaks_too_is_said_and_the_worker_g
     import threading
 
     from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db
     from kilolock.store import fleet as store_fleet
 
@@ -342,7 +343,7 @@ def test_a_bug_s_record_whose_new_connection_breaks_too_is_said_and_the_worker_g
     said: list[str] = []
     errors: list[BaseException] = []
     with db.connect(bouncer.format(dbname=dbname)) as conn:
-        worker = Worker(conn, WorkerConfig(warm_providers=0), lambda stored: None, say=said.append)  # type: ignore[arg-type,return-value]
+        worker = Worker(conn, WorkerConfig(warm_providers=0), RefreshOverrides(), say=said.append)
         job = store_fleet.Job(id=1, state_id="00000000-0000-0000-0000-000000000000", state="bug/s",
                               due_at=datetime.now(timezone.utc), attempts=1)
 

@@ -212,6 +212,7 @@ def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, e
 
     from kilolock.refresh import fleet as refresh_fleet
     from kilolock.refresh.fleet import Worker, WorkerConfig, _InFlight
+    from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import fleet as store_fleet
 
     def failing(job_conn, *args, **kwargs):
@@ -219,10 +220,10 @@ def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, e
             job_conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         raise psycopg.ProgrammingError("the query has 2 placeholders but 1 parameters were passed")
 
-    monkeypatch.setattr(refresh_fleet, "refresh_state", failing)
+    monkeypatch.setattr(refresh_fleet, "refresh_or_fail", failing)
     said: list[str] = []
     recorded: list[str] = []
-    worker = Worker(conn, WorkerConfig(warm_providers=0), lambda stored: None, say=said.append)  # type: ignore[arg-type,return-value]
+    worker = Worker(conn, WorkerConfig(warm_providers=0), RefreshOverrides(), say=said.append)
     monkeypatch.setattr(worker, "_record_internal_error", lambda job, message: recorded.append(message))
     job = store_fleet.Job(id=1, state_id="00000000-0000-0000-0000-000000000000", state="s",
                           due_at=datetime.now(timezone.utc), attempts=1)
