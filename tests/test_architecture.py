@@ -14,18 +14,21 @@ PACKAGE = REPO / "kilolock"
 MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names", "kilolock.globs",
          "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift", "kilolock.versiondiff"}
 
-# What each part may import besides itself and MODEL. The data flow: cli -> refresh -> provider,
-# with codec beside refresh and the store beside everything that keeps state.
+# What each part may import besides itself and MODEL. The data flow: cli -> fleet -> refresh ->
+# provider, with codec beside refresh and the store beside everything that keeps state.
 ALLOWED: dict[str, set[str]] = {
     "kilolock.codec": {"kilolock._codec_rs"},
     "kilolock._codec_rs": set(),
     "kilolock.provider": set(),  # protocol only: never JSON values (codec) nor the database
     "kilolock.store": set(),  # SQL only: never a provider or a codec
     "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
+    # Many states in one process (kl refresh --all, kl worker), each through the refresh service;
+    # its warm pool launches providers itself. refresh never sees it.
+    "kilolock.fleet": {"kilolock.refresh", "kilolock.provider", "kilolock.store"},
     "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
     "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
     "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
-                     "kilolock.refresh", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy"},
+                     "kilolock.refresh", "kilolock.fleet", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy"},
     "kilolock.gcpolicy": set(),  # the process's collector: cli.run_process and `kl refresh` set it
     "kilolock.lazyimports": set(),  # modules imported only when used: kl's entry points set it up
     "kilolock.__main__": {"kilolock.cli", "kilolock.lazyimports"},
@@ -279,6 +282,19 @@ def test_the_rule_catches_a_circle() -> None:
         "kilolock.p.a": ("from kilolock.p import helper\n", False),
     })
     assert circles(owner) == [["kilolock.p", "kilolock.p.a"]]
+
+
+def test_the_fleet_sits_above_the_refresh_of_one_state() -> None:
+    # The fleet runtime is a part of its own: it refreshes through kilolock.refresh, which never
+    # reaches back for the worker, its warm pool or --all; the CLI starts both.
+    assert (PACKAGE / "fleet" / "worker.py").exists() and not (PACKAGE / "refresh" / "fleet.py").exists()
+    assert violations("kilolock.fleet.worker", "from kilolock.refresh.service import refresh_or_fail") == []
+    assert violations("kilolock.fleet.warm", "from kilolock.provider import launch_provider") == []
+    assert violations("kilolock.cli.workercmd", "from kilolock.fleet.worker import Worker") == []
+    assert violations("kilolock.refresh.service", "from kilolock.fleet import warm") == [
+        "kilolock.refresh.service imports kilolock.fleet"]
+    assert violations("kilolock.fleet.worker", "from kilolock.server import http") == [
+        "kilolock.fleet.worker imports kilolock.server"]
 
 
 def sql_calls(source: str) -> list[int]:

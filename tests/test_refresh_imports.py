@@ -21,7 +21,7 @@ from kit.paths import REPO
 
 _PROBE = """
 import dataclasses, inspect, json, sys
-import kilolock.cli, kilolock.cli.refreshcmd, kilolock.refresh.prelaunch, kilolock.refresh.factory, kilolock.refresh.fleet
+import kilolock.cli, kilolock.cli.refreshcmd, kilolock.refresh.prelaunch, kilolock.refresh.factory, kilolock.refresh.service
 import kilolock.refresh.orchestrator, kilolock.refresh.slots, kilolock.store.db, kilolock.store.locks
 import kilolock.store.settings, kilolock.store.versions, kilolock.store.migrate, kilolock.store.notify
 import kilolock.provider.client, kilolock.provider.connection

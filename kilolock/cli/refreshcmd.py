@@ -442,7 +442,7 @@ def run_all(args: argparse.Namespace, context: CommandContext) -> int:
     """``kl refresh --all``: every state --states matches, each as ``kl refresh STATE`` would,
     PARALLEL at a time; one line per state, a summary, one exit code for all."""
     from kilolock.errors import KlError, UsageError
-    from kilolock.refresh.fleet import refresh_many
+    from kilolock.fleet.many import refresh_many
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.store import fleet
 

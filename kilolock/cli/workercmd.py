@@ -57,7 +57,7 @@ def _env_duration(name: str, default: float) -> float:
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.durations import parse_duration
-    from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.fleet.worker import Worker, WorkerConfig
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db
 

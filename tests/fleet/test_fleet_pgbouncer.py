@@ -188,7 +188,7 @@ def test_pooled_workers_go_on_after_a_postgresql_restart(pooled_cluster, tmp_pat
     """With PgBouncer's default server_login_retry (15 s): a server login fails while PostgreSQL
     restarts, and PgBouncer then refuses every client for 15 s. Each worker goes on within that
     window plus its retry backoff's cap once PostgreSQL is back."""
-    from kilolock.refresh.fleet import DB_RETRY_MAX_S
+    from kilolock.fleet.worker import DB_RETRY_MAX_S
 
     cluster, url = pooled_cluster
     pgbouncer.require()
@@ -236,7 +236,7 @@ def test_pooled_workers_obey_sigterm_while_the_database_is_unreachable(pooled_cl
     client), or PgBouncer itself not answering (SIGSTOP: what a network cut without a reset looks
     like; every database call hangs). Each worker exits 0 within its grace period plus the
     worker's exit budget; its runs are found dead and finished as failed once the database is back."""
-    from kilolock.refresh.fleet import EXIT_BUDGET_S
+    from kilolock.fleet.worker import EXIT_BUDGET_S
 
     cluster, url = pooled_cluster
     pgbouncer.require()
@@ -329,7 +329,7 @@ def test_a_bug_s_record_whose_new_connection_breaks_too_is_said_and_the_worker_g
     lease; the InternalError used to escape and end the run's thread with a traceback."""
     import threading
 
-    from kilolock.refresh.fleet import Worker, WorkerConfig
+    from kilolock.fleet.worker import Worker, WorkerConfig
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db
     from kilolock.store import fleet as store_fleet

@@ -10,8 +10,8 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.fleet.worker import next_run
 from kilolock.refresh.commit import commit_refresh
-from kilolock.refresh.fleet import next_run
 from kilolock.store import fleet, locks, refresh_runs, states, versions, writes
 from kit.states import build_state
 
@@ -210,8 +210,8 @@ def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, e
 
     import psycopg
 
-    from kilolock.refresh import fleet as refresh_fleet
-    from kilolock.refresh.fleet import Worker, WorkerConfig, _InFlight
+    from kilolock.fleet import worker as fleet_worker
+    from kilolock.fleet.worker import Worker, WorkerConfig, _InFlight
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import fleet as store_fleet
 
@@ -220,7 +220,7 @@ def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, e
             job_conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         raise psycopg.ProgrammingError("the query has 2 placeholders but 1 parameters were passed")
 
-    monkeypatch.setattr(refresh_fleet, "refresh_or_fail", failing)
+    monkeypatch.setattr(fleet_worker, "refresh_or_fail", failing)
     said: list[str] = []
     recorded: list[str] = []
     worker = Worker(conn, WorkerConfig(warm_providers=0), RefreshOverrides(), say=said.append)

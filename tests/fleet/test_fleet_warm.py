@@ -1,4 +1,4 @@
-"""Warm providers inside a worker (issue 13, kilolock.refresh.warm): one provider process serves the
+"""Warm providers inside a worker (issue 13, kilolock.fleet.warm): one provider process serves the
 states a worker refreshes; one that crashed or broke the protocol is never reused, one that answered
 with an error diagnostic is."""
 from __future__ import annotations

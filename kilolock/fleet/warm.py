@@ -1,7 +1,7 @@
-"""Warm providers inside a worker (issue 13): a provider process reused across the states it refreshes.
+"""Warm providers inside a worker: a provider process reused across the states it refreshes.
 
 ``kl refresh`` launches, handshakes, fetches the schema and configures every provider once per run
-(ADR 0006: one factory per run, no shared provider state). A worker refreshing hundreds of small
+(one factory per run, so that no provider state is shared between runs). A worker refreshing hundreds of small
 states would pay that for each of them, so it keeps a ``WarmProviders`` pool instead: a process is
 reused by a later run when it is the same binary (path and mtime), the same resolved config and
 the same workdir and rpc timeout. One run holds a process at a time; when the run's provider group
@@ -47,7 +47,7 @@ from kilolock.store import provider_configs
 if TYPE_CHECKING:
     from kilolock.provider import ProviderClient
 
-log = logging.getLogger("kilolock.refresh.warm")
+log = logging.getLogger("kilolock.fleet.warm")
 
 MAX_IDLE = 4  # warm processes a worker keeps idle (a cloud provider's process is 100-300 MB)
 IDLE_S = 300.0

@@ -1,14 +1,13 @@
-"""Refreshing many states: ``kl refresh --all`` and ``kl worker`` (issue 13).
+"""``kl worker``: the fleet's queue (kilolock.store.fleet) worked off by one process.
 
-Both run each state exactly as ``kl refresh STATE`` does (orchestrator.run: its own audit row,
-lock and commit rule), with that state's stored settings, on a connection of its own, several
-states at once. The worker adds the queue (kilolock.store.fleet): it fires due schedules, claims
-due jobs with a lease it renews from a heartbeat thread, takes over jobs whose lease expired, and
-on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace period.
+Each job is refreshed as ``kl refresh STATE`` would (kilolock.refresh.service: its own audit row,
+lock and commit rule, the state's stored settings), on a connection of its own, several states at
+once, with providers kept warm between runs (kilolock.fleet.warm). The worker fires due schedules,
+claims due jobs with a lease it renews from a heartbeat thread, takes over jobs whose lease
+expired, and on SIGTERM stops claiming, lets its runs finish, and cancels them after a grace period.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import threading
 import time
@@ -21,11 +20,11 @@ import psycopg
 
 from kilolock import cron
 from kilolock.errors import KlError
+from kilolock.fleet.warm import WarmFactory, WarmProviders
 from kilolock.refresh import slots
 from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
-from kilolock.refresh.orchestrator import Cancellation, Result
-from kilolock.refresh.service import failed, refresh_or_fail
-from kilolock.refresh.warm import WarmFactory, WarmProviders
+from kilolock.refresh.orchestrator import Cancellation
+from kilolock.refresh.service import refresh_or_fail
 from kilolock.store import db, fleet, refresh_runs
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
@@ -33,30 +32,6 @@ from kilolock.store.refresh_runs import StateBusy
 log = logging.getLogger("kilolock.fleet")
 
 _T = TypeVar("_T")
-
-
-# ---------------------------------------------------------------- kl refresh --all
-
-def refresh_many(conn: psycopg.Connection, names: list[str], overrides: RefreshOverrides, parallel: int,
-                 cancel: Cancellation, on_done: Callable[[Result], None] | None = None) -> list[Result]:
-    """Refresh NAMES, PARALLEL at a time, each on its own connection; results in NAMES' order.
-    A state a worker is refreshing is waited for (the lock timeout) or reported failed."""
-    def one(name: str, shared: FleetSlotSource | None) -> Result:
-        if cancel.cancelled:
-            return Result(state=name, status="cancelled", error=cancel.reason)
-        try:
-            with db.reconnect(conn) as own:
-                result = refresh_or_fail(own, name, overrides, provider_slots=shared, cancel=cancel)
-        except KlError as exc:  # StateBusy too: the wait ran out, or a worker took the state after it
-            result = failed(name, str(exc))
-        if on_done is not None:
-            on_done(result)
-        return result
-
-    # The states refreshed at once share this process's slots.
-    with slots.fleet_slots(conn) as shared, \
-            cf.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="kl-state") as pool:
-        return list(pool.map(lambda name: one(name, shared), names))
 
 
 # ---------------------------------------------------------------- schedules

@@ -1,4 +1,4 @@
-"""WarmProviders (kilolock.refresh.warm) as pure logic: what makes a process unfit for reuse, the cap
+"""WarmProviders (kilolock.fleet.warm) as pure logic: what makes a process unfit for reuse, the cap
 and the idle timeout, and per-run redaction. The real processes are in tests/fleet/test_fleet_warm.py."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from kilolock import schema as sch
+from kilolock.fleet.warm import RunRedactor, WarmProviders, _Process, _WarmClient
 from kilolock.provider.client import ReadResult
 from kilolock.provider.diagnostics import Diagnostic, Severity
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
 from kilolock.redact import MASK, Redactor
 from kilolock.refresh.client import OpenedProvider, ResourceError, ThrottledError
-from kilolock.refresh.warm import RunRedactor, WarmProviders, _Process, _WarmClient
 
 BLOCK = sch.Block(attributes=(sch.Attribute("id", b'"string"', computed=True),))
 SCHEMA = sch.ProviderSchema(5, sch.Schema(0, sch.Block()), {"thing": sch.Schema(0, BLOCK)})
