@@ -35,6 +35,12 @@ def referencing_tables(conn: psycopg.Connection) -> list[str]:
     return [r[0] for r in rows]
 
 
+def moved_rows(found: dict[str, int]) -> dict[str, int]:
+    """COUNTS without the delivery attempts: every kl command retries the due deliveries to the
+    setup's unreachable webhook on its way out, so their number grows with the time the test takes."""
+    return {table: n for table, n in found.items() if table != "notify_attempts"}
+
+
 def counts(db_url: str, sid: str) -> dict[str, int]:
     """Rows of state SID in each table that references states, and the rows hanging off its
     notification events (deliveries, their attempts) and drift records (notices)."""
@@ -194,7 +200,8 @@ def test_mv_keeps_history_and_settings_and_spells_out_the_backend_change(prod, r
     assert json.loads(ok(run_kl("state", "versions", "team/prod", "--format", "json")))["versions"] == versions_before
     assert drift_records(run_kl, "team/prod") == drift_before
     assert json.loads(ok(run_kl("state", "show", "team/prod", "--format", "json")))["settings"]["actor"] == "cron@ops"
-    assert state_id(prod, "team/prod") == sid and counts(prod, sid) == before
+    assert state_id(prod, "team/prod") == sid
+    assert moved_rows(counts(prod, sid)) == moved_rows(before)
     assert refused(run_kl("state", "versions", "prod")) == "kl: no state named 'prod' (see `kl state list`)\n"
 
 
