@@ -34,7 +34,8 @@ class VersionRow:
     terraform_version: str | None = None
     actor: str | None = None
     created_at: datetime | None = None
-    encrypted: bool = False  # an OpenTofu-encrypted envelope: no resources kl can see
+    encrypted: bool = False  # an OpenTofu-encrypted envelope, given back as it was written
+    unindexed: str | None = None  # why kl has no index of this (encrypted) version; None: indexed
 
 
 # A big document is hashed and sent to the server this many characters at a time.
@@ -59,7 +60,8 @@ def utf8_chunks(text: str) -> Iterator[bytes]:
         yield text[start:start + UTF8_CHUNK].encode("utf-8")
 
 
-VERSION_COLS = "id::text AS id, serial, lineage, source, content_hash, terraform_version, actor, created_at, encrypted"
+VERSION_COLS = ("id::text AS id, serial, lineage, source, content_hash, terraform_version, actor, created_at, encrypted, "
+                "unindexed")
 
 # The current version of a state is its highest serial. This is the only place that says so:
 # every query that needs a state's current version is built from it, as a subquery whose state id

@@ -70,16 +70,30 @@ def store_document(conn: psycopg.Connection, name: str, state: tfstate.State, ra
         return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin=origin, touched=None)
 
 
+@dataclass(frozen=True)
+class DecryptedIndex:
+    """What kl indexes of an encrypted envelope it decrypted: the document it may keep in the
+    lifecycle index (its sensitive values masked unless the state opted in: the caller's choice)
+    and that document's instance index. The envelope alone is stored as the version."""
+
+    state: tfstate.State
+    text: bytes
+    masked: bool = True
+
+
 def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate.EnvelopeIds | None, *, source: str,
-                   actor: str | None, force: bool = False, origin: str = "state") -> WriteResult:
+                   actor: str | None, force: bool = False, origin: str = "state", index: DecryptedIndex | None = None,
+                   unindexed: str | None = None, expect: tuple[int, str] | None = None) -> WriteResult:
     """Store ``raw``, an OpenTofu-encrypted envelope, as the next version of state ``name``, kept
-    opaque: it hides the resources, so it indexes no lifecycles. ``ids`` is the serial and lineage it
-    carries in the clear (tfstate.envelope_ids), checked by the same rules as a plain state's; an
-    envelope without them is numbered after the current version and keeps the lineage kl knew (the
-    serial order of versions stays the order of writes)."""
+    as it was written. ``ids`` is the serial and lineage it carries in the clear
+    (tfstate.envelope_ids), checked by the same rules as a plain state's; an envelope without them
+    is numbered after the current version and keeps the lineage kl knew (the serial order of
+    versions stays the order of writes). ``index``: its decrypted document, indexed as a plain
+    state's would be; without one the version hides its resources and ``unindexed`` says why.
+    ``expect``: the (serial, lineage) the current version must still be (a refresh's compare-and-swap)."""
     new_hash = _checked_hash(raw, source, origin)
     with conn.transaction():
-        sid, cur = _lock_current(conn, name, None)
+        sid, cur = _lock_current(conn, name, expect)
         if ids is not None:
             if cur is not None and _check_advance(conn, sid, name, cur, ids, new_hash, force):
                 return WriteResult(state_id=sid, version=cur, created=False)
@@ -90,10 +104,23 @@ def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate
             serial, lineage = (cur.serial + 1 if cur else 1), (cur.lineage if cur else "")
         with _as_json(origin):
             version = _jsonb_rows(conn).execute(
-                _INSERT_VERSION, (sid, serial, lineage, None, source, _JsonbText(raw), new_hash, actor, True)).fetchone()
+                _INSERT_ENVELOPE, (sid, serial, lineage, index.state.terraform_version or None if index else None, source,
+                                   _JsonbText(raw), new_hash, actor, None if index else unindexed or "OpenTofu-encrypted")
+            ).fetchone()
         assert version is not None
-        drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
-        return WriteResult(state_id=sid, version=version, created=True)
+        if index is None:
+            drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+            return WriteResult(state_id=sid, version=version, created=True)
+        rows = _jsonb_rows(conn)
+        with _as_json(origin):
+            rows.execute(_DOC_TABLE)
+            rows.execute(_DOC_INSERT, (_JsonbText(index.text),))
+        opened, closed, relabelled = lifecycles.index(conn, sid, version, index.state, None, False)
+        conn.execute("DROP TABLE kl_descriptors, kl_doc")
+        if source != "refresh" or closed:  # as in _store
+            drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
+        return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
+                           unchanged=len(index.state.instances) - opened, metadata_updated=relabelled)
 
 
 def commit_delta(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
@@ -123,9 +150,10 @@ def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, 
 
 # --- the private core, shared by the operations above ------------------------------------------
 
-_INSERT_VERSION = f"""
-INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
-VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING {VERSION_COLS}
+_INSERT_ENVELOPE = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted,
+                            unindexed)
+VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, true, %s) RETURNING {VERSION_COLS}
 """
 
 # The document goes to a temporary table (no WAL, dropped at commit) and is split there
