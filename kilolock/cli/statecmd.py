@@ -38,13 +38,15 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     # else is parsed whole (its parsed form outweighs the text 3x, and is freed once indexed).
     text = tfstate.decode_text(cli_args.read_input(args.file), origin)
     state: tfstate.State | None = tfstate.index_state_text(text, origin)
-    envelope, upgraded = None, False
+    envelope, upgraded, sealed = None, False, None
     if state is None:
         doc = tfstate.load_json(text, origin)
-        # An OpenTofu-encrypted file is stored as `kl serve` stores one: opaque, never indexed or
-        # refreshed, at the serial it carries in the clear (or numbered after the current version).
+        # An OpenTofu-encrypted file is stored as `kl serve` stores one: as written, at the serial
+        # it carries in the clear (or numbered after the current version), and indexed when the
+        # state has its encryption configured.
         encrypted = tfstate.is_encrypted_envelope(doc)
         envelope = tfstate.envelope_ids(doc, origin) if encrypted else None
+        sealed = doc if encrypted else None
         # Version 3 (Terraform 0.11, Terraformer): stored as the version-4 document Terraform reads it as.
         doc, upgraded = tfstate.upgrade_if_v3(doc, origin)
         if upgraded:
@@ -56,11 +58,22 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     raw = text.encode("utf-8")
     del text
     with context.open_store() as conn:
+        index = None
+        if sealed is not None:
+            from kilolock.server import store_ops
+
+            # Unlike kl serve, which must take what OpenTofu sends, an import that cannot be
+            # decrypted with the state's configuration is refused: nothing is written.
+            index = store_ops.decrypted_index(conn, args.name, sealed, origin)
+            if index is not None and envelope is None:
+                envelope = tfstate.EnvelopeIds(index.state.serial, index.state.lineage)
+            del sealed
         try:
             actor = args.actor or cli_args.default_actor()
             if state is None:
                 result = writes.store_envelope(conn, args.name, raw, envelope, source=args.source, actor=actor,
-                                               force=args.force, origin=origin)
+                                               force=args.force, origin=origin, index=index,
+                                               unindexed="OpenTofu-encrypted, and the state has no encryption configured")
             else:
                 result = writes.store_document(conn, args.name, state, raw, source=args.source, actor=actor,
                                                force=args.force, origin=origin)
@@ -70,9 +83,16 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     if not result.created:
         print(f"{args.name}: serial {v.serial} is already the current version (identical content); nothing written")
         return 0
+    if state is None and index is not None:
+        print(f"{args.name}: stored serial {v.serial} ({args.source}), OpenTofu-encrypted (kept as written), "
+              f"{len(index.state.instances)} instances decrypted and indexed"
+              f"{' (sensitive values masked)' if index.masked else ' (unmasked: --store-decrypted-attributes)'}: "
+              f"{result.opened} lifecycles opened, {result.closed} closed, {result.unchanged} unchanged")
+        return 0
     if state is None:
         print(f"{args.name}: stored serial {v.serial} ({args.source}), OpenTofu-encrypted: kept as is, not indexed "
-              "or refreshed (kl cannot read it)")
+              f"or refreshed (kl cannot read it without its encryption configured: kl state set {args.name} "
+              "--encryption-config FILE)")
         return 0
     if upgraded:
         print(f"{args.name}: upgraded state format version 3 to 4 as Terraform does (its flatmap attributes are "
@@ -204,7 +224,8 @@ def run_diff(args: argparse.Namespace, context: CommandContext) -> int:
 
 # --- per-state refresh settings (state_settings) ---------------------------------------------------
 
-SETTINGS = ("workdir", "provider-search-path", "provider-parallelism", "actor")
+SETTINGS = ("workdir", "provider-search-path", "provider-parallelism", "actor", "encryption-config",
+            "store-decrypted-attributes")
 
 
 def add_set_arguments(parser: argparse.ArgumentParser) -> None:
@@ -217,6 +238,11 @@ def add_set_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--provider-parallelism", type=cli_args.parallelism, metavar="auto|N",
                         help="requests in flight per provider process: auto (adapts to the provider) or a fixed N")
     parser.add_argument("--actor", type=cli_args.utf8_text, help="who the state's refreshes are recorded as")
+    parser.add_argument("--encryption-config", type=cli_args.utf8_text, metavar="FILE",
+                        help="OpenTofu's encryption block as JSON (pbkdf2 + aes_gcm, passphrases as {\"env\": NAME}): "
+                             "kl decrypts the state to index and refresh it, and writes it back encrypted")
+    parser.add_argument("--store-decrypted-attributes", action="store_true", default=None,
+                        help="index an encrypted state's sensitive values unmasked in PostgreSQL (default: masked)")
     parser.add_argument("--unset", action="append", choices=SETTINGS, metavar="SETTING", default=[],
                         help=f"remove a stored setting (repeatable): {', '.join(SETTINGS)}")
 
@@ -226,12 +252,15 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
 
     from kilolock.errors import UsageError
     from kilolock.store import settings, states
+    from kilolock.store.errors import StateNotFound
 
     given = {
         "workdir": os.path.abspath(args.workdir) if args.workdir else None,
         "provider_search_paths": tuple(os.path.abspath(p) for p in args.provider_search_path) if args.provider_search_path else None,
         "provider_parallelism": args.provider_parallelism,
         "actor": args.actor,
+        "encryption": _encryption_config(args.encryption_config) if args.encryption_config else None,
+        "store_decrypted_attributes": args.store_decrypted_attributes,
     }
     values = {k: v for k, v in given.items() if v is not None}
     unset = tuple(dict.fromkeys(settings.COLUMNS[u] for u in args.unset))
@@ -242,13 +271,50 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
         flag = next(k for k, c in settings.COLUMNS.items() if c == both[0])
         raise UsageError(f"kl state set: --{flag} and --unset {flag} together; give one")
     with context.open_store() as conn:
-        sid = states.state_id(conn, args.name)
+        try:
+            sid = states.state_id(conn, args.name)
+        except StateNotFound:
+            if "encryption" not in values:
+                raise
+            # Set before the first encrypted write, so kl serve indexes OpenTofu's first apply.
+            sid = _new_state(conn, args.name)
         stored = settings.update(conn, sid, settings.Changes(values, unset), cli_args.default_actor())
     print(f"{args.name}: settings stored")
     _show_settings(args.name, stored)
     if stored.workdir and not os.path.isdir(stored.workdir):
         print(f"note: {stored.workdir} is not a directory on this host; a refresh here would fail", file=sys.stderr)
+    if "encryption" in values:
+        missing = [n for n in encryption_env_names(stored.encryption) if n not in os.environ]
+        if missing:
+            print(f"note: {', '.join(missing)} is not set here: kl serve, kl state import and kl refresh need it where "
+                  "they run", file=sys.stderr)
     return 0
+
+
+def _new_state(conn: psycopg.Connection, name: str) -> str:
+    from kilolock.errors import UsageError
+    from kilolock.names import BadName, check_state_name
+    from kilolock.store import states
+
+    try:
+        check_state_name(name)
+    except BadName as exc:
+        raise UsageError(f"kl state set: {exc}") from None
+    sid = states.lock_state_row(conn, name, create=True)
+    assert sid is not None
+    return sid
+
+
+def _encryption_config(path: str) -> dict[str, Any]:
+    from kilolock import encryption
+
+    return encryption.load_config_file(path)
+
+
+def encryption_env_names(stored: dict[str, Any] | None) -> list[str]:
+    from kilolock import encryption
+
+    return [] if stored is None else encryption.parse_config(stored).env_names()
 
 
 def add_show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -277,8 +343,18 @@ def _show_settings(name: str, stored: Any) -> None:
         ("provider search path", ", ".join(paths) if paths else "(not set: $KL_PROVIDER_PATH and the defaults)"),
         ("provider parallelism", stored.provider_parallelism or "(not set: auto)"),
         ("actor", stored.actor or "(not set: $USER@cli)"),
+        ("encryption", _encryption_text(stored)),
         ("updated", f"{render.text(stored.updated_at)} by {stored.updated_by}" if stored.updated_at else "-"),
     ])
+
+
+def _encryption_text(stored: Any) -> str:
+    if stored.encryption is None:
+        return "(not set: an OpenTofu-encrypted version is stored as written, not indexed)"
+    names = ", ".join(f"${n}" for n in encryption_env_names(stored.encryption))
+    masked = ("sensitive values stored unmasked (--store-decrypted-attributes)" if stored.store_decrypted_attributes
+              else "sensitive values masked in the index")
+    return f"OpenTofu pbkdf2/aes_gcm, passphrase from {names}; {masked}"
 
 
 # --- locks -----------------------------------------------------------------------------------------

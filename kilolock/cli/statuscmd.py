@@ -21,6 +21,13 @@ def _lock_text(info: dict[str, Any]) -> str:
     return f"by {who} ({what}, since {info.get('Created') or '?'}), lock ID {info.get('ID')}"
 
 
+def _encryption_text(s: dict[str, Any]) -> str:
+    if s["unindexed"]:
+        # The index (resources, drift) stays at the last version kl could read.
+        return f"OpenTofu-encrypted, not indexed: {s['unindexed']}"
+    return "OpenTofu-encrypted, decrypted and indexed"
+
+
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
     from kilolock.store import refresh_runs, states, summary
@@ -44,6 +51,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
             ("serial", f"v{s['serial']}" if s["serial"] is not None else "-"),
             ("lineage", s["lineage"]),
             ("terraform", s["terraform_version"]),
+            *([("encrypted", _encryption_text(s))] if s["encrypted"] else []),
             ("versions", s["versions"]),
             ("managed", s["managed"]),
             ("data", s["data"]),

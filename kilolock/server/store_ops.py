@@ -7,6 +7,7 @@ kilolock.store.writes (store_document, store_envelope). No SQL here: that lives 
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,10 @@ import psycopg
 
 from kilolock import tfstate
 from kilolock.errors import KlError
-from kilolock.store import errors, locks, states, versions, writes
+from kilolock.store import errors, locks, settings, states, versions, writes
 from kilolock.store.locks import StateLocked
+
+log = logging.getLogger("kilolock.server.store_ops")
 
 
 class LockNotHeld(KlError):
@@ -54,14 +57,29 @@ def _check_lock(conn: psycopg.Connection, name: str, sid: str, lock_id: str | No
 
 
 def _is_empty(conn: psycopg.Connection, sid: str) -> bool:
-    """No version, or a current version without resources. An encrypted one hides its resources:
-    it counts as empty only when kl does not know its lineage either (an envelope without one)."""
+    """No version, or a current version without resources. An encrypted one kl could not index
+    hides its resources: it counts as empty only when kl does not know its lineage either (an
+    envelope without one)."""
     cur = versions.current_version(conn, sid)
     if cur is None:
         return True
-    if cur.encrypted:
+    if cur.encrypted and cur.unindexed:
         return not cur.lineage
     return not versions.has_open_resources(conn, sid)
+
+
+def decrypted_index(conn: psycopg.Connection, name: str, doc: dict[str, Any],
+                    origin: str) -> writes.DecryptedIndex | None:
+    """What kl indexes of envelope DOC, decrypted with state NAME's stored encryption configuration
+    (None when it has none); a KlError, one line that names no secret, when it cannot."""
+    stored = settings.of_state(conn, name)
+    if stored.encryption is None:
+        return None
+    from kilolock import encryption
+
+    keys = encryption.keys_for(stored.encryption, bool(stored.store_decrypted_attributes), f"state {name!r}")
+    opened = encryption.open_envelope(doc, keys, origin)
+    return writes.DecryptedIndex(opened.index, opened.index_text, masked=not keys.store_decrypted_attributes)
 
 
 def write_state(conn: psycopg.Connection, name: str, raw: bytes, lock_id: str | None, actor: str) -> Written:
@@ -69,13 +87,25 @@ def write_state(conn: psycopg.Connection, name: str, raw: bytes, lock_id: str | 
     encrypted = tfstate.is_encrypted_envelope(doc)
     envelope = tfstate.envelope_ids(doc, origin="request body") if encrypted else None
     state = None if encrypted else tfstate.parse_state(doc, origin="request body")
+    index, unindexed = None, None
+    if encrypted:
+        # OpenTofu keeps sending what it encrypted whatever kl can read of it: a key kl lacks, or
+        # one rotated without kl being told, never refuses the write. The version is stored as
+        # sent; its status, and this warning, say why kl has no index of it.
+        try:
+            index = decrypted_index(conn, name, doc, f"state {name!r}")
+        except KlError as exc:
+            unindexed = str(exc)
+            log.warning("%s; stored as sent, not indexed", unindexed)
+        if index is not None and envelope is None:
+            envelope = tfstate.EnvelopeIds(index.state.serial, index.state.lineage)
     with conn.transaction():
         sid = states.lock_state_row(conn, name, create=True)
         assert sid is not None
         _check_lock(conn, name, sid, lock_id)
         if state is None:
             result = writes.store_envelope(conn, name, raw, envelope, source="apply", actor=actor, origin="request body",
-                                           force=_is_empty(conn, sid))
+                                           force=_is_empty(conn, sid), index=index, unindexed=unindexed)
         else:
             result = writes.store_document(conn, name, state, raw, source="apply", actor=actor, force=_is_empty(conn, sid))
     return Written(result.version.serial, result.created, encrypted=encrypted)

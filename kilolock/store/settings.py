@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 # Setting name as the command line spells it -> its column.
 COLUMNS: dict[str, str] = {
@@ -15,6 +16,8 @@ COLUMNS: dict[str, str] = {
     "provider-search-path": "provider_search_paths",
     "provider-parallelism": "provider_parallelism",
     "actor": "actor",
+    "encryption-config": "encryption",
+    "store-decrypted-attributes": "store_decrypted_attributes",
 }
 
 
@@ -26,13 +29,18 @@ class StateSettings:
     provider_search_paths: tuple[str, ...] | None = None
     provider_parallelism: int | str | None = None  # a number, or "auto" (migration 0011)
     actor: str | None = None
+    # OpenTofu's encryption block (JSON form, passphrases as {"env": NAME} references): kl decrypts
+    # the state to index and refresh it (kilolock.encryption).
+    encryption: dict[str, Any] | None = None
+    store_decrypted_attributes: bool | None = None  # index sensitive values unmasked: an explicit opt-in
     updated_at: Any = None
     updated_by: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"workdir": self.workdir,
                 "provider_search_paths": list(self.provider_search_paths) if self.provider_search_paths is not None else None,
-                "provider_parallelism": self.provider_parallelism, "actor": self.actor}
+                "provider_parallelism": self.provider_parallelism, "actor": self.actor,
+                "encryption": self.encryption, "store_decrypted_attributes": bool(self.store_decrypted_attributes)}
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,8 @@ class Changes:
     unset: tuple[str, ...] = ()  # columns
 
 
-_GET = """SELECT workdir, provider_search_paths, provider_parallelism, actor, updated_at, updated_by
+_GET = """SELECT workdir, provider_search_paths, provider_parallelism, actor, encryption, store_decrypted_attributes,
+       updated_at, updated_by
 FROM state_settings WHERE state_id = %s"""
 
 
@@ -53,7 +62,14 @@ def get(conn: psycopg.Connection, state_id: str) -> StateSettings:
         return StateSettings()
     paths = row["provider_search_paths"]
     return StateSettings(row["workdir"], tuple(paths) if paths is not None else None,
-                         _parallelism(row["provider_parallelism"]), row["actor"], row["updated_at"], row["updated_by"])
+                         _parallelism(row["provider_parallelism"]), row["actor"], row["encryption"],
+                         row["store_decrypted_attributes"], row["updated_at"], row["updated_by"])
+
+
+def of_state(conn: psycopg.Connection, name: str) -> StateSettings:
+    """State NAME's settings; none for a state that does not exist (yet)."""
+    row = conn.execute("SELECT id::text FROM states WHERE name = %s", (name,)).fetchone()
+    return get(conn, str(row[0])) if row else StateSettings()
 
 
 def _parallelism(stored: str | None) -> int | str | None:
@@ -79,7 +95,8 @@ def update(conn: psycopg.Connection, state_id: str, changes: Changes, actor: str
     params: dict[str, Any] = {"sid": state_id, "by": actor}
     for c in cols:
         v = assigned[c]
-        params[c] = list(v) if isinstance(v, tuple) else str(v) if c == "provider_parallelism" and v is not None else v
+        params[c] = (list(v) if isinstance(v, tuple) else str(v) if c == "provider_parallelism" and v is not None
+                     else Jsonb(v) if c == "encryption" and v is not None else v)
     with conn.transaction():
         conn.execute(insert, params)
     return get(conn, state_id)

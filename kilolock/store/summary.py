@@ -20,7 +20,7 @@ ORDER BY s.name
 """).format(current=current_version_of(sql.SQL("s.id")))
 
 _STATUS = sql.SQL("""
-SELECT v.serial, v.lineage, v.terraform_version,
+SELECT v.serial, v.lineage, v.terraform_version, v.encrypted, v.unindexed,
        (SELECT count(*) FROM state_versions x WHERE x.state_id = %(sid)s) AS versions,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'managed') AS managed,
        (SELECT count(*) FROM resources r WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.mode = 'data') AS data,
