@@ -6,7 +6,7 @@ lock row must not outlive it), and finishing the run's audit row even on a fresh
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -17,21 +17,29 @@ from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
 from kilolock.store import db, locks, refresh_runs, versions, writes
 from kilolock.store.db import first_line, reconnected
 
+if TYPE_CHECKING:
+    from kilolock.encryption import Keys
+
 
 def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
                    start: versions.VersionRow, actor: str, run_id: str | None,
                    touched: set[tuple[str, str]], *, same_resources: bool = False, lock_timeout: float = 0.0,
-                   sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None) -> tuple[str, int]:
+                   sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None,
+                   keys: Keys | None = None) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
     A lock held by someone else is waited for up to ``lock_timeout`` seconds (lockwait).
     ``touched`` and ``same_resources``: how the state differs from ``start`` (writes.commit_delta,
-    writes.commit_unchanged).
+    writes.commit_unchanged). ``keys``: an OpenTofu-encrypted state's, to write it encrypted as
+    OpenTofu would, with what kl may index of it.
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
     # Compact, not Terraform's pretty layout: jsonb keeps neither, and `kl state pull` lays
     # any stored version out as Terraform does. A str: the store sends its UTF-8 a slice at a
     # time, so the bytes (and libpq's copy of them as a parameter) never exist whole beside it.
-    raw = parser.dumps_compact(state.raw)
+    raw: str | bytes = parser.dumps_compact(state.raw)
+    sealed = _sealed(name, state, raw, keys) if keys is not None and isinstance(raw, str) else None
+    if sealed is not None:
+        raw = sealed[0]  # what is stored, and what a lost commit is looked for by
     # A connection that died during the reads fails here, before anything is sent, so that case is
     # a plain "nothing committed" rather than the uncertain outcome of a commit cut half way.
     db.ping(conn)
@@ -48,7 +56,11 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
             if run_id is not None and not refresh_runs.still_running(conn, run_id):
                 raise KlError(f"run {run_id} was finished meanwhile by someone else (a fleet worker took its job "
                               "over after its lease expired); refresh not committed")
-            if same_resources:
+            if sealed is not None:
+                written = writes.store_envelope(conn, name, sealed[0], tfstate.EnvelopeIds(state.serial, state.lineage),
+                                                source="refresh", actor=actor, index=sealed[1],
+                                                expect=(start.serial, start.lineage))
+            elif same_resources:
                 written = writes.commit_unchanged(conn, name, state, raw, expect_serial=start.serial,
                                                   expect_lineage=start.lineage, actor=actor)
             else:
@@ -62,6 +74,17 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
             raise
         landed = settle_lost_commit(conn, name, sid, info["ID"], actor, start.serial + 1, raw, landed, exc)
     return landed
+
+
+def _sealed(name: str, state: tfstate.State, text: str, keys: Keys) -> tuple[bytes, writes.DecryptedIndex]:
+    """The refreshed document encrypted with the state's primary key, and what kl indexes of it.
+    Done before the lock is taken: the key derivation takes a moment."""
+    from kilolock import encryption
+
+    plaintext = text.encode("utf-8")
+    index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}")
+    return (keys.seal(plaintext, state.serial, state.lineage),
+            writes.DecryptedIndex(index, index_text, masked=not keys.store_decrypted_attributes))
 
 
 def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -42,8 +42,11 @@ from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import db, history, ignore_rules, locks, refresh_runs, states, versions
+from kilolock.store import db, history, ignore_rules, locks, refresh_runs, settings, states, versions
 from kilolock.store.db import first_line
+
+if TYPE_CHECKING:
+    from kilolock.encryption import Keys
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -709,16 +712,18 @@ def run(
         raise KlError(f"lost the database connection ({first_line(exc)}); nothing was refreshed") from None
 
     to_version_id: str | None = None
+    keys: Keys | None = None
     try:
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
-            raise KlError(f"state {name!r} is OpenTofu-encrypted; kl cannot read it, so it cannot refresh it")
+            doc, keys = _decrypted(conn, sid, name, current, doc, parser, secrets)
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
             wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
                           on_wait=on_lock_wait)
 
-        stored = versions.open_attributes(conn, sid)
+        # An encrypted state's index may hold its sensitive values masked: its document is the prior.
+        stored = versions.open_attributes(conn, sid) if keys is None else {}
         groups = {k: [_Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
         del stored
         if on_loaded is not None:
@@ -806,7 +811,7 @@ def run(
             to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_state, parser, current, options.actor,
                                                              result.run_id, touched, same_resources=same_resources,
                                                              lock_timeout=options.lock_timeout,
-                                                             sleep=cancel.wait, on_lock_wait=on_lock_wait)
+                                                             sleep=cancel.wait, on_lock_wait=on_lock_wait, keys=keys)
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
@@ -827,6 +832,21 @@ def run(
         result.duration_s = round(time.monotonic() - started, 3)
         _finish(conn, result, to_version_id)
     return result
+
+
+def _decrypted(conn: psycopg.Connection, sid: str, name: str, current: versions.VersionRow, doc: dict[str, Any],
+               parser: tfstate.ExactJSON, secrets: Redactor) -> tuple[Any, Keys]:
+    """The state inside envelope DOC, and the keys that opened it (the commit seals with them):
+    from the state's stored encryption configuration, its passphrases made secrets of the run."""
+    stored = settings.get(conn, sid)
+    if stored.encryption is None:
+        raise KlError(f"state {name!r} is OpenTofu-encrypted and has no encryption configured, so kl cannot read it: "
+                      f"`kl state set {name} --encryption-config FILE` (OpenTofu's encryption block as JSON)")
+    from kilolock import encryption
+
+    keys = encryption.keys_for(stored.encryption, bool(stored.store_decrypted_attributes), f"state {name!r}", secrets)
+    opened = encryption.open_envelope(doc, keys, f"state {name!r} v{current.serial}")
+    return parser.loads(opened.plaintext), keys
 
 
 def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str) -> None:
