@@ -1,0 +1,66 @@
+"""An OpenTofu-encrypted state kl decrypts: neither its passphrase nor its sensitive values reach any
+channel kl has, the state tables included (the index holds them masked, the versions encrypted).
+
+Real OpenTofu 1.8.5 applies through a real `kl serve` (debug logs on) with the passphrase in its
+environment, then once more with kl serve holding a wrong one (the warning path); kl refreshes
+with TF_LOG=trace and finds a deleted file. Everything a user or tool reads is grepped: every read
+command, the JSON API, kl serve's log, kl refresh's output, and every row of every table.
+"""
+from __future__ import annotations
+
+import json
+
+from kit.leaks import LOUD, Serve, api_channels, db_rows, leaks, read_channels
+from kit.paths import PLUGIN_CACHE
+from kit.tfcli import tool_binary
+from kit.tofuenc import ENV, PASSPHRASE, SECRET, main_tf, tofu, write_kl_config
+
+TOOL = "tofu-1.8.5"
+WRONG = "kl-wrong-passphrase-9d2e41c0"
+
+
+def test_passphrase_and_sensitive_values_of_an_encrypted_state_leak_nowhere(db_url, run_kl, tmp_path):
+    tool_binary(TOOL)
+    name = "enc"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cfg = write_kl_config(tmp_path / "enc.json")
+    channels: dict[str, bytes] = {}
+    r = run_kl("state", "set", name, "--encryption-config", str(cfg), "--workdir", str(ws), env=LOUD)
+    assert r.returncode == 0, r.stderr
+    channels["kl state set"] = r.stdout + r.stderr
+
+    serve = Serve(db_url, env={ENV: PASSPHRASE})
+    try:
+        url = f"http://127.0.0.1:{serve.port}/states/{name}"
+        (ws / "main.tf").write_text(main_tf({"a": SECRET, "b": SECRET}, url))
+        tofu(TOOL, ws, "init", "-input=false")
+        tofu(TOOL, ws, "apply", "-auto-approve", "-input=false")
+    finally:
+        channels["kl serve log (right key)"] = serve.stop()
+
+    (ws / "a.txt").unlink()
+    r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), cwd=ws, env={**LOUD, ENV: PASSPHRASE})
+    assert r.returncode == 0, r.stderr
+    channels["kl refresh"] = r.stdout + r.stderr
+    drift = json.loads(run_kl("drift", name, "--format", "json").stdout)["drift"]
+    assert [(d["address"], d["kind"]) for d in drift] == [("local_file.a", "deleted")], drift
+
+    # kl serve with a stale key: OpenTofu's write is stored, with a warning that names no secret.
+    serve = Serve(db_url, env={ENV: WRONG})
+    try:
+        (ws / "main.tf").write_text(main_tf({"a": SECRET, "b": SECRET}, f"http://127.0.0.1:{serve.port}/states/{name}"))
+        tofu(TOOL, ws, "init", "-reconfigure", "-input=false")  # the same state on another port
+        tofu(TOOL, ws, "apply", "-auto-approve", "-input=false")
+    finally:
+        channels["kl serve log (wrong key)"] = serve.stop()
+    assert b"stored as sent, not indexed" in channels["kl serve log (wrong key)"]
+
+    channels.update(read_channels(lambda *a, env=None: run_kl(*a, env={**(env or {}), ENV: PASSPHRASE}), name))
+    api, pulled = api_channels(db_url, name, env={ENV: PASSPHRASE})
+    channels.update(api)
+    channels.update(db_rows(db_url, exclude=frozenset()))  # the state tables too: they hold no secret here
+    assert SECRET.encode() not in pulled  # the backend's GET is the envelope, as OpenTofu wrote it
+
+    found = leaks({"passphrase": PASSPHRASE, "wrong passphrase": WRONG, "sensitive_content": SECRET}, channels)
+    assert not found, found
