@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kilolock.errors import UsageError
 from kilolock.refresh.inflight import AUTO, FleetSlots, Parallelism, parse_parallelism
@@ -75,6 +75,10 @@ class RefreshOptions:
     # mass_removal_min of them) is treated as a credentials problem, not as reality.
     mass_removal_share: float = 0.5
     mass_removal_min: int = 2
+    # An OpenTofu-encrypted state's encryption block (kl state set --encryption-config), its
+    # passphrases still references: the run decrypts the state with it and commits it encrypted.
+    encryption: Mapping[str, Any] | None = field(default=None, compare=False)
+    store_decrypted_attributes: bool = False  # index its sensitive values unmasked: the state's opt-in
 
     @classmethod
     def resolve(cls, overrides: RefreshOverrides, stored: StateSettings | None) -> Self:
@@ -93,6 +97,8 @@ class RefreshOptions:
             rpc_timeout=overrides.rpc_timeout,
             always_upgrade=overrides.always_upgrade,
             allow_mass_removal=overrides.allow_mass_removal,
+            encryption=stored.encryption if stored else None,
+            store_decrypted_attributes=bool(stored and stored.store_decrypted_attributes),
         )
 
     def __post_init__(self) -> None:

@@ -42,7 +42,7 @@ from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import db, history, ignore_rules, locks, refresh_runs, settings, states, versions
+from kilolock.store import db, history, ignore_rules, locks, refresh_runs, states, versions
 from kilolock.store.db import first_line
 
 if TYPE_CHECKING:
@@ -715,7 +715,7 @@ def run(
     keys: Keys | None = None
     try:
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
-            doc, keys = _decrypted(conn, sid, name, current, doc, parser, secrets)
+            doc, keys = _decrypted(name, current, doc, parser, options, secrets)
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
         if not options.dry_run:  # a dry run writes no version, so it needs no lock
@@ -834,17 +834,16 @@ def run(
     return result
 
 
-def _decrypted(conn: psycopg.Connection, sid: str, name: str, current: versions.VersionRow, doc: dict[str, Any],
-               parser: tfstate.ExactJSON, secrets: Redactor) -> tuple[Any, Keys]:
+def _decrypted(name: str, current: versions.VersionRow, doc: dict[str, Any], parser: tfstate.ExactJSON,
+               options: RefreshOptions, secrets: Redactor) -> tuple[Any, Keys]:
     """The state inside envelope DOC, and the keys that opened it (the commit seals with them):
     from the state's stored encryption configuration, its passphrases made secrets of the run."""
-    stored = settings.get(conn, sid)
-    if stored.encryption is None:
+    if options.encryption is None:
         raise KlError(f"state {name!r} is OpenTofu-encrypted and has no encryption configured, so kl cannot read it: "
                       f"`kl state set {name} --encryption-config FILE` (OpenTofu's encryption block as JSON)")
     from kilolock import encryption
 
-    keys = encryption.keys_for(stored.encryption, bool(stored.store_decrypted_attributes), f"state {name!r}", secrets)
+    keys = encryption.keys_for(dict(options.encryption), options.store_decrypted_attributes, f"state {name!r}", secrets)
     opened = encryption.open_envelope(doc, keys, f"state {name!r} v{current.serial}")
     return parser.loads(opened.plaintext), keys
 
