@@ -18,15 +18,25 @@ _ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), w
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*")
 
 
+_PRINCIPALS = "user:NAME, token:NAME or cert:CN=NAME"
+
+
 def principal(text: str) -> str:
-    """``user:NAME`` (a kl serve --users-file user) or ``token:NAME`` (kl token create); a bare
-    NAME is a user."""
+    """``user:NAME`` (a kl serve --users-file user), ``token:NAME`` (kl token create) or
+    ``cert:CN=NAME`` (a client certificate, kl serve --client-ca); a bare NAME is a user."""
     cli_args.utf8_text(text)
     kind, sep, name = text.partition(":")
     if not sep:
         kind, name = "user", text
-    if kind not in ("user", "token"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a principal is user:NAME or token:NAME")
+    if kind not in ("user", "token", "cert"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a principal is {_PRINCIPALS}")
+    if kind == "cert":
+        if not name.startswith("CN=") or name == "CN=":
+            raise argparse.ArgumentTypeError(f"{text!r}: a client certificate principal is cert:CN=NAME, "
+                                             "NAME its subject's common name")
+        if any(not c.isprintable() for c in name):
+            raise argparse.ArgumentTypeError(f"{text!r}: the common name holds a character that cannot be printed")
+        return f"cert:{name}"
     if not name or any(c.isspace() or not c.isprintable() or c == ":" for c in name):
         raise argparse.ArgumentTypeError(f"{text!r}: the name after {kind}: must be non-empty, without spaces or ':'")
     return f"{kind}:{name}"
@@ -54,7 +64,8 @@ def _add_actor(parser: argparse.ArgumentParser) -> None:
 
 def add_grant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("principal", type=principal, metavar="PRINCIPAL",
-                        help="user:NAME (a --users-file user; a bare NAME is a user) or token:NAME")
+                        help="user:NAME (a --users-file user; a bare NAME is a user), token:NAME or cert:CN=NAME "
+                             "(a client certificate's common name, kl serve --client-ca)")
     _add_role_states(parser)
     _add_actor(parser)
 
@@ -74,7 +85,7 @@ def run_grant(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def add_revoke_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help="user:NAME or token:NAME")
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help=_PRINCIPALS)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--states", metavar="GLOB", type=cli_args.state_glob, help="the grant on exactly this glob")
     which.add_argument("--all", action="store_true", help="every grant of the principal")
@@ -121,7 +132,7 @@ def run_list(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help="user:NAME or token:NAME")
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help=_PRINCIPALS)
     parser.add_argument("state", type=cli_args.state_name, metavar="STATE", help="a state name")
     parser.add_argument("--users-file", metavar="FILE",
                         help="kl serve's users file, for a user without grants (its admin flag decides)")
@@ -146,7 +157,7 @@ def run_check(args: argparse.Namespace, context: CommandContext) -> int:
                 raise KlError(f"no token named {name!r} (see `kl token list`)")
             if usable["revoked_at"] is not None or usable["expired"]:
                 note = "this token is " + ("revoked" if usable["revoked_at"] is not None else "expired") + ": kl serve refuses it"
-    if stored or kind == "token":
+    if stored or kind in ("token", "cert"):
         grants = rules.stored_grants(args.principal, stored)
     elif args.users_file:
         users = load_users(Path(args.users_file))

@@ -17,12 +17,16 @@ if TYPE_CHECKING:
     from kilolock.server.auth import Authenticator
     from kilolock.server.http import KilolockHTTPServer
     from kilolock.server.options import Listen
+    from kilolock.server.tls import TlsFiles
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="address to listen on (default 127.0.0.1:8080)")
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain); serve HTTPS")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key for --tls-cert")
+    parser.add_argument("--client-ca", metavar="FILE",
+                        help="PEM CA certificate(s): a client certificate it issued is a credential, the principal "
+                             "cert:CN=NAME (kl access grant); SIGHUP reloads it with --tls-cert and --tls-key")
     parser.add_argument("--users-file", metavar="FILE",
                         help=f"HTTP Basic users, NAME:HASH[:admin] per line (hash from --hash-password); "
                              f"tokens come from ${TOKEN_ENV} / ${ADMIN_TOKEN_ENV}")
@@ -48,22 +52,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read a password (prompt, or standard input) and print its hash for --users-file")
 
 
-def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    import ssl
+def tls_context(files: TlsFiles | None) -> ssl.SSLContext | None:
+    from kilolock.server import tls
 
-    if not cert and not key:
-        return None
-    if not (cert and key):
-        raise UsageError("--tls-cert and --tls-key go together")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return tls.load(files) if files is not None else None
+
+
+def reload_tls(server: KilolockHTTPServer, files: TlsFiles) -> None:
+    """SIGHUP: new handshakes use the files as they are now; connections already open keep theirs.
+    Files that do not load leave the current ones in place."""
+    from kilolock.server import tls
+
     try:
-        ctx.load_cert_chain(cert, key)
-    except FileNotFoundError as exc:
-        raise KlError(f"{exc.filename}: no such file") from None
-    except (ssl.SSLError, OSError) as exc:
-        raise KlError(f"cannot load the TLS certificate {cert} / key {key}: {exc}") from None
-    return ctx
+        server.tls = tls.load(files)
+    except KlError as exc:
+        print(f"kl serve: TLS files not reloaded, the current ones stay: {exc}", file=sys.stderr, flush=True)
+        return
+    print("kl serve: TLS certificate, key" + (" and client CA" if files.client_ca else "") +
+          " reloaded: new connections use them", file=sys.stderr, flush=True)
 
 
 def _hash_password() -> int:
@@ -103,6 +109,8 @@ def auth_banner(auth: Authenticator, kl_tokens: int, listen: Listen) -> str:
         where = "loopback only" if listen.loopback else "--insecure: whoever reaches the port is an admin"
         return f"authentication: off ({where}; kl token create turns it on)"
     who = [_n(auth.user_count, "user")] if auth.user_count else []
+    if auth.accepts_client_certs:
+        who.append("client certificates")
     if auth.env_token_count:
         who.append(_n(auth.env_token_count, "environment token"))
     who.append(_n(kl_tokens, "kl token"))
@@ -120,12 +128,16 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
     from kilolock.server.backend import BackendPolicy
     from kilolock.server.http import KilolockHTTPServer, ServerConfig
     from kilolock.server.options import check_exposure, parse_listen, parse_size
+    from kilolock.server.tls import files_from_args
     from kilolock.store import access as access_store
     from kilolock.store import db
 
     listen = parse_listen(args.listen)
     authenticator = auth_mod.Authenticator.from_config(args.users_file)
-    tls = tls_context(args.tls_cert, args.tls_key)
+    tls_files = files_from_args(args.tls_cert, args.tls_key, args.client_ca)
+    tls = tls_context(tls_files)
+    if tls_files is not None and tls_files.client_ca:
+        authenticator.accept_client_certs()
     if args.pool_size < 1 or args.max_connections < 1 or args.workers < 1 or args.timeout <= 0 or args.header_timeout <= 0:
         raise UsageError("--pool-size, --max-connections and --workers must be at least 1, --timeout and --header-timeout positive")
     context.open_store().close()  # fail now, with kl's message, if the database is unreachable or not migrated
@@ -144,6 +156,7 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
     try:
         server = KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
+        server.tls_files = tls_files
     except OSError as exc:  # the port is taken, a low port without the right, an address not on this host
         raise _cannot_listen(args.listen, exc) from None
     return server, kl_tokens
@@ -159,6 +172,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    tls_files = server.tls_files
+    if tls_files is not None:
+        # Runs on the thread that accepts (and wraps) connections, so no handshake sees half a swap.
+        signal.signal(signal.SIGHUP, lambda _sig, _frame: reload_tls(server, tls_files))
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>, web UI at {server.url}/ui/, "
           f"Prometheus metrics at {server.url}/metrics", file=sys.stderr, flush=True)
     print(f"kl serve: {auth_banner(server.auth, kl_tokens, parse_listen(args.listen))}", file=sys.stderr, flush=True)

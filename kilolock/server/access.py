@@ -7,8 +7,8 @@ of a lock it took itself for a plan, since ``terraform plan`` locks), ``write`` 
 other operation, and releasing another principal's lock with its ID), ``admin`` (+ DELETE and
 force-unlock without an ID). Which action a LOCK is follows from its LockInfo (``lock_action``).
 
-Where the rules come from (``Access.grants_for``): a token made by ``kl token create`` has exactly
-its grants; a ``--users-file`` user has its grants, or, while it has none, what the file says
+Where the rules come from (``Access.grants_for``): a token made by ``kl token create`` and a client
+certificate (``cert:CN=NAME``) have exactly their grants; a ``--users-file`` user has its grants, or, while it has none, what the file says
 (admin flag: admin on ``**``; otherwise write on ``**``); ``KL_SERVE_TOKEN`` is write on ``**``,
 ``KL_SERVE_ADMIN_TOKEN`` admin on ``**``; without any authentication configured (loopback only)
 the caller is an operator: admin on ``**``.
@@ -140,6 +140,8 @@ def allows(grants: Grants, action: str, state: str) -> Decision:
 def implicit_grants(principal: Principal) -> Grants:
     """What a principal may do without any grant in the database: exactly its rights before
     grants existed."""
+    if principal.kind == "cert":
+        return Grants(principal.id, ())  # only what is granted to it
     role = "admin" if principal.admin else "write"
     if principal.kind == "user":
         source = "users file (admin flag)" if principal.admin else "users file (no grants: write on **)"
@@ -183,9 +185,9 @@ class Access:
         return principal, stored_grants(principal.id, found.grants)
 
     def grants_for(self, conn: psycopg.Connection | None, principal: Principal) -> Grants:
-        if principal.kind == "user" and conn is not None:
+        if principal.kind in ("user", "cert") and conn is not None:
             rows = access_store.grants_of(conn, principal.id)
-            if rows:
+            if rows or principal.kind == "cert":
                 return stored_grants(principal.id, rows)
         return implicit_grants(principal)
 

@@ -1,5 +1,6 @@
 """Who is asking: HTTP Basic against a users file of scrypt hashes, or a token (Basic password or
-Bearer) from the environment. Every comparison of secrets is constant-time."""
+Bearer) from the environment; with kl serve --client-ca, a client certificate (kilolock.server.tls)
+on a request without an Authorization header. Every comparison of secrets is constant-time."""
 from __future__ import annotations
 
 import base64
@@ -30,7 +31,7 @@ class Principal:
     name: str  # what versions, lock events and the request log record as the actor
     admin: bool = False
     # "user" (--users-file), "token" (kl token create), "env" (KL_SERVE_TOKEN / KL_SERVE_ADMIN_TOKEN),
-    # "anonymous" (no authentication configured)
+    # "cert" (a client certificate: cert:CN=NAME), "anonymous" (no authentication configured)
     kind: str = "env"
 
     @property
@@ -131,8 +132,9 @@ class Authenticator:
     request is anonymous (the listener refuses non-loopback addresses in that case)."""
 
     def __init__(self, users: dict[str, _User] | None = None, token: str | None = None,
-                 admin_token: str | None = None, kl_tokens: bool = False) -> None:
+                 admin_token: str | None = None, kl_tokens: bool = False, client_certs: bool = False) -> None:
         self._users = users or {}
+        self._client_certs = client_certs
         # Accept kl token create's tokens (looked up in the store). kl serve turns it on when the
         # store holds any token, so that a server without credentials stays open on loopback.
         self._tokens = kl_tokens
@@ -161,9 +163,20 @@ class Authenticator:
     def accepts_kl_tokens(self) -> bool:
         return self._tokens
 
+    def accept_client_certs(self) -> None:
+        self._client_certs = True
+
+    @property
+    def accepts_client_certs(self) -> bool:
+        return self._client_certs
+
     @property
     def enabled(self) -> bool:
-        return bool(self._users or self._token or self._admin_token or self._tokens)
+        return bool(self._users or self._token or self._admin_token or self._tokens or self._client_certs)
+
+    def by_certificate(self, name: str | None) -> Principal | None:
+        """The principal of a verified client certificate (its ``cert:CN=NAME``), when accepted."""
+        return Principal(name, kind="cert") if name and self._client_certs else None
 
     @property
     def user_count(self) -> int:

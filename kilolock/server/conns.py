@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from kilolock.server import tls
+
 log = logging.getLogger("kilolock.server")
 
 MAX_HEAD = 64 * 1024  # request line and headers together; BaseHTTPRequestHandler's own line limit is 64 KiB
@@ -271,7 +273,11 @@ class ConnectionManager:
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except (ssl.SSLError, OSError) as exc:
-                log.info("TLS handshake with %s failed: %s", conn.address[0], exc)
+                refused = tls.refusal(exc) if isinstance(exc, ssl.SSLError) else None
+                if refused is not None:  # a client that tried to authenticate: its operator needs to hear why
+                    log.warning("TLS handshake with %s: %s", conn.address[0], refused)
+                else:
+                    log.info("TLS handshake with %s failed: %s", conn.address[0], exc)
                 self._drop(conn)
                 return
         try:

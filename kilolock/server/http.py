@@ -34,6 +34,7 @@ from kilolock.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kilolock.server.metrics import ServerMetrics, route_of
 from kilolock.server.options import DEFAULT_MAX_BODY
 from kilolock.server.pool import ConnectionPool, PoolExhausted
+from kilolock.server.tls import TlsFiles, principal_name
 from kilolock.store.db import DatabaseError
 
 log = logging.getLogger("kilolock.server")
@@ -96,7 +97,8 @@ class KilolockHTTPServer(TCPServer):
         self.access = Access()
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
         self.metrics = ServerMetrics(self.pool.connection)
-        self.tls = tls
+        self.tls = tls  # swapped whole by a reload (kl serve's SIGHUP); read once per accepted connection
+        self.tls_files: TlsFiles | None = None  # where tls came from, for that reload
         fd_limit = raise_open_files_limit(config.max_connections + config.pool_size + _FD_RESERVE)
         self.max_connections = max(1, min(config.max_connections, fd_limit - config.pool_size - _FD_RESERVE))
         if self.max_connections < config.max_connections:
@@ -357,7 +359,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _who(self) -> tuple[Principal | None, Grants | None]:
         """The principal and, for a kl token, its grants (read with it, at every request: a revoked
         or expired token is refused at once)."""
-        who = self.server.auth.identify(self.headers.get("Authorization"))
+        header = self.headers.get("Authorization")
+        if header is None and isinstance(self.connection, ssl.SSLSocket):
+            # A request's own credential wins over its connection's certificate: a client that
+            # sends both (Terraform with a client certificate and a password) is who it says.
+            by_cert = self.server.auth.by_certificate(principal_name(self.connection.getpeercert()))
+            if by_cert is not None:
+                return by_cert, None
+        who = self.server.auth.identify(header)
         if isinstance(who, PresentedToken):
             with self.server.pool.connection() as conn:
                 found = self.server.access.token(conn, who)
@@ -367,7 +376,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _grants_of(self, principal: Principal, grants: Grants | None) -> Grants:
         if grants is not None:
             return grants
-        if principal.kind != "user":
+        if principal.kind not in ("user", "cert"):
             return self.server.access.grants_for(None, principal)
         with self.server.pool.connection() as conn:
             return self.server.access.grants_for(conn, principal)
