@@ -327,8 +327,14 @@ def build(pythons: list[str], platform: str, cache: Path, output: Path, codec_wh
           no_codec: bool, offline: bool) -> tuple[str, str]:
     contents = Contents()
     contents.add_source()
-    for python in pythons:
+    abi3: dict[str, Wheel] = {}
+    for python in pythons:  # oldest first
         for wheel in fetch_wheels(python, platform, cache, offline):
+            if wheel.tags.split("-")[1] == "abi3":
+                # The abi3 wheel of the oldest target runs on every newer one; a newer target's
+                # (cryptography's cp311-abi3 beside its cp39-abi3) would put other natives at the
+                # same paths.
+                wheel = abi3.setdefault(wheel.dist, wheel)
             contents.add_wheel(wheel)
     if not no_codec:
         if codec_wheel is None:

@@ -25,7 +25,8 @@ def _manifest(pyz: Path) -> dict:
 
 
 def test_default_build_holds_every_target_once_and_fits_the_size_budget(pyz):
-    assert pyz.stat().st_size <= 40 * MiB, f"{pyz.stat().st_size / MiB:.1f} MiB"
+    # ~40 MiB, ~7 of them cryptography's Rust extension (kl serve's OIDC signatures), stored once.
+    assert pyz.stat().st_size <= 44 * MiB, f"{pyz.stat().st_size / MiB:.1f} MiB"
     m = _manifest(pyz)
     assert m["pythons"] == ["3.10", "3.11", "3.12", "3.13"] and m["platform"] == "manylinux2014_x86_64"
     natives = {n["path"] for n in m["natives"]}
@@ -34,6 +35,10 @@ def test_default_build_holds_every_target_once_and_fits_the_size_budget(pyz):
         assert f"psycopg_binary/pq.cpython-{tag}-x86_64-linux-gnu.so" in natives
     assert len([p for p in natives if p.startswith("psycopg_binary.libs/libpq")]) == 1  # shared across versions
     assert {"kilolock/_codec_rs.abi3.so", "google/_upb/_message.abi3.so"} <= natives
+    # abi3: one copy of the oldest target's wheel serves every newer Python.
+    assert "cryptography/hazmat/bindings/_rust.abi3.so" in natives
+    assert [w for w in m["wheels"] if w.startswith("cryptography-")] == [
+        "cryptography-50.0.2-cp39-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"]
     with zipfile.ZipFile(pyz) as zf:
         names = set(zf.namelist())
         infos = zf.infolist()
