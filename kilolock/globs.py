@@ -8,6 +8,11 @@ as the separator: ``null_resource.*`` is ``null_resource.a`` and ``null_resource
 inside an instance key, ``x["a.b"]``, counts as a separator too: keep it simple, use ``**``.) An
 address glob is written as Terraform prints addresses (``check_address_glob``): a string key quoted.
 
+Claim globs (grants on an OIDC token's ``sub``, ``oidc:ISSUER:SUB-GLOB``, and a trust's claim
+rules) follow the same rules with ``:`` as the separator, ``/`` being an ordinary character:
+``repo:acme/*:ref:refs/heads/main`` is the main branch of every repository of acme, and
+``repo:acme/infra:**`` everything of acme/infra (a sub is ``repo:OWNER/NAME:ref:REF`` and the like).
+
 The same pattern compiles to a Python regex and to a PostgreSQL regex (``~``), so a store query
 may filter by it and agree with what is matched here."""
 from __future__ import annotations
@@ -21,7 +26,7 @@ def _parts(glob: str, sep: str = "/") -> list[str]:
     """The pattern as regex pieces that mean the same in Python's re and PostgreSQL's ARE; SEP is
     the segment separator (``/`` in state names, ``.`` in resource addresses)."""
     if not glob:
-        raise UsageError("a state glob must not be empty" if sep == "/" else "an address glob must not be empty")
+        raise UsageError({"/": "a state glob", ".": "an address glob"}.get(sep, "a claim glob") + " must not be empty")
     sep_re = re.escape(sep)
     within = "[^" + sep_re + "]"
     out: list[str] = []
@@ -128,6 +133,11 @@ def _key_end(glob: str, start: int) -> int:
 
 def compile_address_glob(glob: str) -> re.Pattern[str]:
     return re.compile("".join(_parts(glob, ".")), re.DOTALL)
+
+
+def compile_claim_glob(glob: str) -> re.Pattern[str]:
+    """A glob on a token claim: ``*`` within one ``:``-separated segment, ``**`` across."""
+    return re.compile("".join(_parts(glob, ":")), re.DOTALL)
 
 
 def matches(glob: str, name: str) -> bool:

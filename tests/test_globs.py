@@ -65,3 +65,17 @@ def test_address_globs_no_address_could_match_are_refused_saying_where(glob, mes
     with pytest.raises(UsageError) as exc:
         globs.check_address_glob(glob)
     assert message in str(exc.value)
+
+
+def test_claim_globs_separate_parts_with_colons_and_let_star_cross_slashes():
+    from kilolock.globs import compile_claim_glob
+
+    def m(glob: str, sub: str) -> bool:
+        return compile_claim_glob(glob).fullmatch(sub) is not None
+
+    main = "repo:acme/infra:ref:refs/heads/main"
+    assert m("repo:acme/*:ref:refs/heads/main", main) and m("repo:acme/infra:**", main) and m("**", main)
+    assert m("repo:acme/infra:ref:refs/heads/*", "repo:acme/infra:ref:refs/heads/feature/x")  # / is no separator
+    assert not m("repo:acme/*:ref:refs/heads/main", "repo:acme/x:evil:ref:refs/heads/main")  # * stays within a part
+    assert not m("repo:acme/*", main) and m("repo:**:ref:refs/heads/main", main)
+    assert m("repo:acme/infr?:**", main) and not m("repo:acme/infra?:**", main)

@@ -18,17 +18,19 @@ _ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), w
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]*")
 
 
-_PRINCIPALS = "user:NAME, token:NAME or cert:CN=NAME"
+_PRINCIPALS = "user:NAME, token:NAME, cert:CN=NAME or oidc:TRUST:SUB-GLOB"
+_TRUST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def principal(text: str) -> str:
     """``user:NAME`` (a kl serve --users-file user), ``token:NAME`` (kl token create) or
-    ``cert:CN=NAME`` (a client certificate, kl serve --client-ca); a bare NAME is a user."""
+    ``cert:CN=NAME`` (a client certificate, kl serve --client-ca) or ``oidc:TRUST:SUB-GLOB`` (the
+    JWTs of a trusted issuer whose sub the glob matches); a bare NAME is a user."""
     cli_args.utf8_text(text)
     kind, sep, name = text.partition(":")
     if not sep:
         kind, name = "user", text
-    if kind not in ("user", "token", "cert"):
+    if kind not in ("user", "token", "cert", "oidc"):
         raise argparse.ArgumentTypeError(f"{text!r}: a principal is {_PRINCIPALS}")
     if kind == "cert":
         if not name.startswith("CN=") or name == "CN=":
@@ -37,6 +39,14 @@ def principal(text: str) -> str:
         if any(not c.isprintable() for c in name):
             raise argparse.ArgumentTypeError(f"{text!r}: the common name holds a character that cannot be printed")
         return f"cert:{name}"
+    if kind == "oidc":
+        trust, sep, sub_glob = name.partition(":")
+        if not sep or not _TRUST_NAME.fullmatch(trust) or not sub_glob:
+            raise argparse.ArgumentTypeError(f"{text!r}: an OIDC principal is oidc:TRUST:SUB-GLOB, TRUST a name from "
+                                             "`kl access trust list`, e.g. 'oidc:github:repo:acme/infra:ref:refs/heads/main'")
+        if any(c.isspace() or not c.isprintable() for c in sub_glob):
+            raise argparse.ArgumentTypeError(f"{text!r}: the sub glob must not hold spaces or unprintable characters")
+        return f"oidc:{trust}:{sub_glob}"
     if not name or any(c.isspace() or not c.isprintable() or c == ":" for c in name):
         raise argparse.ArgumentTypeError(f"{text!r}: the name after {kind}: must be non-empty, without spaces or ':'")
     return f"{kind}:{name}"
@@ -64,8 +74,9 @@ def _add_actor(parser: argparse.ArgumentParser) -> None:
 
 def add_grant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("principal", type=principal, metavar="PRINCIPAL",
-                        help="user:NAME (a --users-file user; a bare NAME is a user), token:NAME or cert:CN=NAME "
-                             "(a client certificate's common name, kl serve --client-ca)")
+                        help="user:NAME (a --users-file user; a bare NAME is a user), token:NAME, cert:CN=NAME "
+                             "(a client certificate's common name, kl serve --client-ca) or oidc:TRUST:SUB-GLOB "
+                             "(JWTs of a trusted issuer: * within a ':'-separated part of sub, ** across)")
     _add_role_states(parser)
     _add_actor(parser)
 
@@ -132,7 +143,8 @@ def run_list(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("principal", type=principal, metavar="PRINCIPAL", help=_PRINCIPALS)
+    parser.add_argument("principal", type=principal, metavar="PRINCIPAL",
+                        help=_PRINCIPALS + " (for oidc, a token's sub: the grants whose glob matches it)")
     parser.add_argument("state", type=cli_args.state_name, metavar="STATE", help="a state name")
     parser.add_argument("--users-file", metavar="FILE",
                         help="kl serve's users file, for a user without grants (its admin flag decides)")
@@ -145,7 +157,7 @@ def run_check(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.errors import KlError
     from kilolock.server import access as rules
     from kilolock.server.auth import Principal, load_users
-    from kilolock.store import access
+    from kilolock.store import access, oidc_trusts
 
     kind, name = args.principal.split(":", 1)
     note = None
@@ -157,7 +169,15 @@ def run_check(args: argparse.Namespace, context: CommandContext) -> int:
                 raise KlError(f"no token named {name!r} (see `kl token list`)")
             if usable["revoked_at"] is not None or usable["expired"]:
                 note = "this token is " + ("revoked" if usable["revoked_at"] is not None else "expired") + ": kl serve refuses it"
-    if stored or kind in ("token", "cert"):
+        if kind == "oidc":
+            trust, sub = name.split(":", 1)
+            if not oidc_trusts.trust_exists(conn, trust):
+                raise KlError(f"no OIDC trust named {trust!r} (see `kl access trust list`)")
+            trust_grants = oidc_trusts.grants_of_trust(conn, trust)
+    if kind == "oidc":
+        # A token's sub, taken literally: the grants whose sub glob matches it.
+        grants = rules.oidc_grants(args.principal, trust, sub, trust_grants)
+    elif stored or kind in ("token", "cert"):
         grants = rules.stored_grants(args.principal, stored)
     elif args.users_file:
         users = load_users(Path(args.users_file))
@@ -204,6 +224,123 @@ def run_log(args: argparse.Namespace, context: CommandContext) -> int:
         return 0
     render.table(["at", "who", "action", "target", "state", "detail"],
                  [(r["at"], r["actor"], r["action"], r["target"], r["state"], r["detail"]) for r in rows])
+    return 0
+
+
+# --- kl access trust ------------------------------------------------------------------------------
+
+def _http_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    cli_args.utf8_text(text)
+    u = urlsplit(text)
+    if u.scheme not in ("https", "http") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an https:// URL")
+    return text
+
+
+def _jwks_source(text: str) -> str:
+    import os
+
+    cli_args.utf8_text(text)
+    if text.startswith(("https://", "http://")):
+        return _http_url(text)
+    path = os.path.abspath(text)  # kl serve may run elsewhere: the file as this directory names it
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{text}: no such file (a JWKS file, or an https:// URL)")
+    return path
+
+
+def _claim_rule(text: str) -> tuple[str, str]:
+    cli_args.utf8_text(text)
+    name, sep, glob = text.partition("=")
+    if not sep or not name or not glob or any(c.isspace() for c in name):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CLAIM=GLOB, e.g. repository_owner=acme")
+    return name, glob
+
+
+def add_trust_oidc_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--issuer", required=True, type=_http_url, metavar="URL",
+                        help="the issuer, exactly as its tokens' iss claim says it")
+    parser.add_argument("--audience", required=True, type=cli_args.utf8_text, metavar="AUD",
+                        help="the audience tokens must be for (their aud claim)")
+    parser.add_argument("--jwks", type=_jwks_source, metavar="FILE|URL",
+                        help="where the issuer's keys are (default: the jwks_uri of ISSUER/.well-known/openid-configuration)")
+    parser.add_argument("--name", metavar="NAME",
+                        help="how principals name it, oidc:NAME:SUB (default: the issuer's host name)")
+    parser.add_argument("--claim", action="append", type=_claim_rule, default=[], metavar="CLAIM=GLOB",
+                        help="a claim every token must match as well (repeatable): * within a ':'-separated part, ** across")
+    parser.add_argument("--clock-skew", type=cli_args.duration, default=60.0, metavar="DURATION",
+                        help="how far exp and nbf may be off (default 1m)")
+    parser.add_argument("--lock-grace", type=cli_args.duration, default=3600.0, metavar="DURATION",
+                        help="how long past its exp a token may still read, save and unlock a state its subject holds "
+                             "locked (default 1h)")
+    _add_actor(parser)
+
+
+def run_trust_oidc(args: argparse.Namespace, context: CommandContext) -> int:
+    from urllib.parse import urlsplit
+
+    from kilolock import globs
+    from kilolock.errors import UsageError
+    from kilolock.store import oidc_trusts
+
+    name = args.name or (urlsplit(args.issuer).hostname or "")
+    if not _TRUST_NAME.fullmatch(name) or len(name) > 100:
+        raise UsageError(f"--name {name!r}: a trust name is letters, digits and _.- (starting with a letter or digit)")
+    claims = dict(args.claim)
+    for claim, glob in claims.items():
+        globs.compile_claim_glob(glob)  # an empty or odd glob fails here, not at the first token
+        if claim in ("iss", "aud", "exp", "nbf", "iat"):
+            raise UsageError(f"--claim {claim}: kl checks {claim} itself (--issuer, --audience, --clock-skew)")
+    trust = oidc_trusts.Trust(name, args.issuer, args.audience, args.jwks, claims, args.clock_skew, args.lock_grace)
+    with context.open_store() as conn:
+        new = oidc_trusts.add_trust(conn, trust, args.actor or cli_args.default_actor())
+    keys = args.jwks or f"{args.issuer.rstrip('/')}/.well-known/openid-configuration (jwks_uri)"
+    print(f"trust {name}: {'added' if new else 'changed'}: tokens from {args.issuer} for {args.audience}, keys from {keys}")
+    print(f"grant with: kl access grant 'oidc:{name}:SUB-GLOB' --role ROLE --states GLOB")
+    return 0
+
+
+def add_trust_list_arguments(parser: argparse.ArgumentParser) -> None:
+    cli_args.add_format(parser)
+
+
+def run_trust_list(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import oidc_trusts
+
+    with context.open_store() as conn:
+        trusts = oidc_trusts.list_trusts(conn)
+    if args.format == "json":
+        render.emit_json({"version": 1, "trusts": [
+            {"name": t.name, "issuer": t.issuer, "audience": t.audience, "jwks": t.jwks, "claims": t.claims,
+             "clock_skew_s": t.clock_skew_s, "lock_grace_s": t.lock_grace_s, "created_at": t.created_at,
+             "created_by": t.created_by} for t in trusts]})
+        return 0
+    if not trusts:
+        print("no OIDC trusts (kl access trust oidc --issuer URL --audience AUD)")
+        return 0
+    render.table(["name", "issuer", "audience", "keys", "claims", "skew", "lock grace"],
+                 [(t.name, t.issuer, t.audience, t.jwks or "(discovery)",
+                   ", ".join(f"{k}={v}" for k, v in sorted(t.claims.items())) or "-",
+                   f"{t.clock_skew_s:g}s", f"{t.lock_grace_s:g}s") for t in trusts])
+    return 0
+
+
+def add_trust_remove_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the trust's name (kl access trust list)")
+    _add_actor(parser)
+
+
+def run_trust_remove(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock.store import oidc_trusts
+
+    with context.open_store() as conn:
+        left = oidc_trusts.remove_trust(conn, args.name, args.actor or cli_args.default_actor())
+    print(f"trust {args.name}: removed; kl serve refuses its tokens from now on")
+    if left:
+        print(f"note: {left} grant{'s' if left != 1 else ''} still name oidc:{args.name}:… "
+              f"(kl access list; a trust added again under this name gets them back)")
     return 0
 
 

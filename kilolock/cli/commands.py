@@ -84,6 +84,17 @@ DRIFT_IGNORE = _group("ignore", "rules that hide drift from open drift; the reco
     ("remove", "delete a rule: what it hid is open drift again", "kl drift ignore remove 3"),
 ))
 
+# `kl access trust ACTION`: the OIDC issuers whose tokens kl serve accepts.
+ACCESS_TRUST = Command("trust", "OIDC issuers whose JWTs kl serve accepts (principals oidc:NAME:SUB)", actions=(
+    Command("oidc", "trust an issuer's tokens for an audience; keys from a JWKS file or URL (default: discovery)",
+            "kilolock.cli.accesscmd", "trust_oidc",
+            example="kl access trust oidc --issuer https://token.actions.githubusercontent.com --audience kilolock "
+                    "--name github --claim repository_owner=acme"),
+    Command("list", "the trusted issuers", "kilolock.cli.accesscmd", "trust_list", example="kl access trust list --format json"),
+    Command("remove", "refuse an issuer's tokens from now on (its grants stay)", "kilolock.cli.accesscmd", "trust_remove",
+            example="kl access trust remove github"),
+))
+
 COMMANDS: tuple[Command, ...] = (
     Command("version", "print versions, codec backend and paths", "kilolock.cli.versioncmd", example="kl version"),
     _group("db", "manage the database", "kilolock.cli.dbcmd", (
@@ -148,15 +159,15 @@ COMMANDS: tuple[Command, ...] = (
         Command("prune", "forget workers that stopped or were lost (listed by kl fleet status for 1h / 1d)",
                 "kilolock.cli.fleetcmd", "prune", example="kl fleet prune --older-than 1d"),
     )),
-    _group("access", "who may do what to which state through kl serve: grants of a role on a state glob",
-           "kilolock.cli.accesscmd", (
-        ("grant", "give a user or token a role (read, write, admin) on the states a glob matches",
+    Command("access", "who may do what to which state through kl serve: grants of a role on a state glob, OIDC trusts",
+            actions=(*_group("access", "", "kilolock.cli.accesscmd", (
+        ("grant", "give a principal (user, token, client certificate, OIDC subjects) a role on the states a glob matches",
          "kl access grant token:ci-net --role write --states 'net/**'"),
         ("revoke", "remove a principal's grant on a glob (or all of them)", "kl access revoke user:alice --states 'pay/**'"),
         ("list", "the grants, by principal", "kl access list --format json"),
         ("check", "what a principal may do on a state, and through which grant", "kl access check token:ci-net net/prod"),
-        ("log", "the access audit: refusals, grant and token changes, newest first", "kl access log --limit 20"),
-    )),
+        ("log", "the access audit: refusals, grant, token and trust changes, newest first", "kl access log --limit 20"),
+    )).actions, ACCESS_TRUST)),
     Command("token", "tokens for kl serve: made here, shown once, stored as a hash", actions=(
         Command("create", "make a token with a role on a state glob; prints the secret once",
                 "kilolock.cli.accesscmd", "create",

@@ -103,7 +103,7 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def auth_banner(auth: Authenticator, kl_tokens: int, listen: Listen) -> str:
+def auth_banner(auth: Authenticator, kl_tokens: int, listen: Listen, trusts: int = 0) -> str:
     """The banner's word on authentication: on and with whom, or off and why that is safe."""
     if not auth.enabled:
         where = "loopback only" if listen.loopback else "--insecure: whoever reaches the port is an admin"
@@ -114,6 +114,8 @@ def auth_banner(auth: Authenticator, kl_tokens: int, listen: Listen) -> str:
     if auth.env_token_count:
         who.append(_n(auth.env_token_count, "environment token"))
     who.append(_n(kl_tokens, "kl token"))
+    if trusts:
+        who.append(_n(trusts, "OIDC trust"))
     return f"authentication: on ({', '.join(who)})"
 
 
@@ -122,15 +124,15 @@ def _cannot_listen(listen: str, exc: OSError) -> KlError:
     return KlError(f"cannot listen on {listen}: {words[:1].lower()}{words[1:]}")
 
 
-def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[KilolockHTTPServer, int]:
-    """The server, bound, and how many usable kl tokens the store held at its start."""
+def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[KilolockHTTPServer, int, int]:
+    """The server, bound, and how many usable kl tokens and OIDC trusts the store held at its start."""
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
     from kilolock.server.http import KilolockHTTPServer, ServerConfig
     from kilolock.server.options import check_exposure, parse_listen, parse_size
     from kilolock.server.tls import files_from_args
     from kilolock.store import access as access_store
-    from kilolock.store import db
+    from kilolock.store import db, oidc_trusts
 
     listen = parse_listen(args.listen)
     authenticator = auth_mod.Authenticator.from_config(args.users_file)
@@ -147,7 +149,8 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
         # --users-file or $KL_SERVE_TOKEN stays the open loopback default (and TokenWatch looks
         # for the first one while it runs).
         kl_tokens = access_store.count_usable_tokens(conn)
-    if kl_tokens:
+        trusts = oidc_trusts.count_trusts(conn)
+    if kl_tokens or trusts:
         authenticator.accept_kl_tokens()
     check_exposure(listen, authenticator.enabled, tls is not None, args.insecure)
     config = ServerConfig(max_body=parse_size(args.max_body), timeout=args.timeout, pool_size=args.pool_size,
@@ -159,7 +162,7 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
         server.tls_files = tls_files
     except OSError as exc:  # the port is taken, a low port without the right, an address not on this host
         raise _cannot_listen(args.listen, exc) from None
-    return server, kl_tokens
+    return server, kl_tokens, trusts
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
@@ -167,7 +170,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         return _hash_password()
     from kilolock.server.options import parse_listen
 
-    server, kl_tokens = build_server(args, context)
+    server, kl_tokens, trusts = build_server(args, context)
     if not args.quiet:
         _log_requests()
     # SIGTERM (systemd, docker stop) ends the loop like Ctrl-C: connections closed, pool released.
@@ -178,7 +181,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         signal.signal(signal.SIGHUP, lambda _sig, _frame: reload_tls(server, tls_files))
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>, web UI at {server.url}/ui/, "
           f"Prometheus metrics at {server.url}/metrics", file=sys.stderr, flush=True)
-    print(f"kl serve: {auth_banner(server.auth, kl_tokens, parse_listen(args.listen))}", file=sys.stderr, flush=True)
+    print(f"kl serve: {auth_banner(server.auth, kl_tokens, parse_listen(args.listen), trusts)}", file=sys.stderr, flush=True)
     from kilolock.notify.deliver import Background
     from kilolock.server.tokenwatch import TokenWatch
     from kilolock.store import db, notify
@@ -188,9 +191,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     sender.start()
     was_enabled = server.auth.enabled
 
-    def accepted() -> None:
-        print("kl serve: authentication: on from now: a kl token exists (kl token create); every request needs credentials"
-              if not was_enabled else "kl serve: kl tokens are accepted from now (kl token create made one)",
+    def accepted(what: str) -> None:
+        made = "a kl token exists (kl token create)" if what == "token" else "an OIDC trust exists (kl access trust oidc)"
+        print(f"kl serve: authentication: on from now: {made}; every request needs credentials" if not was_enabled
+              else f"kl serve: kl tokens are accepted from now ({'kl token create made one' if what == 'token' else made})",
               file=sys.stderr, flush=True)
 
     watch = TokenWatch(server.auth, server.pool.connection, accepted)

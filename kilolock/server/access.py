@@ -8,7 +8,8 @@ other operation, and releasing another principal's lock with its ID), ``admin`` 
 force-unlock without an ID). Which action a LOCK is follows from its LockInfo (``lock_action``).
 
 Where the rules come from (``Access.grants_for``): a token made by ``kl token create`` and a client
-certificate (``cert:CN=NAME``) have exactly their grants; a ``--users-file`` user has its grants, or, while it has none, what the file says
+certificate (``cert:CN=NAME``) have exactly their grants; an OIDC token (``oidc:TRUST:SUB``) has
+the grants whose principal ``oidc:TRUST:SUB-GLOB`` matches its sub (``Access.jwt``); a ``--users-file`` user has its grants, or, while it has none, what the file says
 (admin flag: admin on ``**``; otherwise write on ``**``); ``KL_SERVE_TOKEN`` is write on ``**``,
 ``KL_SERVE_ADMIN_TOKEN`` admin on ``**``; without any authentication configured (loopback only)
 the caller is an operator: admin on ``**``.
@@ -27,12 +28,17 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from kilolock import globs
-from kilolock.server.auth import PresentedToken, Principal
+from kilolock.server.auth import PresentedJwt, PresentedToken, Principal
 from kilolock.store import access as access_store
+from kilolock.store import oidc_trusts
+
+if TYPE_CHECKING:
+    from kilolock.server.oidc import Verifier
 
 ROLES = ("read", "write", "admin")
 _RANK = {"read": 1, "write": 2, "admin": 3}
@@ -140,7 +146,7 @@ def allows(grants: Grants, action: str, state: str) -> Decision:
 def implicit_grants(principal: Principal) -> Grants:
     """What a principal may do without any grant in the database: exactly its rights before
     grants existed."""
-    if principal.kind == "cert":
+    if principal.kind in ("cert", "oidc"):
         return Grants(principal.id, ())  # only what is granted to it
     role = "admin" if principal.admin else "write"
     if principal.kind == "user":
@@ -154,6 +160,19 @@ def implicit_grants(principal: Principal) -> Grants:
 
 def stored_grants(principal: str, rows: Iterable[access_store.StoredGrant]) -> Grants:
     return Grants(principal, tuple(Grant(g.role, g.states_glob, f"grant {g.id}") for g in rows))
+
+
+@lru_cache(maxsize=4096)
+def _claim_glob(glob: str) -> re.Pattern[str]:
+    return globs.compile_claim_glob(glob)
+
+
+def oidc_grants(principal: str, trust: str, subject: str, rows: Iterable[access_store.StoredGrant]) -> Grants:
+    """The grants of trust TRUST's subjects (``oidc:TRUST:SUB-GLOB``) whose glob matches SUBJECT."""
+    prefix = f"oidc:{trust}:"
+    return Grants(principal, tuple(Grant(g.role, g.states_glob, f"grant {g.id} ({g.principal})") for g in rows
+                                   if g.principal.startswith(prefix)
+                                   and _claim_glob(g.principal[len(prefix):]).fullmatch(subject) is not None))
 
 
 def token_secret_hash(secret: bytes) -> bytes:
@@ -183,6 +202,15 @@ class Access:
             access_store.touch_token(conn, found.id)
         principal = Principal(f"token:{found.name}", kind="token")
         return principal, stored_grants(principal.id, found.grants)
+
+    def jwt(self, conn: psycopg.Connection, presented: PresentedJwt, verifier: Verifier) -> tuple[Principal, Grants]:
+        """The principal of a JWT from a trusted issuer and its grants; kilolock.server.oidc.Refused
+        (one line, never the token) otherwise. Trusts and grants are read at every request, so a
+        trust removed or a grant changed applies from the next one."""
+        verified = verifier.verify(presented.token, lambda issuer: oidc_trusts.trust_by_issuer(conn, issuer))
+        principal = Principal(verified.principal, kind="oidc", grace=verified.expired)
+        rows = oidc_trusts.grants_of_trust(conn, verified.trust.name)
+        return principal, oidc_grants(principal.id, verified.trust.name, verified.subject, rows)
 
     def grants_for(self, conn: psycopg.Connection | None, principal: Principal) -> Grants:
         if principal.kind in ("user", "cert") and conn is not None:

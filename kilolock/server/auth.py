@@ -1,6 +1,7 @@
 """Who is asking: HTTP Basic against a users file of scrypt hashes, or a token (Basic password or
-Bearer) from the environment; with kl serve --client-ca, a client certificate (kilolock.server.tls)
-on a request without an Authorization header. Every comparison of secrets is constant-time."""
+Bearer) from the environment; a kl token or an OIDC JWT (Basic password or Bearer), which only the
+store can check; with kl serve --client-ca, a client certificate (kilolock.server.tls) on a request
+without an Authorization header. Every comparison of secrets is constant-time."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +12,7 @@ import os
 import secrets
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kilolock.errors import KlError
@@ -31,8 +32,12 @@ class Principal:
     name: str  # what versions, lock events and the request log record as the actor
     admin: bool = False
     # "user" (--users-file), "token" (kl token create), "env" (KL_SERVE_TOKEN / KL_SERVE_ADMIN_TOKEN),
-    # "cert" (a client certificate: cert:CN=NAME), "anonymous" (no authentication configured)
+    # "cert" (a client certificate: cert:CN=NAME), "oidc" (a JWT: oidc:TRUST:SUB),
+    # "anonymous" (no authentication configured)
     kind: str = "env"
+    # Set for an OIDC token that expired within its trust's lock grace: why it may only save and
+    # unlock a state it holds locked.
+    grace: str | None = None
 
     @property
     def id(self) -> str:
@@ -54,6 +59,23 @@ TOKEN_PREFIX = "klt_"
 class PresentedToken:
     """A kl token (TOKEN_PREFIX…) the request carried: only its hash, to be looked up in the store."""
     secret_sha256: bytes
+
+
+@dataclass(frozen=True)
+class PresentedJwt:
+    """A JWT the request carried, for kilolock.server.oidc to verify against the store's trusts."""
+    token: str = field(repr=False)
+
+
+_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def looks_like_jwt(text: str) -> bool:
+    """Three base64url parts, the first a JSON object's (``eyJ`` is ``{"``): a JWS compact form.
+    The signature part may be empty, so that ``alg: none`` is refused by name, not as a password."""
+    parts = text.split(".")
+    return (len(parts) == 3 and text.startswith("eyJ") and len(text) <= 16384
+            and all(set(p) <= _B64URL for p in parts) and bool(parts[1]))
 
 
 def hash_password(password: str, *, n: int = _N, r: int = _R, p: int = _P) -> str:
@@ -155,8 +177,9 @@ class Authenticator:
         return cls(users, source.get(TOKEN_ENV) or None, source.get(ADMIN_TOKEN_ENV) or None, kl_tokens)
 
     def accept_kl_tokens(self) -> None:
-        """From now on, for the life of the process: revoking every token must not quietly reopen
-        a server its clients were told asks for credentials."""
+        """kl tokens and OIDC JWTs (the store's credentials), from now on, for the life of the
+        process: revoking every token must not quietly reopen a server its clients were told asks
+        for credentials."""
         self._tokens = True
 
     @property
@@ -192,9 +215,9 @@ class Authenticator:
         who = self.identify(header)
         return who if isinstance(who, Principal) else None
 
-    def identify(self, header: str | None) -> Principal | PresentedToken | None:
-        """The principal; a kl token still to be looked up in the store; or None when the
-        credentials are missing or wrong."""
+    def identify(self, header: str | None) -> Principal | PresentedToken | PresentedJwt | None:
+        """The principal; a kl token or a JWT still to be checked against the store; or None when
+        the credentials are missing or wrong."""
         if not self.enabled:
             return ANONYMOUS
         if not header:
@@ -202,7 +225,7 @@ class Authenticator:
         scheme, _, value = header.strip().partition(" ")
         value = value.strip()
         if scheme.lower() == "bearer":
-            return self._by_token(value.encode(), "token") or self._kl_token(value)
+            return self._by_token(value.encode(), "token") or self._kl_token(value) or self._jwt(value)
         if scheme.lower() == "basic":
             try:
                 user, sep, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
@@ -211,13 +234,18 @@ class Authenticator:
             if not sep:
                 return None
             return (self._by_token(password.encode(), user or "token") or self._kl_token(password)
-                    or self._by_password(user, password))
+                    or self._jwt(password) or self._by_password(user, password))
         return None
 
     def _kl_token(self, presented: str) -> PresentedToken | None:
         if not self._tokens or not presented.startswith(TOKEN_PREFIX):
             return None
         return PresentedToken(hashlib.sha256(presented.encode()).digest())
+
+    def _jwt(self, presented: str) -> PresentedJwt | None:
+        if not self._tokens or not looks_like_jwt(presented):
+            return None
+        return PresentedJwt(presented)
 
     def _by_token(self, presented: bytes, name: str) -> Principal | None:
         # Both comparisons always run, so timing does not tell which token (if any) matched.

@@ -27,11 +27,12 @@ from kilolock.errors import KlError
 from kilolock.names import parse_state_name
 from kilolock.server import api, backend, store_ops
 from kilolock.server.access import Access, Decision, Grants, lock_action
-from kilolock.server.auth import ANONYMOUS, Authenticator, PresentedToken, Principal
+from kilolock.server.auth import ANONYMOUS, Authenticator, PresentedJwt, PresentedToken, Principal
 from kilolock.server.backend import Response, text
 from kilolock.server.conns import Connection, ConnectionManager, Reader, raise_open_files_limit
 from kilolock.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from kilolock.server.metrics import ServerMetrics, route_of
+from kilolock.server.oidc import REFETCH_EVERY_S, Refused, Verifier
 from kilolock.server.options import DEFAULT_MAX_BODY
 from kilolock.server.pool import ConnectionPool, PoolExhausted
 from kilolock.server.tls import TlsFiles, principal_name
@@ -61,6 +62,9 @@ _CHUNK = 1024 * 1024
 # UNLOCK depends on whose lock it is.
 _BACKEND_ACTIONS = {"GET": "read", "POST": "write", "PUT": "write", "DELETE": "delete", "LOCK": "lock-plan"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "LOCK", "UNLOCK"})
+# What an OIDC token past its expiry (within its trust's lock grace) may still do to a state its
+# subject holds locked: what ends an apply. Terraform reads the state before it writes it.
+_GRACE_METHODS = frozenset({"GET", "POST", "UNLOCK"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class ServerConfig:
     # /metrics without credentials for clients on this host only (a local Prometheus); everything
     # else keeps the server's authentication.
     metrics_open_on_loopback: bool = False
+    # An OIDC trust's keys are fetched again for an unknown key id at most this often (seconds).
+    oidc_refetch_every: float = REFETCH_EVERY_S
 
 
 # File descriptors kept aside for the database pool, the listener, logs and the providers' pipes.
@@ -95,6 +101,7 @@ class KilolockHTTPServer(TCPServer):
         self.config = config
         self.auth = auth
         self.access = Access()
+        self.oidc = Verifier(config.oidc_refetch_every)
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
         self.metrics = ServerMetrics(self.pool.connection)
         self.tls = tls  # swapped whole by a reload (kl serve's SIGHUP); read once per accepted connection
@@ -330,6 +337,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/healthz" and method == "GET":
             with self.server.pool.connection() as conn:
                 return api.health(conn)
+        self._credential_refused: Refused | None = None
         principal, grants = self._who()
         self._principal = principal
         if path == "/metrics" and method == "GET":
@@ -339,8 +347,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self._metrics_open():
                 return Response(200, self.server.metrics.exposition(), METRICS_CONTENT_TYPE)
         if principal is None:
+            if self._credential_refused is not None:
+                return self._refuse_credential(self._credential_refused)
             return text(401, "authentication required (HTTP Basic or a Bearer token)", **{"WWW-Authenticate": 'Basic realm="kilolock"'})
         self._grants = self._grants_of(principal, grants)
+        if principal.grace is not None and not (path.startswith("/states/") and method in _GRACE_METHODS):
+            return self._refuse_grace(principal, None)
         if path.startswith("/states/"):
             return self._backend(method, parse_state_name(path[len("/states/"):]), url.query, principal)
         if path.startswith("/api/v1/"):
@@ -371,7 +383,33 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.pool.connection() as conn:
                 found = self.server.access.token(conn, who)
             return found if found is not None else (None, None)
+        if isinstance(who, PresentedJwt):
+            try:
+                with self.server.pool.connection() as conn:
+                    return self.server.access.jwt(conn, who, self.server.oidc)
+            except Refused as exc:
+                self._credential_refused = exc
+                return None, None
         return who, None
+
+    def _refuse_credential(self, refused: Refused) -> Response:
+        """401 for a JWT that does not check out: one line in the server's log and in the access
+        audit, naming who it claims to be and why, never the token."""
+        reason = f"bearer token refused: {refused.reason}"
+        log.warning("%s %s %s: %s: %s", self.client_address[0], self.command, _printable(self._url_path),
+                    _printable(refused.actor, 200), reason)
+        with self.server.pool.connection() as conn:
+            self.server.access.refused(conn, Principal(refused.actor, kind="oidc"), f"{self.command} {_printable(self._url_path)}",
+                                       None, reason)
+        return text(401, reason, **{"WWW-Authenticate": 'Bearer realm="kilolock", error="invalid_token"'})
+
+    def _refuse_grace(self, principal: Principal, state: str | None) -> Response:
+        reason = (f"{principal.id}: {principal.grace}; past its expiry a token may only read, save (POST) and "
+                  "unlock a state its subject holds locked, within its trust's lock grace")
+        log.warning("%s %s %s: %s", self.client_address[0], self.command, _printable(self._url_path), reason)
+        with self.server.pool.connection() as conn:
+            self.server.access.refused(conn, principal, f"{self.command} {_printable(self._url_path)}", state, reason)
+        return text(401, reason, **{"WWW-Authenticate": 'Bearer realm="kilolock", error="invalid_token"'})
 
     def _grants_of(self, principal: Principal, grants: Grants | None) -> Grants:
         if grants is not None:
@@ -415,6 +453,11 @@ class _Handler(BaseHTTPRequestHandler):
         return bool(self.headers.get("Content-Length", "0") not in ("", "0") or self.headers.get("Transfer-Encoding"))
 
     def _backend(self, method: str, name: str, query: str, principal: Principal) -> Response:
+        if principal.grace is not None:
+            with self.server.pool.connection() as conn:
+                locked, holder = store_ops.lock_holder(conn, name)
+            if not (locked and holder == principal.id):
+                return self._refuse_grace(principal, name)
         action = _BACKEND_ACTIONS.get(method)
         if action is not None:
             decision = self.grants.allows(action, name)

@@ -1,6 +1,7 @@
-"""kl tokens made while ``kl serve`` runs. A server that does not accept them yet (no usable one
-existed at its start) asks the store every few seconds whether one does now; from the first one on
-it accepts them, for the rest of its life, and the check stops.
+"""kl tokens (and OIDC trusts) made while ``kl serve`` runs. A server that does not accept the
+store's credentials yet (no usable token nor trust existed at its start) asks the store every few
+seconds whether one does now; from the first one on it accepts them, for the rest of its life, and
+the check stops.
 
 A check every few seconds rather than a query per request: without kl tokens a request needs no
 database round trip to be authenticated. Once they are accepted, every request that carries one
@@ -19,7 +20,7 @@ from kilolock.errors import KlError
 from kilolock.server.auth import Authenticator
 from kilolock.server.pool import PoolExhausted
 from kilolock.store import access as access_store
-from kilolock.store import db
+from kilolock.store import db, oidc_trusts
 
 log = logging.getLogger("kilolock.server")
 
@@ -28,10 +29,11 @@ CHECK_EVERY = 2.0
 
 
 class TokenWatch:
-    """Turns AUTH's kl tokens on once the store holds a usable one, then calls ON_ACCEPTED once."""
+    """Turns AUTH's kl tokens (and OIDC tokens) on once the store holds a usable token or a trust,
+    then calls ON_ACCEPTED once, with "token" or "trust"."""
 
     def __init__(self, auth: Authenticator, connection: Callable[[], AbstractContextManager[psycopg.Connection]],
-                 on_accepted: Callable[[], None], interval: float = CHECK_EVERY) -> None:
+                 on_accepted: Callable[[str], None], interval: float = CHECK_EVERY) -> None:
         self._auth = auth
         self._connection = connection
         self._on_accepted = on_accepted
@@ -52,12 +54,12 @@ class TokenWatch:
         while not self._stop.wait(self._interval):
             try:
                 with self._connection() as conn:
-                    found = access_store.any_usable_token(conn)
+                    found = "token" if access_store.any_usable_token(conn) else "trust" if oidc_trusts.any_trust(conn) else None
             except (PoolExhausted, KlError, psycopg.Error) as exc:
                 # The requests of the same outage log it; the next check retries.
                 log.debug("checking for kl tokens: %s", db.first_line(exc))
                 continue
             if found:
                 self._auth.accept_kl_tokens()
-                self._on_accepted()
+                self._on_accepted(found)
                 return

@@ -84,6 +84,11 @@ def add_grant(conn: psycopg.Connection, principal: str, role: str, states_glob: 
     with conn.transaction():
         if principal.startswith("token:"):
             _token_must_exist(conn, principal[len("token:"):])
+        if principal.startswith("oidc:"):
+            trust = principal.split(":", 2)[1]
+            if conn.execute("SELECT 1 FROM oidc_trusts WHERE name = %s", (trust,)).fetchone() is None:
+                raise AccessError(f"no OIDC trust named {trust!r} (see `kl access trust list`; add one with "
+                                  "`kl access trust oidc`)")
         before = conn.execute("SELECT role FROM access_grants WHERE principal = %s AND states_glob = %s FOR UPDATE",
                               (principal, states_glob)).fetchone()
         row = conn.execute(

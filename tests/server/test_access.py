@@ -333,7 +333,7 @@ def test_tokens_never_appear_in_the_request_log(db_url, run_kl, make_state):
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (["access", "grant", "group:x", "--role", "read", "--states", "a"], "user:NAME, token:NAME or cert:CN=NAME"),
+    (["access", "grant", "group:x", "--role", "read", "--states", "a"], "user:NAME, token:NAME, cert:CN=NAME or oidc:TRUST:SUB-GLOB"),
     (["access", "grant", "token:nope", "--role", "read", "--states", "a"], "no token named 'nope'"),
     (["access", "grant", "alice", "--role", "owner", "--states", "a"], "invalid choice"),
     (["access", "revoke", "alice", "--states", "a/**"], "has no grant on a/**"),
