@@ -189,7 +189,8 @@ def populate(conn: psycopg.Connection) -> None:
     configs and schemas, per-state refresh settings (a fixed and an `auto` parallelism), drift ignore
     rules (one active, one expired), the requests in flight a run used, notification channels with
     the events and deliveries the writes below make (one delivered, one failed once, the rest
-    pending), access tokens (one revoked), grants and audit rows, a lock with its principal,
+    pending), access tokens (one revoked), grants (of users, tokens, a client certificate and OIDC
+    subjects) and audit rows, OIDC trusts, a lock with its principal,
     fleet-wide provider limits with a lease of slots, a run's heartbeat."""
     import kilolock
     from kilolock import globs, tfstate
@@ -314,6 +315,23 @@ def populate(conn: psycopg.Connection) -> None:
     access.add_grant(conn, "user:alice", "read", "prod", "ops@cli")
     access.add_grant(conn, "token:erin-ci", "admin", "precise", "ops@cli")
     access.audit(conn, "user:alice", "refused", "POST /states/prod", "prod", "user:alice has only read on state 'prod'")
+
+    # Client certificates and OIDC (0019, 0020): a certificate's grant, trusts (one by discovery
+    # with a claim rule, one with a JWKS file), grants on sub globs, and a refused token's audit.
+    import importlib.util
+
+    if importlib.util.find_spec("kilolock.store.oidc_trusts") is not None:
+        from kilolock.store import oidc_trusts
+
+        access.add_grant(conn, "cert:CN=ci-runner", "write", "only-*", "ops@cli")
+        oidc_trusts.add_trust(conn, oidc_trusts.Trust("github", "https://token.actions.githubusercontent.com", "kilolock",
+                                                      None, {"repository_owner": "acme"}, 60.0, 3600.0), "ops@cli")
+        oidc_trusts.add_trust(conn, oidc_trusts.Trust("local", "https://issuer.example", "kl", "/etc/kl/jwks.json", {},
+                                                      30.0, 600.0), "ops@cli")
+        access.add_grant(conn, "oidc:github:repo:acme/*:ref:refs/heads/main", "write", "prod", "ops@cli")
+        access.add_grant(conn, "oidc:github:repo:acme/infra:**", "read", "**", "ops@cli")
+        access.audit(conn, "oidc:github:?", "refused", "GET /states/prod", None,
+                     "bearer token refused: bad signature (key 'k1' of trust github)")
 
     # Provider configuration: global, per state, pinned, with an env reference.
     provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "", config={"region": "eu"})
