@@ -1,4 +1,4 @@
-"""OIDC issuers kl serve trusts (migration 0020): what ``kl access trust`` writes and ``kl serve``
+"""OIDC issuers kl serve trusts (migration 0021): what ``kl access trust`` writes and ``kl serve``
 reads at each request that carries a JWT (a small table: a trust added or removed applies to a
 running server at once). Every change writes its access audit row in the same transaction."""
 from __future__ import annotations

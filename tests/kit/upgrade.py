@@ -316,7 +316,7 @@ def populate(conn: psycopg.Connection) -> None:
     access.add_grant(conn, "token:erin-ci", "admin", "precise", "ops@cli")
     access.audit(conn, "user:alice", "refused", "POST /states/prod", "prod", "user:alice has only read on state 'prod'")
 
-    # Client certificates and OIDC (0019, 0020): a certificate's grant, trusts (one by discovery
+    # Client certificates and OIDC (0020, 0021): a certificate's grant, trusts (one by discovery
     # with a claim rule, one with a JWKS file), grants on sub globs, and a refused token's audit.
     import importlib.util
 
