@@ -111,7 +111,7 @@ def test_build_errors_are_one_line(tmp_path):
 
     r = run("--offline", "--wheel-cache", str(tmp_path / "empty"), "--no-codec", "--python", "3.11")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
-    assert "--offline: no wheel of grpcio==1.85.3" in r.stderr and "cp311" in r.stderr
+    assert "--offline: no wheel of " in r.stderr and "grpcio==1.85.3" in r.stderr and "cp311" in r.stderr
     r = run("--python", "3.9", "--no-codec")
     assert r.returncode == 1 and "--python '3.9': give a CPython version from 3.10 up" in r.stderr
     r = run("--platform", "win_amd64", "--no-codec", "--offline", "--wheel-cache", str(tmp_path / "empty"))
