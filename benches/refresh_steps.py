@@ -112,9 +112,9 @@ def _patch_certs(m: ModuleType) -> None:
 
 
 def _patch_factory(m: ModuleType) -> None:
-    _wrap(m.ProductionFactory, "_schema", "schema (cached or fetched)")
-    _wrap(m.ProductionFactory, "_configure", "validate + configure")
-    _wrap(m.ProductionFactory, "open", "factory open (discover .. configure)")
+    _wrap(m.ProviderFactory, "_schema", "schema (cached or fetched)")
+    _wrap(m.ProviderFactory, "_configure", "validate + configure")
+    _wrap(m.ProviderFactory, "open", "factory open (discover .. configure)")
 
 
 def _patch_orchestrator(m: ModuleType) -> None:

@@ -88,7 +88,7 @@ from kilolock.redact import Redactor
 from kilolock.refresh import orchestrator
 from kilolock.refresh.client import ReadOutcome, ResourceClient
 from kilolock.refresh.encoding import EncodingClient
-from kilolock.refresh.factory import ProductionFactory
+from kilolock.refresh.factory import ProviderFactory
 from kilolock.refresh.inflight import Parallelism
 from kilolock.refresh.options import RefreshOptions
 from kilolock.store import states, writes
@@ -221,7 +221,9 @@ def test_per_instance_cost_within_the_grpc_floor(benchmark, bench_db, bench_summ
             assert variable not in os.environ, f"the bench measures kl's own choice: unset {variable}"
 
         def open_null() -> EncodingClient:
-            return ProductionFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
+            opened = ProviderFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
+            assert isinstance(opened, EncodingClient)  # a launched process: the codec's client, not wrapped
+            return opened
 
         client = open_null()
         grpcio_client = None
@@ -337,7 +339,8 @@ def test_auto_costs_no_more_than_a_fixed_10_against_a_fast_provider(benchmark, b
     with psycopg.connect(bench_db, autocommit=True) as conn:
         writes.store_document(conn, "auto-overhead", tfstate.parse_state(raw), raw, source="import", actor="bench")
         sid = states.state_id(conn, "auto-overhead")
-        client = ProductionFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
+        client = ProviderFactory(conn, sid, (str(PLUGINS),)).open("registry.terraform.io/hashicorp/null", "", Redactor())
+        assert isinstance(client, EncodingClient)
         try:
             factory = _KeepOpen(client)
             used: list[dict[str, Any]] = []

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.store": set(),  # SQL only: never a provider or a codec
     "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
     # Many states in one process (kl refresh --all, kl worker), each through the refresh service;
-    # its warm pool launches providers itself. refresh never sees it.
+    # its warm pool is one more source of the refresh factory's processes. refresh never sees it.
     "kilolock.fleet": {"kilolock.refresh", "kilolock.provider", "kilolock.store"},
     "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
     "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
@@ -296,6 +296,30 @@ def test_the_fleet_sits_above_the_refresh_of_one_state() -> None:
         "kilolock.refresh.service imports kilolock.fleet"]
     assert violations("kilolock.fleet.worker", "from kilolock.server import http") == [
         "kilolock.fleet.worker imports kilolock.server"]
+
+
+# One open path: the refresh factory asks a source for a process (kilolock.refresh.sources: launch,
+# take one started early; the fleet's warm pool is a source too) and does the rest itself. Only the
+# sources, and prelaunch that starts processes early, reach for the provider layer's launches.
+LAUNCHES = {"kilolock.provider.launch", "kilolock.provider.launch_provider"}
+MAY_LAUNCH = {"kilolock.refresh.sources", "kilolock.refresh.prelaunch"}
+
+
+def launch_imports(module: str, source: str) -> list[str]:
+    if unit_of(module) == "kilolock.provider" or module in MAY_LAUNCH:
+        return []
+    return [f"{module} imports {t}" for t in sorted(_imported_names(source, module) & LAUNCHES)]
+
+
+def test_providers_are_started_by_the_factorys_sources_only() -> None:
+    found = [v for name, path in _modules() for v in launch_imports(name, path.read_text(encoding="utf-8"))]
+    assert not found, ("a provider is started by a source of kilolock.refresh.factory (refresh/sources.py, or a "
+                       "ProcessSource like the fleet's warm pool):\n" + "\n".join(found))
+    assert launch_imports("kilolock.fleet.warm", "from kilolock.provider import launch_provider") == [
+        "kilolock.fleet.warm imports kilolock.provider.launch_provider"]
+    assert launch_imports("kilolock.refresh.factory", "from kilolock.provider.launch import launch_provider") == [
+        "kilolock.refresh.factory imports kilolock.provider.launch"]
+    assert launch_imports("kilolock.fleet.warm", "from kilolock.refresh.sources import launch") == []
 
 
 def sql_calls(source: str) -> list[int]:

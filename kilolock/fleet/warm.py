@@ -5,7 +5,9 @@
 states would pay that for each of them, so it keeps a ``WarmProviders`` pool instead: a process is
 reused by a later run when it is the same binary (path and mtime), the same resolved config and
 the same workdir and rpc timeout. One run holds a process at a time; when the run's provider group
-ends (the orchestrator's ``close``) it goes back to the pool instead of being shut down.
+ends (the orchestrator's ``close``) it goes back to the pool instead of being shut down. The run's
+factory is the refresh factory itself: the pool is its source of processes (``WarmSource``), and
+the client a run holds is the codec's, wrapped (``_WarmClient``).
 
 Never reused: a process that crashed (no longer alive), hung or failed at the transport level
 (ProviderCallError, which a deadline also raises), broke the protocol (an answer that does not
@@ -34,15 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from kilolock.provider import launch_provider
-from kilolock.provider.discovery import find_provider
 from kilolock.provider.errors import ProviderDiagnosticsError, ProviderError
 from kilolock.redact import Redactor
-from kilolock.refresh.client import AsyncReader, OpenedProvider, ReadOutcome, ResourceError
-from kilolock.refresh.encoding import EncodingClient
-from kilolock.refresh.factory import ProductionFactory, learn_config_secrets, resolve_env_refs
-from kilolock.schema import ProviderSchema
-from kilolock.store import provider_configs
+from kilolock.refresh.client import AsyncReader, OpenedProvider, ReadOutcome, ResourceClient, ResourceError
+from kilolock.refresh.encoding import EncodingClient, MalformedAnswer
+from kilolock.refresh.factory import ProviderFactory
+from kilolock.refresh.sources import Lease, Wanted, launch, resolve_env_refs
+from kilolock.schema import AttributePath, ProviderSchema, Schema
 
 if TYPE_CHECKING:
     from kilolock.provider import ProviderClient
@@ -107,8 +107,10 @@ class WarmProviders:
         self.dropped = 0  # processes never reused because they broke
 
     def factory(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
-                rpc_timeout: float | None = None, workdir: str | None = None) -> WarmFactory:
-        return WarmFactory(self, conn, state_id, search_paths, rpc_timeout, workdir)
+                rpc_timeout: float | None = None, workdir: str | None = None) -> ProviderFactory:
+        """The factory of one run of a worker: it opens from this pool and launches only what it lacks."""
+        return ProviderFactory(conn, state_id, search_paths, rpc_timeout=rpc_timeout, workdir=workdir,
+                               source=WarmSource(self))
 
     def checkout(self, key: tuple[str, ...]) -> _Process | None:
         dead: list[_Process] = []
@@ -186,59 +188,56 @@ def _config_key(binary: str, workdir: str | None, rpc_timeout: float | None, con
     return (binary, mtime, workdir or "", repr(rpc_timeout), digest)
 
 
-class WarmFactory(ProductionFactory):
-    """ProductionFactory for one run of a worker: opens from the pool, launches only what it lacks."""
+class WarmSource:
+    """The pool as the factory's source of processes: a warm one configured with this very config
+    when it has one, else a new launch, which joins the pool when the run is done with it."""
 
-    def __init__(self, pool: WarmProviders, conn: psycopg.Connection, state_id: str | None,
-                 search_paths: tuple[str, ...], rpc_timeout: float | None, workdir: str | None) -> None:
-        super().__init__(conn, state_id, search_paths, rpc_timeout=rpc_timeout, workdir=workdir)
+    def __init__(self, pool: WarmProviders) -> None:
         self.pool = pool
 
-    def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
-        stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
-        found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
-        version = found.version or "unversioned"
-        where = f"provider {source}" + (f".{alias}" if alias else "") + " config"
-        stored_config = stored.config if stored else {}
-        config = resolve_env_refs(stored_config, secrets, where)  # the run learns the resolved values
-        key = _config_key(found.binary, self._workdir, self._rpc_timeout, config)
+    def lease(self, want: Wanted) -> Lease:
+        found = want.found
+        key = _config_key(found.binary, want.workdir, want.rpc_timeout, want.config())
         warm = self.pool.checkout(key)
         if warm is not None:
-            log.info("provider %s: reusing a warm %s (use %d)", source, found.describe(), warm.uses + 1)
-            learn_config_secrets(warm.schema, config, secrets)
-            warm.redactor.run = secrets
-            info = OpenedProvider(source, alias, version, found.binary, warm.raw.protocol_version, True, warm.raw.transport)
-            return _WarmClient(warm, self.pool, info)
-        log.info("provider %s: using %s (launching a warm process)", source, found.describe())
+            log.info("provider %s: reusing a warm %s (use %d)", want.source, found.describe(), warm.uses + 1)
+            warm.redactor.run = want.secrets
+            return _WarmLease(self.pool, warm.raw, key, warm.redactor, warm)
+        log.info("provider %s: using %s (launching a warm process)", want.source, found.describe())
         own = RunRedactor()
-        own.run = secrets
-        resolve_env_refs(stored_config, own, where)  # the process's own: masked while idle too
-        try:
-            raw = launch_provider(found.binary, rpc_timeout=self._rpc_timeout, secrets=own, cwd=self._workdir)
-        except ImportError as exc:
-            self.unavailable = exc
-            raise
-        try:
-            schema, cached = self._schema(source, found.version, raw)
-            learn_config_secrets(schema, config, own)
-            self._configure(raw, schema, config, source, secrets)
-        except BaseException:
-            raw.close()
-            raise
-        self.pool.launched += 1
-        warm = _Process(key, raw, schema, version, found.binary, own, uses=1)
-        return _WarmClient(warm, self.pool, OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached, raw.transport))
+        own.run = want.secrets
+        resolve_env_refs(want.stored_config, own, want.where)  # the process's own: masked while idle too
+        return _WarmLease(self.pool, launch(want, own), key, own)
 
 
-class _WarmClient(EncodingClient):
-    """EncodingClient over a pooled process: ``close`` hands it back; anything that says the
-    process is no longer sound marks it broken first."""
+class _WarmLease:
+    """A process from the pool (configured already), or launched to join it."""
 
-    def __init__(self, warm: _Process, pool: WarmProviders, info: OpenedProvider) -> None:
-        super().__init__(warm.raw, warm.schema, info)
+    def __init__(self, pool: WarmProviders, raw: ProviderClient, key: tuple[str, ...], redactor: RunRedactor,
+                 reused: _Process | None = None) -> None:
+        self._pool, self._key, self._redactor, self._reused = pool, key, redactor, reused
+        self.raw = raw
+        self.schema = reused.schema if reused is not None else None
+        self.keepers: tuple[Redactor, ...] = (redactor,) if reused is None else ()
+
+    def wrap(self, client: EncodingClient, schema: ProviderSchema) -> ResourceClient:
+        warm = self._reused
+        if warm is None:
+            self._pool.launched += 1
+            warm = _Process(self._key, self.raw, schema, client.info.version, client.info.binary, self._redactor, uses=1)
+        return _WarmClient(client, warm, self._pool)
+
+
+class _WarmClient:
+    """The client of a pooled process for one run: the EncodingClient's calls, with anything that
+    says the process is no longer sound marking it broken first; ``close`` hands it back."""
+
+    def __init__(self, client: EncodingClient, warm: _Process, pool: WarmProviders) -> None:
+        self._client = client
         self._warm = warm
         self._pool = pool
         self._returned = False
+        self.info: OpenedProvider = client.info
 
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
@@ -249,7 +248,9 @@ class _WarmClient(EncodingClient):
 
     def judge_failure(self, exc: BaseException) -> None:
         """Mark the process broken unless ``exc`` is the provider working (a diagnostic)."""
-        if isinstance(exc, ResourceError):
+        if isinstance(exc, MalformedAnswer):
+            self._warm.broken = True  # an answer that does not decode: the protocol is broken
+        elif isinstance(exc, ResourceError):
             # EncodingClient raises ResourceError from the provider's error: a diagnostic is the
             # provider working; any other provider error is a transport failure, a deadline or a
             # malformed answer.
@@ -259,36 +260,44 @@ class _WarmClient(EncodingClient):
         else:  # KlError, or anything else: the process is not known to be sound
             self._warm.broken = True
 
+    def resource_schema(self, type_name: str) -> Schema:
+        return self._client.resource_schema(type_name)
+
+    def canonicalize(self, type_name: str, attributes: bytes) -> bytes | None:
+        return self._client.canonicalize(type_name, attributes)
+
+    def identity_schema_version(self, type_name: str) -> int | None:
+        return self._client.identity_schema_version(type_name)
+
+    def upgrade_resource_identity(self, type_name: str, version: int, raw_identity: bytes) -> bytes:
+        return self._client.upgrade_resource_identity(type_name, version, raw_identity)
+
+    def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
+        return self._client.sensitive_paths(type_name, value)
+
     def async_reader(self) -> AsyncReader | None:
-        reader = super().async_reader()
+        reader = self._client.async_reader()
         return _GuardedAsyncReader(reader, self) if reader is not None else None
 
     def upgrade_resource_state(self, type_name: str, version: int, raw_attributes: bytes) -> bytes:
-        result: bytes = self._guard(lambda: super(_WarmClient, self).upgrade_resource_state(type_name, version, raw_attributes))
+        result: bytes = self._guard(lambda: self._client.upgrade_resource_state(type_name, version, raw_attributes))
         return result
 
     def upgrade_flatmap(self, type_name: str, version: int, flatmap: dict[str, str]) -> bytes:
-        result: bytes = self._guard(lambda: super(_WarmClient, self).upgrade_flatmap(type_name, version, flatmap))
+        result: bytes = self._guard(lambda: self._client.upgrade_flatmap(type_name, version, flatmap))
         return result
 
     def read_resource(self, type_name: str, prior: bytes, private: bytes, identity: bytes | None) -> ReadOutcome:
-        result: ReadOutcome = self._guard(lambda: super(_WarmClient, self).read_resource(type_name, prior, private, identity))
+        result: ReadOutcome = self._guard(lambda: self._client.read_resource(type_name, prior, private, identity))
         return result
-
-    def _decode(self, type_name: str, wire: bytes, rpc: str) -> bytes:
-        try:
-            return super()._decode(type_name, wire, rpc)
-        except ResourceError:
-            self._warm.broken = True  # an answer that does not decode: the protocol is broken
-            raise
 
     def stop(self) -> None:
         self._warm.broken = True  # providers do not come back from StopProvider
-        super().stop()
+        self._client.stop()
 
     def shut_down(self, *, at_once: bool = False) -> None:
         self._warm.broken = True  # close() then hands back a process the pool only closes
-        super().shut_down(at_once=at_once)
+        self._client.shut_down(at_once=at_once)
 
     def close(self) -> None:
         if self._returned:

@@ -20,8 +20,9 @@ import psycopg
 
 from kilolock import cron
 from kilolock.errors import KlError
-from kilolock.fleet.warm import WarmFactory, WarmProviders
+from kilolock.fleet.warm import WarmProviders
 from kilolock.refresh import slots
+from kilolock.refresh.factory import ProviderFactory
 from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
 from kilolock.refresh.orchestrator import Cancellation
 from kilolock.refresh.service import refresh_or_fail
@@ -312,7 +313,7 @@ class Worker:
                  + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
                  + ("" if kept else " (the job's lease had been taken over)"))
 
-    def _warm_factory(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> WarmFactory:
+    def _warm_factory(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> ProviderFactory:
         return self.warm.factory(conn, state_id, options.search_paths, rpc_timeout=options.rpc_timeout,
                                  workdir=options.workdir)
 

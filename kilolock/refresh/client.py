@@ -1,8 +1,9 @@
 """What the orchestrator holds: a provider client that speaks JSON, and the factory that opens one.
 
 The production implementations are EncodingClient (kilolock.refresh.encoding) over the gRPC
-clients, opened by ProductionFactory (kilolock.refresh.factory). Tests replace them with plain
-JSON fakes; nothing here knows about msgpack or processes.
+clients, opened by ProviderFactory (kilolock.refresh.factory) from a source of processes
+(kilolock.refresh.sources). Tests replace them with plain JSON fakes; nothing here knows about
+msgpack or processes.
 """
 from __future__ import annotations
 

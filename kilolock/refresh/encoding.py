@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from kilolock.provider.client import AsyncReads, ReadResult
 
 
+class MalformedAnswer(ResourceError):
+    """The provider answered with an object that does not decode under its own schema: a failure of
+    this resource like any other, and a sign that the process can no longer be trusted (a warm pool
+    does not reuse it)."""
+
+
 class EncodingClient:
     def __init__(self, raw: ProviderClient, schema: ProviderSchema, info: OpenedProvider) -> None:
         self._raw = raw
@@ -166,7 +172,7 @@ class EncodingClient:
         try:
             return self._type(type_name).decode(wire)
         except codec.CodecError as exc:
-            raise ResourceError(f"provider {self._raw.name}: {rpc} returned an invalid object: {exc}") from None
+            raise MalformedAnswer(f"provider {self._raw.name}: {rpc} returned an invalid object: {exc}") from None
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         # Most resource types have no sensitive attribute at all; skip parsing the value for them.

@@ -1,52 +1,40 @@
-"""ProductionFactory (ADR 0006 layer 2): discover → launch → schema (cached) → configure → wrap.
+"""ProviderFactory: discover → a process from the factory's source → schema (cached) → configure → wrap.
 
 One factory lives for one run. Schemas are cached in provider_schemas across runs and in the
 factory within a run (two groups of one provider share a fetch); nothing is cached process-wide.
 The run's secrets come with every ``open``: resolved env references and sensitive config values
-are added to them, and the launched provider masks them in what it logs.
+are added to them, and the provider masks them in what it logs. Where the process comes from
+(launched, started early, kept warm) is the source's business (kilolock.refresh.sources); the rest
+of an open is written here once.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from kilolock import codec, redact
-from kilolock.errors import KlError
-from kilolock.provider import launch_provider
+from kilolock import codec
 from kilolock.provider.discovery import find_provider
 from kilolock.redact import Redactor
-from kilolock.refresh.client import OpenedProvider
+from kilolock.refresh.client import OpenedProvider, ResourceClient
 from kilolock.refresh.encoding import EncodingClient
+from kilolock.refresh.sources import Launch, ProcessSource, ProviderConfigError, Wanted
 from kilolock.schema import ProviderSchema
 from kilolock.sensitive import sensitive_paths, values_at
 from kilolock.store import provider_configs, provider_schemas
 
 if TYPE_CHECKING:
     from kilolock.provider import ProviderClient
-    from kilolock.refresh.prelaunch import Prelaunched
-
-log = logging.getLogger("kilolock.refresh.factory")
 
 
-class ProviderConfigError(KlError):
-    pass
-
-
-def resolve_env_refs(value: Any, secrets: Redactor, where: str = "config") -> Any:
-    """Replace every {"env": "NAME"} with the variable's value; the stored config keeps the reference."""
-    return redact.resolve_env_refs(value, secrets, where, ProviderConfigError)
-
-
-class ProductionFactory:
+class ProviderFactory:
     def __init__(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
-                 rpc_timeout: float | None = None, workdir: str | None = None, early: Prelaunched | None = None) -> None:
+                 rpc_timeout: float | None = None, workdir: str | None = None, source: ProcessSource | None = None) -> None:
         self._conn = conn
-        self._early = early  # providers started before the state was read (kilolock.refresh.prelaunch)
+        self._source: ProcessSource = source if source is not None else Launch()
         self.used: list[tuple[str, str | None]] = []  # (binary, working directory) of each provider opened
         self._workdir = workdir  # providers run here, and ./.terraform/providers is looked for here
         self._state_id = state_id
@@ -57,45 +45,37 @@ class ProductionFactory:
         self.get_schema_calls = 0
         self.unavailable: ImportError | None = None  # why no provider can be started in this process at all
 
-    def open(self, source: str, alias: str, secrets: Redactor) -> EncodingClient:
+    def open(self, source: str, alias: str, secrets: Redactor) -> ResourceClient:
         stored = provider_configs.lookup(self._conn, self._state_id, source, alias)
         found = find_provider(source, stored.pinned_version if stored else None, self._search_paths, cwd=self._workdir)
-        version = found.version or "unversioned"
-        log.info("provider %s: using %s", source, found.describe())
+        want = Wanted(source, alias, found, stored.config if stored else {}, secrets, self._workdir, self._rpc_timeout)
         try:
-            raw = self._early_client(found.binary) or launch_provider(found.binary, rpc_timeout=self._rpc_timeout,
-                                                                      secrets=secrets, cwd=self._workdir)
+            lease = self._source.lease(want)
         except ImportError as exc:
             # The protocol stubs (and grpc, where it is the transport) load with the first plugin
             # (kilolock.provider.launch): one that cannot load (a kl.pyz built for another system) is
             # kl's own failure, not this provider's; the caller reports it.
             self.unavailable = exc
             raise
+        raw = lease.raw
         try:
-            schema, cached = self._schema(source, found.version, raw)
-            config = resolve_env_refs(stored.config if stored else {}, secrets,
-                                      f"provider {source}" + (f".{alias}" if alias else "") + " config")
-            self._configure(raw, schema, config, source, secrets)
-            info = OpenedProvider(source, alias, version, found.binary, raw.protocol_version, cached, raw.transport)
-            with self._lock:
-                self.used.append((found.binary, self._workdir))
-            return EncodingClient(raw, schema, info)
+            if lease.schema is not None:
+                schema, cached = lease.schema, True
+                learn_config_secrets(schema, want.config(), secrets)
+            else:
+                schema, cached = self._schema(source, found.version, raw)
+                config = want.config()
+                for keeper in lease.keepers:
+                    learn_config_secrets(schema, config, keeper)
+                self._configure(raw, schema, config, source, secrets)
+            info = OpenedProvider(source, alias, found.version or "unversioned", found.binary, raw.protocol_version,
+                                  cached, raw.transport)
+            client = lease.wrap(EncodingClient(raw, schema, info), schema)
         except BaseException:
             raw.close()
             raise
-
-    def _early_client(self, binary: str) -> ProviderClient | None:
-        """The early start of BINARY in this run's working directory, once connected; None when
-        there is none or it failed (the caller then launches it itself, and reports a failure)."""
-        early = self._early.take(binary, self._workdir) if self._early is not None else None
-        if early is None:
-            return None
-        try:
-            client = early.client(self._rpc_timeout)
-        except KlError as exc:
-            log.info("provider %s: the early start failed (%s); starting it again", binary, exc)
-            return None
-        log.info("provider %s: started early, while the state was read", binary)
+        with self._lock:
+            self.used.append((found.binary, self._workdir))
         return client
 
     def _schema(self, source: str, version: str | None, raw: ProviderClient) -> tuple[ProviderSchema, bool]:

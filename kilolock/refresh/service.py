@@ -19,12 +19,13 @@ import psycopg
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
 from kilolock.refresh.client import ClientFactory
-from kilolock.refresh.factory import ProductionFactory
+from kilolock.refresh.factory import ProviderFactory
 from kilolock.refresh.lockwait import LockWaitFn, wait_for_lock
 from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
 from kilolock.refresh.orchestrator import Cancellation, ProgressFn, Result
 from kilolock.refresh.orchestrator import run as run_refresh
 from kilolock.refresh.slots import fleet_slots
+from kilolock.refresh.sources import Launch, Prelaunch
 from kilolock.store import db, fleet, refresh_runs, settings, states
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
@@ -41,17 +42,18 @@ class FactorySource(Protocol):
 
 
 class Launching:
-    """Providers launched for the run (ProductionFactory), taking those started early when given
+    """Providers launched for the run, taking those started early when given
     (kilolock.refresh.prelaunch). ``factory``: the last one made, from which ``kl refresh`` learns
     which binaries ran and whether providers can start in this process at all."""
 
     def __init__(self, early: Prelaunched | None = None) -> None:
         self.early = early
-        self.factory: ProductionFactory | None = None
+        self.factory: ProviderFactory | None = None
 
-    def __call__(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> ProductionFactory:
-        self.factory = ProductionFactory(conn, state_id, options.search_paths, rpc_timeout=options.rpc_timeout,
-                                         workdir=options.workdir, early=self.early)
+    def __call__(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> ProviderFactory:
+        self.factory = ProviderFactory(conn, state_id, options.search_paths, rpc_timeout=options.rpc_timeout,
+                                       workdir=options.workdir,
+                                       source=Prelaunch(self.early) if self.early is not None else Launch())
         return self.factory
 
 

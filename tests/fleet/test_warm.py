@@ -14,6 +14,7 @@ from kilolock.provider.diagnostics import Diagnostic, Severity
 from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
 from kilolock.redact import MASK, Redactor
 from kilolock.refresh.client import OpenedProvider, ResourceError, ThrottledError
+from kilolock.refresh.encoding import EncodingClient
 
 BLOCK = sch.Block(attributes=(sch.Attribute("id", b'"string"', computed=True),))
 SCHEMA = sch.ProviderSchema(5, sch.Schema(0, sch.Block()), {"thing": sch.Schema(0, BLOCK)})
@@ -79,7 +80,8 @@ def open_one(pool: WarmProviders, key: tuple[str, ...] = ("k",)) -> tuple[_WarmC
     if found is None:
         raw = StubProvider()
         found = _Process(key, raw, SCHEMA, "1.0.0", "/bin/stub", RunRedactor())  # type: ignore[arg-type]
-    return _WarmClient(found, pool, INFO), found.raw, found  # type: ignore[return-value]
+    client = EncodingClient(found.raw, found.schema, INFO)
+    return _WarmClient(client, found, pool), found.raw, found  # type: ignore[return-value]
 
 
 def read(client: _WarmClient, path: str = "threads") -> None:

@@ -170,7 +170,7 @@ def test_kl_refresh_never_runs_the_modules_it_defers(run_kl, db_url, workspace, 
 
 
 def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, workspace, monkeypatch):
-    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.factory import ProviderFactory
     from kilolock.refresh.options import RefreshOptions
     from kilolock.refresh.orchestrator import run
     from kilolock.store import states
@@ -180,7 +180,7 @@ def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, works
     counts = []
     with psycopg.connect(db_url, autocommit=True) as conn:
         for _ in range(2):
-            factory = ProductionFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+            factory = ProviderFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
             res = run(conn, "prod", factory, RefreshOptions(actor="t"))
             assert res.status == "succeeded", res.error
             counts.append(factory.get_schema_calls)

@@ -425,7 +425,7 @@ def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, 
 
     import psycopg
 
-    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.factory import ProviderFactory
     from kilolock.store import provider_schemas, states
 
     kl.import_state()
@@ -433,7 +433,7 @@ def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, 
     source = "registry.terraform.io/kilolock/testfw"
     with psycopg.connect(db_url, autocommit=True) as conn:
         def opened() -> tuple[int, int | None]:
-            factory = ProductionFactory(conn, states.state_id(conn, "tp"), (str(PLUGIN_CACHE),))
+            factory = ProviderFactory(conn, states.state_id(conn, "tp"), (str(PLUGIN_CACHE),))
             client = factory.open(source, "", Redactor())
             try:
                 return factory.get_schema_calls, client.identity_schema_version("testfw_thing")

@@ -128,7 +128,7 @@ def test_a_failed_refresh_of_instances_holding_secrets_names_no_secret(run_kl, d
 
 def test_provider_logs_at_trace_level_hold_no_secret(run_kl, db_url, applied, caplog, monkeypatch):
     """The CLI shows provider logs down to DEBUG; in-process every TRACE line can be seen too."""
-    from kilolock.refresh.factory import ProductionFactory
+    from kilolock.refresh.factory import ProviderFactory
     from kilolock.refresh.options import RefreshOptions
     from kilolock.refresh.orchestrator import run
     from kilolock.store import db, states
@@ -138,7 +138,7 @@ def test_provider_logs_at_trace_level_hold_no_secret(run_kl, db_url, applied, ca
     monkeypatch.setenv("TF_LOG", "trace")
     caplog.set_level(1)
     with db.open_store() as conn:
-        factory = ProductionFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
+        factory = ProviderFactory(conn, states.state_id(conn, "prod"), (str(PLUGIN_CACHE),))
         result = run(conn, "prod", factory, RefreshOptions(dry_run=True))
     assert result.status == "succeeded" and result.changed == 1, result
     trace = [r for r in caplog.records if r.levelno < 10 and r.name == "kilolock.provider.random"]
