@@ -1,4 +1,4 @@
-"""``kl worker``: claim due refreshes from the fleet's queue and run them (issue 13)."""
+"""``kl worker``: claim due refreshes from the fleet's queue and run them."""
 from __future__ import annotations
 
 import argparse

@@ -1,2 +1,2 @@
-"""Notifications (issue 14): the payloads (payload.py) and their delivery after commit (deliver.py).
+"""Notifications: the payloads (payload.py) and their delivery after commit (deliver.py).
 The events themselves are written by the store, in the transaction that causes them (store/notify.py)."""

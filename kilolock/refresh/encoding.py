@@ -1,4 +1,4 @@
-"""EncodingClient (ADR 0006 layer 3): JSON for the orchestrator, cty msgpack on the wire.
+"""EncodingClient, between the orchestrator and a provider: JSON for the orchestrator, cty msgpack on the wire.
 
 Every value crosses the codec here and nowhere else: the prior state is encoded with the live
 schema's implied type, the answers are decoded into canonical JSON, so prior and new values are

@@ -1,4 +1,4 @@
-"""The refresh orchestrator (ADR 0006 layer 1): what to refresh, in what order, and whether to commit.
+"""The refresh orchestrator: what to refresh, in what order, and whether to commit.
 
 run() loads the state's current version, groups managed instances by (provider source, alias),
 opens one client per group through the factory, reads every instance, and commits a new version
@@ -59,7 +59,7 @@ GroupKey = tuple[str, str]  # (provider source, alias)
 # 11.0 ms from threads against 11.2 ms from the loop at 1 instance, 12.2 against 12.7 at 3, 15.8
 # against 14.4 at 10 (process CPU 9.4 against 6.9 ms) and 26.8 against 20.1 at 30 (medians of 15).
 # Through grpcio the loop needs a grpc.aio channel of its own, which pays for itself only from
-# ~500 reads (session 8). Below ASYNC_MIN_INSTANCES[transport] the threads finish first. Reads
+# ~500 reads. Below ASYNC_MIN_INSTANCES[transport] the threads finish first. Reads
 # limited by a fleet-wide provider limit (kl provider limit) stay on threads too: those may wait for
 # the fleet's slots, which the loop must never do. KL_READ_PATH=threads|async forces one way (the
 # tests run both).
@@ -157,7 +157,7 @@ def commit_decision(result: Result, options: RefreshOptions, mass_removal: str |
         return False, unplaced_removal
     if options.dry_run:
         return False, None
-    # Zero failures: commit, also when nothing changed (ADR 0006: the version records that refresh ran).
+    # Zero failures: commit, also when nothing changed: the versions then show when a refresh confirmed the state.
     return True, None
 
 

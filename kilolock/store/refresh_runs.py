@@ -1,4 +1,4 @@
-"""The refresh audit trail (ADR 0006 refresh_runs): begun before any work, always finished."""
+"""The refresh audit trail, a refresh_runs row per run: begun before any work, always finished."""
 from __future__ import annotations
 
 import logging
