@@ -1,12 +1,33 @@
 """``kl``: the command line. Parsing lives here, built from the command table (commands.py); a
 command's module is imported only when that command is chosen, so ``kl --help`` and ``kl version``
-start without loading psycopg or grpc."""
+start without loading psycopg or grpc.
+
+Imports in kilolock/cli, the one rule: a module imports at its top whatever costs nothing a
+command would feel: the standard library kl's start loads anyway, kilolock's light model modules
+(errors, durations, globs, cron, names, redact, jsondoc) and the cli's own helpers. An import
+stays inside the function that needs it only when it measurably costs a command that does not:
+
+- the store, provider, refresh, fleet, server and notify packages and psycopg: the database
+  driver, grpc and protobuf, the HTTP stack; a tenth of a second and more, which ``kl --help``,
+  ``kl version`` and ``kl COMMAND --help`` never load (tests/cli/test_commands.py);
+- what loads dataclasses and inspect (kilolock.schema, drift, codec, the state diff; ~6 ms), and
+  a standard-library module only one action needs (difflib, ssl, secrets, pathlib, shlex);
+- in what ``kl version`` and ``kl refresh STATE`` import before they run (this module,
+  commands, args, exitcodes, render, versioncmd, refreshcmd), anything not loaded already: a
+  refresh starts its providers early, and each millisecond before that is on its critical path;
+- an import that is itself the check (``try: import ... except ImportError``).
+
+tests/cli/test_commands.py holds the modules to it."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import logging
 import os
+import re
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -21,8 +42,6 @@ def _translate_each_message_once() -> None:
     kl's parsers asks about 150 times, 10-16 ms of a small refresh spent finding the same nothing.
     Within one process the answer for a message cannot change (the environment and the installed
     catalogues are read as they are at the first call), so each is asked once."""
-    import functools
-
     translate = getattr(argparse, "_", None)
     if callable(translate) and not hasattr(translate, "cache_info"):
         argparse._ = functools.lru_cache(maxsize=None)(translate)  # type: ignore[attr-defined]
@@ -61,7 +80,6 @@ def _did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     """" (did you mean --dry-run?)" for an unrecognized option close to one the command has, and
     " (did you mean refresh?)" for a command, action or choice close to one it offers."""
     import difflib
-    import re
 
     if message.startswith("unrecognized arguments:"):
         options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
@@ -207,9 +225,6 @@ def exit_process(code: int) -> NoReturn:
     exit handlers run (providers are killed, logging flushes) and stdout/stderr are flushed. With a
     non-daemon thread still running, or an output that cannot be flushed (a closed pipe: Python
     reports that its usual way), kl exits the usual way."""
-    import atexit
-    import threading
-
     main_thread = threading.main_thread()
     if threading.current_thread() is main_thread and all(t.daemon for t in threading.enumerate() if t is not main_thread):
         try:

@@ -12,6 +12,7 @@ import sys
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+from kilolock.errors import KlError
 
 ROLES = ("read", "write", "admin")
 _ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), write (+ POST, any lock), admin (+ DELETE, force-unlock)"
@@ -104,7 +105,6 @@ def add_revoke_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_revoke(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.errors import KlError
     from kilolock.store import access
 
     with context.open_store() as conn:
@@ -154,7 +154,6 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
 def run_check(args: argparse.Namespace, context: CommandContext) -> int:
     from pathlib import Path
 
-    from kilolock.errors import KlError
     from kilolock.server import access as rules
     from kilolock.server.auth import Principal, load_users
     from kilolock.store import access, oidc_trusts

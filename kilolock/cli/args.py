@@ -7,7 +7,7 @@ import argparse
 import getpass
 import sys
 
-from kilolock.errors import KlError
+from kilolock.errors import KlError, UsageError
 from kilolock.names import BadName, check_state_name, check_stored_name
 
 MAX_COUNT = 2**31 - 1
@@ -84,7 +84,6 @@ def add_format(parser: argparse.ArgumentParser, *, markdown: bool = False) -> No
 def state_glob(text: str) -> str:
     """``--states GLOB`` (kilolock.globs): * within one /-separated segment, ** across."""
     utf8_text(text)
-    from kilolock.errors import UsageError
     from kilolock.globs import compile_glob
 
     try:
@@ -98,7 +97,6 @@ def address_glob(text: str) -> str:
     """``--address GLOB`` (kilolock.globs): * within one .-separated segment, ** across; written as
     Terraform writes addresses (a string key quoted)."""
     utf8_text(text)
-    from kilolock.errors import UsageError
     from kilolock.globs import check_address_glob
 
     try:
@@ -123,7 +121,6 @@ def attribute_path(text: str) -> str:
 def duration(text: str) -> float:
     """``--expires``: 30s, 15m, 12h, 7d (and combinations: 1d12h)."""
     from kilolock.durations import parse_duration
-    from kilolock.errors import UsageError
 
     try:
         return parse_duration(text)

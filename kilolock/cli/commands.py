@@ -10,8 +10,8 @@ never pays for psycopg or grpc. The convention a module follows:
 
 ``context`` is the command's CommandContext: a command opens the store through it.
 
-A command module keeps its top-level imports light (its heavy ones go inside its run
-functions): ``kl COMMAND --help`` imports it.
+A command module keeps its top-level imports light (``kl COMMAND --help`` imports it): which
+imports go inside its functions is kilolock.cli's rule, in its docstring.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kilolock import drift
+from kilolock import drift, globs
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 from kilolock.cli.commands import CommandContext
@@ -121,7 +121,6 @@ def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> 
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock import globs
     from kilolock.store import states, summary
 
     if (args.state is None) == (args.states is None):

@@ -7,6 +7,7 @@ from typing import Any
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+from kilolock.durations import format_duration
 
 
 def add_status_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,8 +16,6 @@ def add_status_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _seconds(v: Any) -> str:
-    from kilolock.durations import format_duration
-
     return "-" if v is None else format_duration(max(0.0, float(v)))
 
 
@@ -89,7 +88,6 @@ def add_prune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_prune(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.durations import format_duration
     from kilolock.store import fleet
 
     with context.open_store() as conn:

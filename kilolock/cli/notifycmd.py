@@ -11,9 +11,12 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from kilolock import globs
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+from kilolock.durations import format_duration
+from kilolock.errors import KlError, UsageError
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
           "refresh.stale")  # store.notify.EVENTS
@@ -112,8 +115,6 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_add(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock import globs
-    from kilolock.errors import UsageError
     from kilolock.store import notify
 
     if args.stale_after is not None and "refresh.stale" not in args.events:
@@ -154,7 +155,6 @@ def run_list(args: argparse.Namespace, context: CommandContext) -> int:
     if not channels:
         print("no notification channels (kl notify add NAME --webhook URL)")
         return 0
-    from kilolock.durations import format_duration
 
     render.table(["name", "format", "webhook", "secret", "states", "events", "failed after", "stale after"],
                  [(c.name, c.format, describe(c.webhook),
@@ -182,7 +182,6 @@ def add_test_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_test(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.errors import KlError
     from kilolock.notify.deliver import send_test
     from kilolock.store import notify
 

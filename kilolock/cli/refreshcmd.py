@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from kilolock import gcpolicy  # the standard library's gc alone: no cost to import here
 from kilolock.cli import args as cli_args
 from kilolock.cli import exitcodes, render
 from kilolock.cli.commands import CommandContext
+from kilolock.errors import KlError, UsageError
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self needs 3.11
@@ -68,8 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def overrides_from_args(args: argparse.Namespace) -> RefreshOverrides:
     """What the flags tell the run, over the state's stored settings (RefreshOptions.resolve)."""
-    import os
-
     from kilolock.durations import parse_duration
     from kilolock.refresh.options import RefreshOverrides
 
@@ -98,8 +99,6 @@ class _Progress:
     INTERVAL = 0.1
 
     def __init__(self, clock: Any = None) -> None:
-        import time
-
         self._clock = clock or time.monotonic
         self._state: dict[str, tuple[int, int]] = {}
         self._waited = False
@@ -362,8 +361,6 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.all or args.states or args.parallel_states:
         return run_all(args, context)
     if args.state is None:
-        from kilolock.errors import UsageError
-
         raise UsageError("refresh: give a STATE, or --all [--states GLOB] for many")
     overrides = overrides_from_args(args)  # flag errors (a bad duration) before the database is opened
     gcpolicy.hold()  # until the state is loaded: see kilolock.gcpolicy
@@ -441,7 +438,6 @@ def _all_json(results: list[Any], open_drift: dict[str, int], code: int) -> dict
 def run_all(args: argparse.Namespace, context: CommandContext) -> int:
     """``kl refresh --all``: every state --states matches, each as ``kl refresh STATE`` would,
     PARALLEL at a time; one line per state, a summary, one exit code for all."""
-    from kilolock.errors import KlError, UsageError
     from kilolock.fleet.many import refresh_many
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.store import fleet

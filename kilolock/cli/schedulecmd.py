@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+from kilolock.cron import CronError, parse
+from kilolock.durations import format_duration
+from kilolock.errors import KlError
 
 
 def _schedule_id(text: str) -> int:
@@ -35,7 +39,6 @@ def add_set_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _cron(text: str) -> str:
     cli_args.utf8_text(text)
-    from kilolock.cron import CronError, parse
 
     try:
         parse(text)
@@ -45,9 +48,6 @@ def _cron(text: str) -> str:
 
 
 def run_set(args: argparse.Namespace, context: CommandContext) -> int:
-    from datetime import datetime, timezone
-
-    from kilolock.cron import parse
     from kilolock.store import fleet
 
     now = datetime.now(timezone.utc)
@@ -65,8 +65,6 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def _when(s: Any) -> str:
-    from kilolock.durations import format_duration
-
     if s.cron:
         return f"cron {s.cron} (UTC)"
     return f"every {format_duration(s.every_s)}"
@@ -84,7 +82,6 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_list(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.durations import format_duration
     from kilolock.store import fleet
 
     with context.open_store() as conn:
@@ -120,7 +117,6 @@ add_resume_arguments = add_remove_arguments = add_pause_arguments
 
 
 def _pause(args: argparse.Namespace, context: CommandContext, paused: bool) -> int:
-    from kilolock.errors import KlError
     from kilolock.store import fleet
 
     with context.open_store() as conn:
@@ -140,7 +136,6 @@ def run_resume(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_remove(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.errors import KlError
     from kilolock.store import fleet
 
     with context.open_store() as conn:
@@ -159,7 +154,6 @@ def add_run_now_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_run_now(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.errors import KlError
     from kilolock.store import fleet
 
     with context.open_store() as conn:

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import logging
 import signal
 import sys
 from typing import TYPE_CHECKING
 
 from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
-from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV
+from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV, check_exposure, parse_listen, parse_size
 
 if TYPE_CHECKING:
     import ssl
@@ -89,8 +90,6 @@ def _hash_password() -> int:
 
 def _log_requests() -> None:
     """One line per request on stderr, whatever KL_LOG says (it can still ask for more)."""
-    import logging
-
     access = logging.getLogger("kilolock.server.access")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("kl serve: %(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
@@ -129,7 +128,6 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
     from kilolock.server import auth as auth_mod
     from kilolock.server.backend import BackendPolicy
     from kilolock.server.http import KilolockHTTPServer, ServerConfig
-    from kilolock.server.options import check_exposure, parse_listen, parse_size
     from kilolock.server.tls import files_from_args
     from kilolock.store import access as access_store
     from kilolock.store import db, oidc_trusts
@@ -168,7 +166,6 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.hash_password:
         return _hash_password()
-    from kilolock.server.options import parse_listen
 
     server, kl_tokens, trusts = build_server(args, context)
     if not args.quiet:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
@@ -10,7 +11,8 @@ from kilolock import tfstate
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
-from kilolock.errors import KlError
+from kilolock.errors import KlError, UsageError
+from kilolock.globs import compile_glob
 
 if TYPE_CHECKING:
     import psycopg
@@ -134,7 +136,6 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_list(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.globs import compile_glob
     from kilolock.store import summary
 
     with context.open_store() as conn:
@@ -248,9 +249,6 @@ def add_set_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_set(args: argparse.Namespace, context: CommandContext) -> int:
-    import os
-
-    from kilolock.errors import UsageError
     from kilolock.store import settings, states
     from kilolock.store.errors import StateNotFound
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli.commands import CommandContext
+from kilolock.durations import parse_duration
 
 EXAMPLE = """examples:
   kl worker --parallel-states 4 --name "$(hostname)-a"     # on every host that shares the database
@@ -49,14 +50,11 @@ def _at_least_zero(text: str) -> int:
 
 
 def _env_duration(name: str, default: float) -> float:
-    from kilolock.durations import parse_duration
-
     text = os.environ.get(name)
     return parse_duration(text) if text else default
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.durations import parse_duration
     from kilolock.fleet.worker import Worker, WorkerConfig
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db

@@ -3,7 +3,9 @@ is imported only when that command is chosen, without anything heavy until it ru
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -99,3 +101,85 @@ def test_a_command_with_no_notification_to_send_never_loads_the_sender(db_url):
     assert code == 0, out
     assert "kilolock.store.notify" in modules  # it did open the store
     assert "kilolock.notify.deliver" not in modules
+
+
+# kilolock.cli's rule for imports inside functions (its docstring): one is kept only where it
+# saves a command something. The light model modules are imported at the top of a command module;
+# in the modules kl version and kl refresh STATE import before they run, whatever is not loaded by
+# then may wait for the function that needs it; nowhere does an import of a module that is already
+# loaded (it saves nothing and hides the dependency). Checks that import themselves stay.
+CLI = REPO / "kilolock" / "cli"
+LIGHT = {"kilolock.errors", "kilolock.durations", "kilolock.globs", "kilolock.cron", "kilolock.names",
+         "kilolock.redact", "kilolock.jsondoc"}
+START_UP = {"kilolock.cli", "kilolock.cli.commands", "kilolock.cli.args", "kilolock.cli.exitcodes",
+            "kilolock.cli.render", "kilolock.cli.versioncmd", "kilolock.cli.refreshcmd"}
+
+
+def _probes(tree: ast.AST) -> set[int]:
+    """Lines of imports inside a ``try`` that catches ImportError: the import is the check."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in {"ImportError", "ModuleNotFoundError"} for h in node.handlers):
+            found |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return found
+
+
+def _target(base: str, name: str) -> str:
+    """The module `from BASE import NAME` loads: BASE.NAME when that is a submodule."""
+    try:
+        return f"{base}.{name}" if importlib.util.find_spec(f"{base}.{name}") is not None else base
+    except ModuleNotFoundError:  # BASE is a module, not a package
+        return base
+
+
+def function_level_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import inside a function, probes left out."""
+    tree = ast.parse(source)
+    probes = _probes(tree)
+    found: set[tuple[int, str]] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if getattr(node, "lineno", None) in probes:
+                    continue
+                if isinstance(node, ast.Import):
+                    found |= {(node.lineno, a.name) for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    found |= {(node.lineno, _target(node.module, a.name)) for a in node.names}
+    return sorted(found)
+
+
+def _loaded_with(module: str) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    probe = f"import json, sys, kilolock.cli, {module}\nprint(json.dumps(sorted(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, env=env, timeout=60)
+    return set(json.loads(r.stdout))
+
+
+def lazy_import_violations(module: str, source: str, loaded: set[str]) -> list[str]:
+    out = []
+    for line, target in function_level_imports(source):
+        if target in loaded:
+            out.append(f"{module}:{line} imports {target} in a function, though importing {module} loads it already")
+        elif target in LIGHT and module not in START_UP:
+            out.append(f"{module}:{line} imports {target} in a function: a light model module goes at the top")
+    return out
+
+
+def test_imports_inside_cli_functions_follow_the_rule():
+    found = []
+    for path in sorted(CLI.glob("*.py")):
+        module = "kilolock.cli" if path.name == "__init__.py" else f"kilolock.cli.{path.stem}"
+        found += lazy_import_violations(module, path.read_text(encoding="utf-8"), _loaded_with(module))
+    assert not found, "see kilolock.cli's docstring for which imports stay inside functions:\n" + "\n".join(found)
+
+
+def test_the_import_rule_catches_a_needless_lazy_import():
+    source = ("def run():\n    import os\n    from kilolock.errors import KlError\n    from kilolock.store import db\n"
+              "    try:\n        import ssl\n    except ImportError:\n        pass\n")
+    assert function_level_imports(source) == [(2, "os"), (3, "kilolock.errors"), (4, "kilolock.store.db")]
+    assert lazy_import_violations("kilolock.cli.statecmd", source, {"os"}) == [
+        "kilolock.cli.statecmd:2 imports os in a function, though importing kilolock.cli.statecmd loads it already",
+        "kilolock.cli.statecmd:3 imports kilolock.errors in a function: a light model module goes at the top"]
+    assert lazy_import_violations("kilolock.cli.refreshcmd", source, set()) == []  # before its providers start
