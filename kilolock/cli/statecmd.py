@@ -13,6 +13,7 @@ from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 from kilolock.globs import compile_glob
+from kilolock.names import BadName, check_state_name
 
 if TYPE_CHECKING:
     import psycopg
@@ -290,8 +291,6 @@ def run_set(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def _new_state(conn: psycopg.Connection, name: str) -> str:
-    from kilolock.errors import UsageError
-    from kilolock.names import BadName, check_state_name
     from kilolock.store import states
 
     try:
