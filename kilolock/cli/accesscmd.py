@@ -6,13 +6,15 @@ holds its credentials, and so is an operator (no kl serve request can change a g
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
+from kilolock import globs
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
-from kilolock.errors import KlError
+from kilolock.errors import KlError, UsageError
 
 ROLES = ("read", "write", "admin")
 _ROLE_HELP = "read (GET, drift, API, UI, lock/unlock its own lock for a plan), write (+ POST, any lock), admin (+ DELETE, force-unlock)"
@@ -239,8 +241,6 @@ def _http_url(text: str) -> str:
 
 
 def _jwks_source(text: str) -> str:
-    import os
-
     cli_args.utf8_text(text)
     if text.startswith(("https://", "http://")):
         return _http_url(text)
@@ -280,8 +280,6 @@ def add_trust_oidc_arguments(parser: argparse.ArgumentParser) -> None:
 def run_trust_oidc(args: argparse.Namespace, context: CommandContext) -> int:
     from urllib.parse import urlsplit
 
-    from kilolock import globs
-    from kilolock.errors import UsageError
     from kilolock.store import oidc_trusts
 
     name = args.name or (urlsplit(args.issuer).hostname or "")
