@@ -57,6 +57,13 @@ def test_parse_provider(text, source, alias, module):
         ("provider.terraform", 'provider["terraform.io/builtin/terraform"]'),
         ('provider["registry.terraform.io/-/null"]', NULL),
         ('module.m.provider["registry.terraform.io/-/aws"].x', 'module.m.provider["registry.terraform.io/hashicorp/aws"].x'),
+        # HCL's traversal parser, which Terraform reads these with, skips whitespace and comments
+        # between the parts (Terraform's own state fixtures hold "provider. null").
+        ("provider. null", NULL),
+        (" provider .\tnull\r\n", NULL),
+        ("module. net .provider.\nnull . alt", 'module.net.provider["registry.terraform.io/hashicorp/null"].alt'),
+        ("provider./* c */null # to the end", NULL),
+        ("provider.null // to the end\n", NULL),
     ],
 )
 def test_legacy_provider_addresses_resolve_as_terraform_013_did(text, modern):
@@ -183,6 +190,13 @@ BAD_INPUTS = [
     (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "provider.a.b.c",
                                    "instances": []}])).encode(),
      "state.resources[0].provider: provider address 'provider.a.b.c' is not of the form"),
+    # Whitespace between the parts, not inside a name; a comment ends at its line's end or its "*/".
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "provider.nu ll",
+                                   "instances": []}])).encode(),
+     "state.resources[0].provider: provider address 'provider.nu ll' is not of the form"),
+    (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": "provider.null # c\nx",
+                                   "instances": []}])).encode(),
+     "state.resources[0].provider: provider address 'provider.null # c\\nx' is not of the form"),
     (json.dumps(_state(resources=[{"mode": "managed", "type": "t", "name": "n", "provider": NULL,
                                    "instances": [{"schema_version": 0, "attributes": []}]}])).encode(),
      "state.resources[0].instances[0].attributes: expected an object, got array"),

@@ -85,7 +85,14 @@ class ProviderRef:
 # Terraform 0.12 wrote provider configurations as traversals: provider.aws, provider.google.beta,
 # module.net.provider.aws (modules had no instance keys before 0.13).
 _NAME = r"[A-Za-z_][A-Za-z0-9_-]*"
-_LEGACY_PROVIDER = re.compile(rf"((?:module\.{_NAME}\.)*)provider\.({_NAME})(?:\.({_NAME}))?")
+# Terraform reads them with HCL's traversal parser, which skips spaces, tabs, newlines and comments
+# between the names and dots (its own fixtures hold "provider. null"). Each alternative can match a
+# given text in one way only (a line comment runs to the end of its line, a block comment stops at
+# its first "*/"), so a string that does not match fails in linear time.
+_GAP = r"(?:[ \t]|\r?\n|/\*(?:[^*]|\*(?!/))*\*/|(?:#|//)[^\n]*(?=\n|\Z))*"
+_LEGACY_PROVIDER = re.compile(
+    rf"{_GAP}((?:module{_GAP}\.{_GAP}{_NAME}{_GAP}\.{_GAP})*)provider{_GAP}\.{_GAP}({_NAME})(?:{_GAP}\.{_GAP}({_NAME}))?{_GAP}")
+_LEGACY_MODULE = re.compile(rf"module{_GAP}\.{_GAP}({_NAME})")
 LEGACY_NAMESPACE = "-"
 
 
@@ -99,14 +106,15 @@ def implied_source(type_: str) -> str:
 
 def parse_provider(s: str, path: str = "provider") -> ProviderRef:
     """Parse an AbsProviderConfig string: ``[module.x.]provider["host/ns/type"][.alias]``, or the
-    legacy ``[module.x.]provider.type[.alias]``."""
+    legacy ``[module.x.]provider.type[.alias]`` (with whatever HCL skips between its parts)."""
     head, sep, rest = s.partition('provider["')
     if not sep:
         legacy = _LEGACY_PROVIDER.fullmatch(s)
         _expect(legacy is not None, path,
                 f'provider address {s!r} is not of the form provider["HOST/NAMESPACE/TYPE"] (or provider.TYPE, as Terraform 0.12 wrote it)')
         assert legacy is not None
-        module, type_, alias = legacy.group(1).removesuffix("."), legacy.group(2), legacy.group(3) or ""
+        module = ".".join(f"module.{name}" for name in _LEGACY_MODULE.findall(legacy.group(1)))
+        type_, alias = legacy.group(2), legacy.group(3) or ""
         return ProviderRef(source=implied_source(type_), alias=alias, module=module, legacy=True)
     module = head.removesuffix(".")
     _expect(head == "" or head.endswith("."), path, f"provider address {s!r} has a malformed module prefix")

@@ -26,8 +26,9 @@ NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 # Every version-4 file of the corpus comes back from `kl state pull` byte for byte.
 V4_FILES = sorted(p.name for p in CORPUS.glob("*.tfstate") if json.loads(p.read_text())["version"] == 4)
 # The ones whose every managed resource the real null provider can refresh.
-REFRESHABLE = ["tf012-null-legacy-providers.tfstate", "tf013-legacy-namespace.tfstate", "tf125-flatmap.tfstate",
-               "tf185-tainted-deposed-checks.tfstate", "v3-terraformer.tfstate"]
+REFRESHABLE = ["tf012-null-legacy-providers.tfstate", "tf012-provider-address-whitespace.tfstate",
+               "tf013-legacy-namespace.tfstate", "tf125-flatmap.tfstate", "tf185-tainted-deposed-checks.tfstate",
+               "v3-terraformer.tfstate"]
 
 
 def lifecycle_rows(db_url: str) -> list[tuple]:
@@ -82,6 +83,39 @@ def test_corpus_file_imports_pulls_byte_identical_and_indexes_every_object(db_ur
     assert pulled.returncode == 0 and pulled.stdout.decode() == text
     doc = json.loads(text)
     assert lifecycle_rows(db_url) == expected_rows(doc, doc["serial"])
+
+
+# Legacy provider addresses spelled every way Terraform's parser (HCL's traversal parser) reads,
+# and some it does not: whitespace and comments between the parts, none inside a name.
+SPELLINGS = ["provider.null", "provider. null", "provider .null", " provider.null ", "provider.\tnull",
+             "provider.\r\nnull", "module. m .provider. null. al", "module.a.module.b.provider.aws.west",
+             "provider./*c*/null", "provider.null # c", "provider.null // c", "provider.null#c\n",
+             "provider.\rnull", "provider.nu ll", "provider.null /* c", "provider.null # c\nx", "provider. null.",
+             "provider.null\v", "module.m[\"k\"].provider.null"]
+
+
+def test_legacy_provider_addresses_are_read_as_terraform_reads_them(tmp_path):
+    """Each spelling Terraform 1.8.5 reads, kl resolves to the same provider configuration (its
+    type, module and alias; Terraform keeps the unresolved legacy namespace "-" where kl resolves
+    it as 0.13 did), and each Terraform cannot read (it drops the resource), kl refuses."""
+    from kilolock import tfstate
+
+    resources = [{"mode": "managed", "type": "null_resource", "name": f"r{i}", "provider": spelling,
+                  "instances": [{"schema_version": 0, "attributes": {"id": str(i)}}]} for i, spelling in enumerate(SPELLINGS)]
+    doc = {"version": 4, "terraform_version": "0.12.31", "serial": 1, "lineage": "l-1", "outputs": {}, "resources": resources}
+    (tmp_path / "terraform.tfstate").write_text(json.dumps(doc))
+    r = Terraform18(tmp_path).run("state", "pull")
+    assert r.returncode == 0, r.stderr
+    terraform = {res["name"]: res["provider"].replace('"registry.terraform.io/-/', '"registry.terraform.io/hashicorp/')
+                 for res in json.loads(r.stdout)["resources"]}
+    kl = {}
+    for i, spelling in enumerate(SPELLINGS):
+        try:
+            kl[f"r{i}"] = tfstate.parse_provider(spelling).modern
+        except tfstate.StateError:
+            pass
+    assert kl == terraform
+    assert len(kl) == 12  # the test read both kinds of spelling
 
 
 def test_version_3_is_stored_as_the_version_4_terraform_upgrades_it_to(db_url, run_kl, tmp_path):
