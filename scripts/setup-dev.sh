@@ -3,8 +3,8 @@
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
 #   - Debian's chromium and chromium-driver for the web UI's browser tests (when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
-#   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5
-#     and 1.12.2, OpenTofu 1.6.3 and 1.8.5 (test-providers.sh, test-terraform.sh)
+#   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5,
+#     1.12.2 and 1.13.3, OpenTofu 1.6.3, 1.8.5 and 1.12.6 (test-providers.sh, test-terraform.sh)
 # What it installs can be narrowed (the defaults are what the tests and CI need):
 #   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
 #   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)
@@ -68,7 +68,7 @@ fi
 have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
 
 for tool in cargo go python3; do
-    command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.23, Python >= 3.10)" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.26.6, Python >= 3.10)" >&2; exit 1; }
 done
 
 if [ ! -x .venv/bin/python ]; then
@@ -107,7 +107,9 @@ clis="${KL_SETUP_TERRAFORMS:-all}"
 cli_bin="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}/bin"
 missing=()
 if [ "${KL_SETUP_CLIS:-}" = background ] && [ "$clis" = all ]; then
-    for tool in terraform-1.8.5 terraform-1.12.2 tofu-1.6.3 tofu-1.8.5; do [ -x "$cli_bin/$tool" ] || missing+=("$tool"); done
+    for tool in terraform-1.8.5 terraform-1.12.2 terraform-1.13.3 tofu-1.6.3 tofu-1.8.5 tofu-1.12.6; do
+        [ -x "$cli_bin/$tool" ] || missing+=("$tool")
+    done
 fi
 if [ ${#missing[@]} -eq 0 ]; then
     # shellcheck disable=SC2086

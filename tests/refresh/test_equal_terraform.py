@@ -1,12 +1,12 @@
 """Equal to Terraform (issue 16): `kl refresh` writes what `terraform apply -refresh-only` writes.
 
-A state made by Terraform 1.12.2 (or OpenTofu 1.8.5) with real providers, the same out-of-band
-changes, then from the same state and the same provider binaries: Terraform refreshes one copy
-(`apply -refresh-only -auto-approve`), kl another (`state import`, `refresh`, `state pull`). The
-resources they write must be equal field by field (attributes, sensitive_attributes, identity,
-private, schema_version, every other key of the instance objects, which instances and resources
-remain), and `plan -refresh=false -detailed-exitcode` must give the same exit code and the same
-planned actions on both states (0 when nothing drifted).
+A state made by Terraform 1.13.3, 1.12.2 or 1.8.5 (or OpenTofu 1.12.6 or 1.8.5) with real
+providers, the same out-of-band changes, then from the same state and the same provider binaries:
+Terraform refreshes one copy (`apply -refresh-only -auto-approve`), kl another (`state import`,
+`refresh`, `state pull`). The resources they write must be equal field by field (attributes,
+sensitive_attributes, identity, private, schema_version, every other key of the instance objects,
+which instances and resources remain), and `plan -refresh=false -detailed-exitcode` must give the
+same exit code and the same planned actions on both states (0 when nothing drifted).
 
 PROVIDERS is the table: a provider (and what it is tested with) is one row, its resources and the
 out-of-band changes made to them. TOOLS are the CLIs it is checked against.
@@ -30,16 +30,19 @@ from kit.paths import CACHE, LOCAL_V, PLUGIN_CACHE, RANDOM_V
 from kit.tfcli import tool_binary
 from kit.tfequal import compare_resources
 
-# Whether each CLI writes sensitive_attributes in a stable order: Terraform 1.12 sorts them (by
-# their display form, as kl does); Terraform 1.8 and OpenTofu 1.8 write them in Go's map order,
-# so only the set can be compared.
-MARKS_ORDERED = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False}
+# Whether each CLI writes sensitive_attributes in a stable order: Terraform >= 1.12 sorts them (by
+# their display form, as kl does); OpenTofu 1.12 writes them in go-cty's walk order (stable, and
+# kl's order for every mark made here); Terraform 1.8 and OpenTofu 1.8 write them in Go's map
+# order, so only the set can be compared.
+MARKS_ORDERED = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False,
+                 "terraform-1.13.3": True, "tofu-1.12.6": True}
 TOOLS = tuple(MARKS_ORDERED)
-# Whether each CLI keeps resource identity (Terraform >= 1.12). kl writes the identity a provider
+# Whether each CLI keeps resource identity (Terraform >= 1.12, OpenTofu >= 1.12). kl writes the identity a provider
 # reports whatever CLI wrote the state (it matches the newest Terraform), so against an older CLI
 # kl's identity fields are checked on their own and left out of the comparison: the plan on kl's
 # state then shows that CLI reads such a state as it reads its own.
-KEEPS_IDENTITY = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False}
+KEEPS_IDENTITY = {"terraform-1.12.2": True, "tofu-1.8.5": False, "terraform-1.8.5": False,
+                  "terraform-1.13.3": True, "tofu-1.12.6": True}
 IDENTITY_FIELDS = ("identity", "identity_schema_version")
 
 
@@ -136,11 +139,12 @@ def _nothing(ws: Path) -> None:
 # Our test provider (tests/testprovider), both builds: each remote object is <workspace>/remote/<id>.json
 # (KL_TESTPROVIDER_DIR, set per workspace by Cli.run and _kl_refresh), so editing a file is an
 # out-of-band change of a complex value and deleting it a removal. Private state counts the reads
-# (testfw) or holds sdk/v2's meta (testsdk); identity is written by Terraform >= 1.12 only. testfw's
-# dyn.pin is marked sensitive by the configuration: a mark inside a dynamic value, which state JSON
-# stores under the value's {"value", "type"} wrapper while the mark's path does not name it.
+# (testfw) or holds sdk/v2's meta (testsdk); identity is written by Terraform and OpenTofu >= 1.12
+# only; write-only attributes are set where the CLI takes them (Terraform and OpenTofu >= 1.11).
+# testfw's dyn.pin is marked sensitive by the configuration: a mark inside a dynamic value, which
+# state JSON stores under the value's {"value", "type"} wrapper while the mark's path does not name it.
 _TESTPROVIDER_KEYS = ("kept", "edited", "gone")
-_WRITE_ONLY_TOOLS = {"terraform-1.12.2"}
+_WRITE_ONLY_TOOLS = {"terraform-1.12.2", "terraform-1.13.3", "tofu-1.12.6"}
 
 
 def _testfw_resources(drifting: bool, tool: str) -> str:
@@ -321,13 +325,14 @@ def test_kl_refresh_writes_what_refresh_only_writes(tool: str, drifting: bool, r
     assert (tf_code, {a: actions for a, actions in tf_actions if actions != ["no-op"]}) == (2 if expected else 0, expected)
 
 
-def test_schema_and_identity_upgrades_write_what_terraform_1_12_writes(run_kl, db_url, tmp_path: Path):
+@pytest.mark.parametrize("tool", [tool for tool in TOOLS if KEEPS_IDENTITY[tool]])
+def test_schema_and_identity_upgrades_write_what_the_cli_writes(tool: str, run_kl, db_url, tmp_path: Path):
     """An instance stored under older versions: schema version 0 (testsdk's `title`, since renamed
     `name`) and identity schema version 0 ({name}, now {id, region}), as a state written with an
-    older provider holds it (made by hand: no released provider had those versions). Terraform 1.12
-    upgrades both before the read (UpgradeResourceState, UpgradeResourceIdentity); kl must write
-    the same. Only the test provider's rows: they alone have versions to upgrade."""
-    tool = "terraform-1.12.2"
+    older provider holds it (made by hand: no released provider had those versions). Each CLI that
+    keeps identity (Terraform >= 1.12, OpenTofu >= 1.12) upgrades both before the read
+    (UpgradeResourceState, UpgradeResourceIdentity); kl must write the same. Only the test
+    provider's rows: they alone have versions to upgrade."""
     cli = Cli(tool, tool_binary(tool))
     rows = [row for row in PROVIDERS if row.namespace.endswith("/kilolock")]
     ws = tmp_path / "applied"
@@ -354,7 +359,7 @@ def test_schema_and_identity_upgrades_write_what_terraform_1_12_writes(run_kl, d
     by_kl = _kl_refresh(run_kl, ws_kl, "upgraded")
     upgraded = [i for r in by_terraform["resources"] for i in r["instances"] if i["index_key"] == "kept"]
     assert [(i["schema_version"], i["identity_schema_version"], "name" in i["attributes"]) for i in upgraded] == [(1, 1, True)] * 2
-    differences = compare_resources(by_terraform, by_kl)
+    differences = compare_resources(by_terraform, by_kl, marks_ordered=MARKS_ORDERED[tool])
     assert not differences, f"kl's refresh differs from {tool}'s:\n" + "\n".join(map(str, differences))
     assert cli.planned(ws_kl) == cli.planned(ws_tf)
 
@@ -409,7 +414,7 @@ def _the_testprovider_rows_hold_what_they_test(state: dict[str, Any], tool: str)
     for type_, instance in things:
         assert instance.get("private"), (type_, instance)
         assert instance["attributes"]["password_wo"] is None, (type_, instance)
-        assert ("identity" in instance) == tool.startswith("terraform-1.12"), (tool, type_, instance)
+        assert ("identity" in instance) == KEEPS_IDENTITY[tool], (tool, type_, instance)
     pin = [{"type": "get_attr", "value": "dyn"}, {"type": "get_attr", "value": "pin"}]
     kept = [i for t, i in things if t == "testfw_thing" and i["attributes"]["id"] == "fw-kept"]
     assert kept and pin in kept[0]["sensitive_attributes"], kept  # a mark inside a dynamic value, kept
