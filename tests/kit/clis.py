@@ -1,7 +1,7 @@
 """The Terraform / OpenTofu CLIs scripts/test-terraform.sh builds into CACHE/bin, and the wait for a
 build still running in the background.
 
-On a cold machine the six compiled CLIs take about 30 minutes of Go builds. scripts/test.sh has
+On a cold machine the six compiled CLIs take about 35 minutes of Go builds. scripts/test.sh has
 scripts/setup-dev.sh start them in the background (KL_SETUP_CLIS=background), at the lowest CPU
 priority, so they use what the test suite leaves idle; the tests that need one run last (the
 ``compiled_cli`` mark, tests/conftest.py) and wait here for their binary. The build writes its
@@ -22,7 +22,7 @@ COMPILED = ("terraform-1.8.5", "terraform-1.12.2", "terraform-1.13.3", "tofu-1.6
 BACKGROUND_PID = "background-build.pid"
 BACKGROUND_LOG = "background-build.log"
 BACKGROUND_STATUS = "background-build.status"
-# A cold build of all six on two idle cores: about 30 minutes; behind a test run, longer.
+# A cold build of all six on two idle cores: about 35 minutes; behind a test run, longer.
 WAIT_LIMIT_S = 3600.0
 
 
