@@ -22,7 +22,8 @@ def test_set_show_and_unset_settings(db_url, run_kl, make_state, tmp_path):
     assert run_kl("state", "import", "prod", "-", input=make_state(1, {"a": {"id": "1"}})).returncode == 0
     empty = json.loads(run_kl("state", "show", "prod", "--format", "json").stdout)
     assert empty == {"version": 1, "state": "prod", "updated_at": None, "updated_by": None,
-                     "settings": {"workdir": None, "provider_search_paths": None, "provider_parallelism": None, "actor": None}}
+                     "settings": {"workdir": None, "provider_search_paths": None, "provider_parallelism": None, "actor": None,
+                                  "encryption": None, "store_decrypted_attributes": False}}
     text = run_kl("state", "show", "prod").stdout.decode()
     assert "workdir:              (not set: providers run in kl's directory and no deletion is committed)" in text
 
@@ -34,7 +35,8 @@ def test_set_show_and_unset_settings(db_url, run_kl, make_state, tmp_path):
     shown = json.loads(run_kl("state", "show", "prod", "--format", "json").stdout)
     # Relative paths are made absolute where `kl state set` ran: every later run reads the same ones.
     assert shown["settings"] == {"workdir": str(tmp_path / "tf"), "provider_search_paths": ["/opt/a", str(tmp_path / "b")],
-                                 "provider_parallelism": 4, "actor": "cron@ops"}
+                                 "provider_parallelism": 4, "actor": "cron@ops", "encryption": None,
+                                 "store_decrypted_attributes": False}
     assert shown["updated_by"].endswith("@cli") and shown["updated_at"]
     text = run_kl("state", "show", "prod").stdout.decode()
     assert f"workdir:              {tmp_path / 'tf'}\n" in text and "provider parallelism: 4\n" in text
@@ -43,7 +45,8 @@ def test_set_show_and_unset_settings(db_url, run_kl, make_state, tmp_path):
     assert run_kl("state", "set", "prod", "--provider-parallelism", "2").returncode == 0
     assert run_kl("state", "set", "prod", "--unset", "actor", "--unset", "provider-search-path").returncode == 0
     shown = json.loads(run_kl("state", "show", "prod", "--format", "json").stdout)["settings"]
-    assert shown == {"workdir": str(tmp_path / "tf"), "provider_search_paths": None, "provider_parallelism": 2, "actor": None}
+    assert shown == {"workdir": str(tmp_path / "tf"), "provider_search_paths": None, "provider_parallelism": 2, "actor": None,
+                     "encryption": None, "store_decrypted_attributes": False}
 
     # auto (0011) is stored as a word, a number as a number; unset means auto.
     assert run_kl("state", "set", "prod", "--provider-parallelism", "auto").returncode == 0
