@@ -52,7 +52,8 @@ class Job:
 # current version cannot be refreshed, and a state without versions has nothing to refresh).
 _REFRESHABLE = """
 SELECT s.id::text AS id, s.name FROM states s
-JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id ORDER BY serial DESC LIMIT 1) cur ON true
+JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id AND v.kind = 'terraform'
+              ORDER BY serial DESC LIMIT 1) cur ON true
 WHERE s.name ~ %s AND NOT cur.encrypted
 ORDER BY s.name
 """
@@ -128,7 +129,8 @@ INSERT INTO fleet_jobs (state_id, schedule_id, due_at)
 SELECT s.id, %(schedule)s,
        %(at)s + make_interval(secs => %(jitter)s * ((hashtextextended(s.name || '/' || %(schedule)s::text, 0) & 1048575) / 1048576.0))
 FROM states s
-JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id ORDER BY serial DESC LIMIT 1) cur ON true
+JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id AND v.kind = 'terraform'
+              ORDER BY serial DESC LIMIT 1) cur ON true
 WHERE s.name ~ %(regex)s AND NOT cur.encrypted
 ON CONFLICT (state_id) WHERE status IN ('queued', 'running') DO NOTHING
 """

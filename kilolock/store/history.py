@@ -16,8 +16,10 @@ from psycopg.rows import dict_row
 from kilolock.errors import KlError
 from kilolock.store.states import state_id
 
-_LAST_TWO = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial DESC LIMIT 2"
-_SERIALS = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND serial = ANY(%s)"
+# Terraform's versions: an observation carries its base's serial (migration 0022).
+_LAST_TWO = ("SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND kind = 'terraform' "
+             "ORDER BY serial DESC LIMIT 2")
+_SERIALS = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND serial = ANY(%s) AND kind = 'terraform'"
 
 _OPEN_AT = "(r.create_serial <= {n} AND (r.delete_serial IS NULL OR r.delete_serial > {n}))"
 _AT_FROM = _OPEN_AT.format(n="%(from)s")
@@ -29,7 +31,7 @@ _AT_TO = _OPEN_AT.format(n="%(to)s")
 # range is open at neither: no row comes through both branches.)
 _BETWEEN = """
 SELECT id FROM state_versions
-WHERE state_id = %(sid)s AND serial > LEAST(%(from)s, %(to)s) AND serial <= GREATEST(%(from)s, %(to)s)
+WHERE state_id = %(sid)s AND serial > LEAST(%(from)s, %(to)s) AND serial <= GREATEST(%(from)s, %(to)s) AND kind = 'terraform'
 """
 _COLUMNS = f"r.address, r.deposed, r.mode, r.type, r.provider, r.status, r.attributes, r.sensitive_attributes, {_AT_TO} AS at_to"
 _DIFFERING = f"""

@@ -142,10 +142,22 @@ WHERE NOT EXISTS (
 
 
 
-def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
-          touched: set[tuple[str, str]] | None, pieced: bool) -> tuple[int, int, int]:
-    """Index the version's objects; returns (opened, closed, metadata updated in place)."""
-    cur = conn.cursor()
+_OBSERVE = f"""
+INSERT INTO observed_objects (observation_id, state_id, address, deposed, baseline_resource_id, gone, status, attributes,
+                              sensitive_attributes, content_hash)
+SELECT %(vid)s, %(sid)s, r.address, r.deposed, r.id, i.address IS NULL, i.obj ->> 'status', i.obj -> 'attributes',
+       COALESCE(i.sensitive_attributes, '[]'::jsonb), i.content_hash
+FROM kl_scope s
+JOIN resources r ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address AND r.deposed = s.deposed
+LEFT JOIN kl_incoming i ON i.address = r.address AND i.deposed = r.deposed
+WHERE i.address IS NULL OR NOT COALESCE(i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST}, false)
+"""
+
+
+def _load_incoming(cur: psycopg.Cursor[tuple[object, ...]], state: tfstate.State, touched: set[tuple[str, str]] | None,
+                   pieced: bool) -> None:
+    """kl_descriptors, kl_scope (the TOUCHED objects) and kl_incoming (the objects the version holds,
+    of the touched ones only when given), from the document in kl_doc or its pieces."""
     cur.execute(_DESCRIPTORS_TABLE)
     cur.execute(_SCOPE_TABLE)
     if touched is not None:
@@ -170,6 +182,13 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
     # (a 10,000-instance write went from 22 s to well under one).
     cur.execute("CREATE INDEX ON kl_incoming (address, deposed)")
     cur.execute("ANALYZE kl_incoming")
+
+
+def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
+          touched: set[tuple[str, str]] | None, pieced: bool) -> tuple[int, int, int]:
+    """Index the version's objects; returns (opened, closed, metadata updated in place)."""
+    cur = conn.cursor()
+    _load_incoming(cur, state, touched, pieced)
     params = {"sid": sid, "vid": version.id, "serial": version.serial}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED_SCOPED if touched is not None else _CLOSE_GONE_OR_CHANGED, params).rowcount
     relabelled = cur.execute(_RESHAPE, params).rowcount
@@ -178,3 +197,17 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
     return opened, closed, relabelled
+
+
+def observe(conn: psycopg.Connection, sid: str, observation: VersionRow, state: tfstate.State,
+            touched: set[tuple[str, str]], pieced: bool) -> int:
+    """Record what the observation's TOUCHED objects are where they differ from the open rows (the
+    Terraform version it is based on, which must be the current one): each changed or gone object
+    one observed_objects row. The index itself is Terraform's and stays as it is; a change of
+    metadata alone, or a flatmap object's first structured form, is not a difference. Returns the
+    number of observed objects."""
+    cur = conn.cursor()
+    _load_incoming(cur, state, touched, pieced)
+    found = cur.execute(_OBSERVE, {"sid": sid, "vid": observation.id}).rowcount
+    cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
+    return found

@@ -96,7 +96,8 @@ _REPLAY_OPEN_DRIFT = """
 WITH channel AS (SELECT id, states_regex FROM notify_channels WHERE id = %(channel)s),
 open AS MATERIALIZED (
     SELECT d.id, d.state_id, s.name AS state_name, d.address, d.deposed, d.kind, d.changed_attributes,
-           d.baseline_resource_id, d.current_resource_id, d.detected_version_id
+           d.baseline_resource_id, COALESCE(d.current_observed_id, d.current_resource_id) AS current_resource_id,
+           d.detected_version_id
     FROM drift_records d JOIN states s ON s.id = d.state_id, channel c
     WHERE d.resolved_version_id IS NULL AND s.name ~ c.states_regex
       AND EXISTS (SELECT 1 FROM current_resource_drift v WHERE v.drift_id = d.id)
@@ -109,7 +110,8 @@ noted AS (
 ),
 per_state AS MATERIALIZED (
     SELECT gen_random_uuid() AS event_id, o.state_id, o.state_name,
-           (SELECT v.id FROM state_versions v WHERE v.state_id = o.state_id ORDER BY v.serial DESC LIMIT 1) AS version_id,
+           (SELECT v.id FROM state_versions v WHERE v.state_id = o.state_id AND v.kind = 'terraform'
+            ORDER BY v.serial DESC LIMIT 1) AS version_id,
            jsonb_build_object('replayed', true, 'addresses', jsonb_agg(jsonb_build_object(
                'drift_id', o.id, 'address', o.address, 'deposed', o.deposed, 'kind', o.kind,
                'paths', COALESCE(to_jsonb(o.changed_attributes), '[]'::jsonb),
@@ -162,7 +164,8 @@ def remove_channel(conn: psycopg.Connection, name: str) -> None:
 # applied there, in one place): a record it hides is not announced, and neither is its end.
 _DRIFT_EVENTS = """
 WITH touched AS MATERIALIZED (
-    SELECT d.id, d.address, d.deposed, d.kind, d.changed_attributes, d.baseline_resource_id, d.current_resource_id,
+    SELECT d.id, d.address, d.deposed, d.kind, d.changed_attributes, d.baseline_resource_id,
+           COALESCE(d.current_observed_id, d.current_resource_id) AS current_resource_id,
            d.resolved_version_id IS NOT NULL AS resolved, d.resolved_how,
            EXISTS (SELECT 1 FROM current_resource_drift c WHERE c.drift_id = d.id) AS visible,
            n.drift_id IS NOT NULL AS announced, n.kind AS announced_kind, n.paths AS announced_paths

@@ -126,22 +126,30 @@ _HEAD_HASH = "sha256(convert_to('d' || %(head)s::jsonb::text, 'UTF8'))"
 _FIND_HEAD = f"SELECT id FROM version_pieces WHERE state_id = %(sid)s AND hash = {_HEAD_HASH}"
 _ADD_HEAD = f"INSERT INTO version_pieces (state_id, hash, body) VALUES (%(sid)s, {_HEAD_HASH}, %(head)s::jsonb) RETURNING id"
 
+# An observation (migration 0019) is a version row of its own kind, numbered per base.
 _INSERT_PIECED_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
-                            content_hash, actor, encrypted)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false) RETURNING {VERSION_COLS}
+                            content_hash, actor, encrypted, kind, base_version_id, observation_number)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s) RETURNING {VERSION_COLS}
 """
 
 _INSERT_WHOLE_FROM_DOC = f"""
-INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted)
-SELECT %s, %s, %s, %s, %s, doc, %s, %s, false FROM kl_doc RETURNING {VERSION_COLS}
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted,
+                            kind, base_version_id, observation_number)
+SELECT %s, %s, %s, %s, %s, doc, %s, %s, false, %s, %s, %s FROM kl_doc RETURNING {VERSION_COLS}
 """
 
 
+def _kind(observation: tuple[str, int] | None) -> tuple[str, str | None, int | None]:
+    """The kind, base and number columns of a version row: OBSERVATION is (base id, number)."""
+    return ("terraform", None, None) if observation is None else ("observation", observation[0], observation[1])
+
+
 def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str, terraform_version: str | None,
-                   source: str, new_hash: str, actor: str | None) -> tuple[VersionRow, bool, bool]:
+                   source: str, new_hash: str, actor: str | None,
+                   observation: tuple[str, int] | None = None) -> tuple[VersionRow, bool, bool]:
     """Insert the version row for the document in kl_doc: as pieces when they can rebuild it, else
-    whole. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
+    whole; an observation's row when OBSERVATION (its base's id, its number) is given. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
     head piece is stored, the rest waits for store_pieces) and whether it has resources."""
     cur = conn.cursor()
     shape = cur.execute(_DOC_SHAPE).fetchone()
@@ -149,7 +157,8 @@ def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str
     splittable, doc_serial, has_resources = shape
     if not splittable:
         version = version_rows(conn).execute(
-            _INSERT_WHOLE_FROM_DOC, (sid, serial, lineage, terraform_version, source, new_hash, actor)).fetchone()
+            _INSERT_WHOLE_FROM_DOC, (sid, serial, lineage, terraform_version, source, new_hash, actor,
+                                     *_kind(observation))).fetchone()
         assert version is not None
         return version, False, False
     # The row keeps the serial: a head without it is the same piece from one refresh to the next.
@@ -163,7 +172,8 @@ def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str
     assert head is not None
     version = version_rows(conn).execute(
         _INSERT_PIECED_VERSION,
-        (sid, serial, lineage, terraform_version, source, head[0], strip_serial, None, new_hash, actor)).fetchone()
+        (sid, serial, lineage, terraform_version, source, head[0], strip_serial, None, new_hash, actor,
+         *_kind(observation))).fetchone()
     assert version is not None
     return version, True, bool(has_resources)
 
@@ -186,7 +196,8 @@ def insert_sharing_layout(conn: psycopg.Connection, sid: str, prior: VersionRow,
     assert head is not None
     return version_rows(conn).execute(
         _INSERT_PIECED_VERSION,
-        (sid, serial, lineage, terraform_version, source, head[0], True, layout[0], new_hash, actor)).fetchone()
+        (sid, serial, lineage, terraform_version, source, head[0], True, layout[0], new_hash, actor,
+         *_kind(None))).fetchone()
 
 
 def store_pieces(conn: psycopg.Connection, sid: str, version: VersionRow) -> None:

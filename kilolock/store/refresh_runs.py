@@ -41,6 +41,7 @@ class RunRow:
     # Requests in flight per provider group (migration 0011): {"provider", "alias", "mode",
     # "start", "max", "final", "throttled"}; None before 0011 or when no provider was opened.
     concurrency: list[dict[str, Any]] | None = field(default=None)
+    observation: str | None = None  # the observation it recorded (v7.3), when it wrote no Terraform version
 
 
 # A running refresh holds a session-level advisory lock keyed on its run id for as long as its
@@ -301,7 +302,7 @@ def finish(
 
 
 _SELECT = """
-SELECT rr.id::text AS id, s.name AS state, rr.status, f.serial AS from_serial, t.serial AS to_serial, rr.started_at,
+SELECT rr.id::text AS id, s.name AS state, rr.status, f.serial AS from_serial, CASE WHEN t.kind = 'terraform' THEN t.serial END AS to_serial, CASE WHEN t.kind = 'observation' THEN 'v' || t.serial || '.' || t.observation_number END AS observation, rr.started_at,
        rr.finished_at, rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor,
        rr.concurrency
 FROM refresh_runs rr

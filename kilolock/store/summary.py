@@ -36,7 +36,7 @@ LEFT JOIN LATERAL ({current}) v ON true
 """).format(current=current_version_of(sql.Placeholder("sid")))
 
 _LAST_REFRESH = """
-SELECT f.serial AS from_serial, t.serial AS to_serial, rr.status, rr.started_at, rr.id::text AS run_id
+SELECT f.serial AS from_serial, CASE WHEN t.kind = 'terraform' THEN t.serial END AS to_serial, CASE WHEN t.kind = 'observation' THEN 'v' || t.serial || '.' || t.observation_number END AS observation, rr.status, rr.started_at, rr.id::text AS run_id
 FROM refresh_runs rr
 JOIN state_versions f ON f.id = rr.from_version_id
 LEFT JOIN state_versions t ON t.id = rr.to_version_id

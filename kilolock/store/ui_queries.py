@@ -130,18 +130,26 @@ def state_header(conn: psycopg.Connection, name: str) -> dict[str, Any]:
 # closed alone, removed. The page of versions is cut first, so the cost is what the page's
 # versions changed, not the history's.
 _VERSIONS = """
-SELECT v.serial, v.source, v.actor, v.created_at, v.encrypted, v.terraform_version,
-       o.n - b.n AS added, b.n AS changed, c.n - b.n AS removed, v.total
-FROM (SELECT id, serial, source, actor, created_at, encrypted, terraform_version, count(*) OVER () AS total
+SELECT v.serial, CASE WHEN v.kind = 'observation' THEN 'v' || v.serial || '.' || v.observation_number
+                      ELSE 'v' || v.serial END AS label,
+       v.kind, v.source, v.actor, v.created_at, v.encrypted, v.terraform_version,
+       CASE WHEN v.kind = 'observation' THEN 0 ELSE o.n - b.n END AS added,
+       CASE WHEN v.kind = 'observation' THEN ob.changed ELSE b.n END AS changed,
+       CASE WHEN v.kind = 'observation' THEN ob.gone ELSE c.n - b.n END AS removed, v.total
+FROM (SELECT id, serial, kind, observation_number, seq, source, actor, created_at, encrypted, terraform_version,
+             count(*) OVER () AS total
       FROM state_versions WHERE state_id = %(sid)s
-      ORDER BY serial DESC
+      ORDER BY seq DESC
       LIMIT %(limit)s OFFSET %(offset)s) v
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.opened_by_version_id = v.id) o ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.closed_by_version_id = v.id) c ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r JOIN resources p
                    ON p.closed_by_version_id = v.id AND p.address = r.address AND p.deposed = r.deposed
                    WHERE r.opened_by_version_id = v.id) b ON true
-ORDER BY v.serial DESC
+-- An observation's counts are what it found different from its base.
+LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE NOT x.gone) AS changed, count(*) FILTER (WHERE x.gone) AS gone
+                   FROM observed_objects x WHERE x.observation_id = v.id) ob ON true
+ORDER BY v.seq DESC
 """
 
 
@@ -153,12 +161,12 @@ def versions_page(conn: psycopg.Connection, sid: str, limit: int, offset: int) -
 
 
 # refresh_runs does not record --dry-run: a run that succeeded without a version is one, since
-# every other run that succeeds commits a version (the version records that refresh ran).
+# every other run that succeeds records an observation or a version.
 _RUNS = """
 SELECT rr.id::text AS id, rr.status, rr.started_at, rr.finished_at, rr.finished_at - rr.started_at AS took,
        (rr.status = 'succeeded' AND rr.to_version_id IS NULL) AS dry_run,
        rr.resources_checked, rr.resources_changed, rr.resources_failed, rr.error_summary, rr.actor,
-       f.serial AS from_serial, t.serial AS to_serial, count(*) OVER () AS total
+       f.serial AS from_serial, CASE WHEN t.kind = 'terraform' THEN t.serial END AS to_serial, CASE WHEN t.kind = 'observation' THEN 'v' || t.serial || '.' || t.observation_number END AS observation, count(*) OVER () AS total
 FROM refresh_runs rr
 JOIN state_versions f ON f.id = rr.from_version_id
 LEFT JOIN state_versions t ON t.id = rr.to_version_id
@@ -217,7 +225,7 @@ def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[dict
 # those up to its serial (a record is resolved only after it was found, so found-by-then minus
 # resolved-by-then is what is open then).
 _DRIFT_SERIES = """
-WITH v AS (SELECT serial, created_at, source FROM state_versions WHERE state_id = %(sid)s
+WITH v AS (SELECT serial, created_at, source FROM state_versions WHERE state_id = %(sid)s AND kind = 'terraform'
            ORDER BY serial DESC LIMIT %(points)s),
 deltas AS MATERIALIZED (
     SELECT serial, sum(d) AS d FROM (

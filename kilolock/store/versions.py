@@ -2,7 +2,8 @@
 (`kl state pull`, the document a refresh starts from). Writing one is store/writes.py.
 
 `current_version` (and `current_text`) is the one definition of a state's current version: the
-one with the highest serial.
+Terraform version with the highest serial. Observations (what a refresh read, migration 0019) carry
+their base's serial and are never current: Terraform neither reads them nor checks against them.
 """
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ class VersionRow:
     created_at: datetime | None = None
     encrypted: bool = False  # an OpenTofu-encrypted envelope, given back as it was written
     unindexed: str | None = None  # why kl has no index of this (encrypted) version; None: indexed
+    kind: str = "terraform"  # or "observation": what a refresh read, based on base_version_id
+    base_version_id: str | None = None
+    observation_number: int | None = None  # 1, 2, ... per base
+    seq: int = 0  # the order of both kinds
+    confirms: bool = False  # an observation that found everything as its base has it (no document of its own)
+
+    @property
+    def label(self) -> str:
+        """How kl names the version: v7, or v7.3 for the third observation based on v7."""
+        return f"v{self.serial}" if self.observation_number is None else f"v{self.serial}.{self.observation_number}"
 
 
 # A big document is hashed and sent to the server this many characters at a time.
@@ -61,12 +72,14 @@ def utf8_chunks(text: str) -> Iterator[bytes]:
 
 
 VERSION_COLS = ("id::text AS id, serial, lineage, source, content_hash, terraform_version, actor, created_at, encrypted, "
-                "unindexed")
+                "unindexed, kind, base_version_id::text AS base_version_id, observation_number, seq, "
+                "(raw_state IS NULL AND head_piece IS NULL) AS confirms")
 
-# The current version of a state is its highest serial. This is the only place that says so:
+# The current version of a state is its Terraform version with the highest serial. This is the only place that says so:
 # every query that needs a state's current version is built from it, as a subquery whose state id
 # is a parameter, a correlated column (s.id in a LATERAL join) or a lookup by name.
-_CURRENT_VERSION_OF = "SELECT * FROM state_versions WHERE state_id = {state_id} ORDER BY serial DESC LIMIT 1"
+_CURRENT_VERSION_OF = ("SELECT * FROM state_versions WHERE state_id = {state_id} AND kind = 'terraform' "
+                       "ORDER BY serial DESC LIMIT 1")
 
 
 def current_version_of(state_id_expr: sql.Composable) -> sql.Composed:
@@ -81,10 +94,15 @@ _CURRENT_VERSION = sql.SQL("SELECT {cols} FROM ({current}) v").format(
 _CURRENT_TEXT = sql.SQL("SELECT {cols}, kl_version_text(v.id) AS text FROM ({current}) v").format(
     cols=sql.SQL(VERSION_COLS), current=current_version_of(sql.SQL("(SELECT id FROM states WHERE name = %s)")))
 
-_FIND_VERSION = f"SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s"
-_LIST_VERSIONS = f"SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY serial"
-_VERSION_TEXT = "SELECT kl_version_text(id) FROM state_versions WHERE state_id = %s AND serial = %s"
+_FIND_VERSION = (f"SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial = %s AND content_hash = %s "
+                 "AND kind = 'terraform'")
+_LIST_VERSIONS = f"SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s ORDER BY seq"
+_VERSION_TEXT = "SELECT kl_version_text(id) FROM state_versions WHERE state_id = %s AND serial = %s AND kind = 'terraform'"
 _CONTENT_HASH = "SELECT content_hash FROM state_versions WHERE id = %s"
+_TEXT_OF = "SELECT kl_version_text(%s)"
+_TERRAFORM_VERSION_ID = "SELECT id::text FROM state_versions WHERE state_id = %s AND serial = %s AND kind = 'terraform'"
+# An observation that stored no document has its base's (migration 0019).
+_DOCUMENT_VERSION_ID = "SELECT kl_document_version(%s)::text"
 _HAS_OPEN_RESOURCES = "SELECT EXISTS (SELECT 1 FROM resources WHERE state_id = %s AND delete_serial IS NULL)"
 _OPEN_ATTRIBUTES = """
 SELECT address, deposed, attributes::text AS attributes FROM resources
@@ -156,7 +174,7 @@ SELECT v.id::text,
 FROM state_versions v
 LEFT JOIN version_pieces h ON h.id = v.head_piece
 LEFT JOIN version_lists l ON l.id = v.layout
-WHERE v.state_id = %s AND v.serial = %s
+WHERE v.id = %s
 """
 
 # One pass over the document (as lifecycles.py reads it), one row per instance in document order, the
@@ -204,23 +222,20 @@ WHERE l.id = %s
 """
 
 
-def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write: Callable[[str], object]) -> None:
-    """Write version SERIAL of state NAME (default: the current one) as `kl state pull` gives it
-    (tfstate.pretty_state of its text, byte for byte), streamed: the rows of one snapshot, one
-    instance at a time, so a big state is never held whole."""
+def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write: Callable[[str], object], *,
+                 version_id: str | None = None) -> None:
+    """Write version SERIAL of state NAME (default: the current one; VERSION_ID: that version,
+    an observation too) as `kl state pull` gives it (tfstate.pretty_state of its text, byte for
+    byte), streamed: the rows of one snapshot, one instance at a time, so a big state is never
+    held whole."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        if serial is None:
-            cur = current_version(conn, states.state_id(conn, name))
-            if cur is None:
-                raise KlError(f"state {name!r} has no versions")
-            serial = cur.serial
-        row = conn.execute(_PIECES_HEAD, (states.state_id(conn, name), serial)).fetchone()
-        if row is None:
-            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
-        vid, head, has_resources, count, streamable, encrypted, layout = row
+        vid = _document_id(conn, name, serial, version_id)
+        row = conn.execute(_PIECES_HEAD, (vid,)).fetchone()
+        assert row is not None  # _document_id found it
+        _, head, has_resources, count, streamable, encrypted, layout = row
         if encrypted:
-            text = raw_state_text(conn, name, serial)
+            text = _text_of(conn, vid)
             written = conn.execute(_CONTENT_HASH, (vid,)).fetchone()
             # As OpenTofu wrote it when its layout gives those bytes back (jsonb keeps neither the
             # key order nor the spacing), else as stored.
@@ -228,10 +243,36 @@ def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write:
             write(exact if exact is not None else tfstate.pretty_state(text))
             return
         if head is None or (has_resources and not streamable):
-            write(tfstate.pretty_state(raw_state_text(conn, name, serial)))
+            write(tfstate.pretty_state(_text_of(conn, vid)))
             return
         with _piece_rows(conn, vid, layout) as rows:
             tfstate.write_terraform_streamed(head, (count, _resources(rows)) if has_resources else None, write)
+
+
+def _document_id(conn: psycopg.Connection, name: str, serial: int | None, version_id: str | None) -> str:
+    """The id of the version whose stored document is that of SERIAL (None: the current version) or
+    of the version VERSION_ID of state NAME."""
+    if version_id is not None:
+        row = conn.execute(_DOCUMENT_VERSION_ID, (version_id,)).fetchone()
+        if row is None or row[0] is None:
+            raise KlError(f"state {name!r} has no version {version_id}")
+        return str(row[0])
+    sid = states.state_id(conn, name)
+    if serial is None:
+        cur = current_version(conn, sid)
+        if cur is None:
+            raise KlError(f"state {name!r} has no versions")
+        return cur.id
+    row = conn.execute(_TERRAFORM_VERSION_ID, (sid, serial)).fetchone()
+    if row is None:
+        raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
+    return str(row[0])
+
+
+def _text_of(conn: psycopg.Connection, vid: str) -> str:
+    row = conn.execute(_TEXT_OF, (vid,)).fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 @contextlib.contextmanager
@@ -248,19 +289,21 @@ def _piece_rows(conn: psycopg.Connection, vid: str, layout: str | None) -> Itera
         yield iter(rows)
 
 
-def load_document(conn: psycopg.Connection, name: str, serial: int, loads: Callable[[str], Any]) -> Any:
-    """Version SERIAL of state NAME parsed with LOADS: the very value LOADS makes of its
-    raw_state_text (keys in jsonb's order), but read a piece at a time, as the pull reads it, so
-    neither the server builds nor this process holds the whole text next to the parsed document
-    (a refresh of 100,000 instances spent more time on that text than on parsing it)."""
+def load_document(conn: psycopg.Connection, name: str, serial: int | None, loads: Callable[[str], Any], *,
+                  version_id: str | None = None) -> Any:
+    """Version SERIAL of state NAME (or the version VERSION_ID, an observation too) parsed with
+    LOADS: the very value LOADS makes of its stored text (keys in jsonb's order), but read a piece at
+    a time, as the pull reads it, so neither the server builds nor this process holds the whole
+    text next to the parsed document (a refresh of 100,000 instances spent more time on that text
+    than on parsing it)."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        row = conn.execute(_PIECES_HEAD, (states.state_id(conn, name), serial)).fetchone()
-        if row is None:
-            raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
-        vid, head, has_resources, _count, streamable, encrypted, layout = row
+        vid = _document_id(conn, name, serial, version_id)
+        row = conn.execute(_PIECES_HEAD, (vid,)).fetchone()
+        assert row is not None  # _document_id found it
+        _, head, has_resources, _count, streamable, encrypted, layout = row
         if encrypted or head is None or (has_resources and not streamable):
-            return loads(raw_state_text(conn, name, serial))
+            return loads(_text_of(conn, vid))
         doc = loads(head)
         if not has_resources:
             return doc

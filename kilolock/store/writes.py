@@ -1,6 +1,7 @@
 """Every way a version enters the database, one operation each: a whole document (kl state import,
-an apply through kl serve), an OpenTofu-encrypted envelope, and a refresh's commit of what changed
-(its delta) or of a document whose resources did not change at all.
+an apply through kl serve), an OpenTofu-encrypted envelope, a commit of what a refresh changed (its
+delta, for `kl refresh --commit` and an accepted observation) or of a document whose resources did
+not change at all, and a refresh's observation, which Terraform never reads.
 
 Each is one transaction: the version row, its lifecycle rows (store/lifecycles.py), its pieces
 (store/pieces.py) and the drift records it finds or resolves (store/drift_records.py), with the
@@ -83,14 +84,16 @@ class DecryptedIndex:
 
 def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate.EnvelopeIds | None, *, source: str,
                    actor: str | None, force: bool = False, origin: str = "state", index: DecryptedIndex | None = None,
-                   unindexed: str | None = None, expect: tuple[int, str] | None = None) -> WriteResult:
+                   unindexed: str | None = None, expect: tuple[int, str] | None = None,
+                   accepted: set[tuple[str, str]] | None = None) -> WriteResult:
     """Store ``raw``, an OpenTofu-encrypted envelope, as the next version of state ``name``, kept
     as it was written. ``ids`` is the serial and lineage it carries in the clear
     (tfstate.envelope_ids), checked by the same rules as a plain state's; an envelope without them
     is numbered after the current version and keeps the lineage kl knew (the serial order of
     versions stays the order of writes). ``index``: its decrypted document, indexed as a plain
     state's would be; without one the version hides its resources and ``unindexed`` says why.
-    ``expect``: the (serial, lineage) the current version must still be (a refresh's compare-and-swap)."""
+    ``expect``: the (serial, lineage) the current version must still be (a refresh's compare-and-swap);
+    ``accepted``: it is an accepted observation (accept_observation)."""
     new_hash = _checked_hash(raw, source, origin)
     with conn.transaction():
         sid, cur = _lock_current(conn, name, expect)
@@ -117,7 +120,9 @@ def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate
             rows.execute(_DOC_INSERT, (_JsonbText(index.text),))
         opened, closed, relabelled = lifecycles.index(conn, sid, version, index.state, None, False)
         conn.execute("DROP TABLE kl_descriptors, kl_doc")
-        if source != "refresh" or closed:  # as in _store
+        if accepted is not None:  # as in _store
+            drift_records.accept(conn, sid, version.id, version.serial, version.created_at, accepted)
+        elif source != "refresh" or closed:
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
         return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
                            unchanged=len(index.state.instances) - opened, metadata_updated=relabelled)
@@ -136,6 +141,16 @@ def commit_delta(conn: psycopg.Connection, name: str, state: tfstate.State, raw:
                    touched=touched, share_layout=False)
 
 
+def accept_observation(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
+                       expect_lineage: str, accepted: set[tuple[str, str]], actor: str | None) -> WriteResult:
+    """Store ``raw`` (parsed into ``state``): an observation accepted as Terraform's next version
+    (kl drift accept), a compare-and-swap on ``expect_serial``/``expect_lineage`` as commit_delta.
+    The open drift at the ``accepted`` (address, deposed) objects is resolved as `accepted`; the rest
+    stays open, its baseline still what Terraform's version holds."""
+    return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source="refresh", actor=actor, touched=None,
+                   share_layout=False, accepted=accepted)
+
+
 def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
                      expect_lineage: str, actor: str | None, source: str = "refresh") -> WriteResult:
     """commit_delta of a document whose resources are exactly those of the version the caller
@@ -146,6 +161,93 @@ def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, 
     stores it."""
     return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source=source, actor=actor,
                    touched=set(), share_layout=True)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What recording an observation did."""
+
+    state_id: str
+    version: VersionRow  # the observation's row
+    on_current: bool  # its base was still Terraform's current version: it is the state's drift
+    found: int  # objects it found different from its base
+
+
+_NEXT_OBSERVATION = """
+SELECT COALESCE(max(observation_number), 0) + 1 FROM state_versions WHERE base_version_id = %s AND kind = 'observation'
+"""
+
+_INSERT_SEALED_OBSERVATION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted,
+                            kind, base_version_id, observation_number)
+VALUES (%s, %s, %s, %s, 'refresh', %s::jsonb, %s, %s, true, 'observation', %s, %s) RETURNING {VERSION_COLS}
+"""
+
+_INSERT_CONFIRMATION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, content_hash, actor, encrypted, kind,
+                            base_version_id, observation_number)
+SELECT state_id, serial, lineage, terraform_version, 'refresh', content_hash, %s, encrypted, 'observation', id, %s
+FROM state_versions WHERE id = %s
+RETURNING {VERSION_COLS}
+"""
+
+
+def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, base: VersionRow,
+                       touched: set[tuple[str, str]], same_as_base: bool, actor: str | None,
+                       sealed: DecryptedIndex | None = None) -> Observation:
+    """Record what a refresh read of state ``name``, starting from Terraform's version ``base``, as
+    an observation of it: ``raw`` (parsed into ``state``, with the base's serial and lineage), of
+    which only the ``touched`` (address, deposed) objects may differ from the base; ``same_as_base``:
+    none does and the document is the base's (the caller's word), so the observation stores no
+    document, only its row. Terraform's versions, the serial and the lifecycle index are not
+    changed. When the base is still Terraform's current version, the objects found different are
+    recorded (observed_objects) and are the state's drift; when Terraform wrote a newer version while
+    the refresh read, the observation is kept against its old base and finds no drift. ``sealed``:
+    ``raw`` is an OpenTofu-encrypted envelope, kept as it is, and this is what kl may index of it."""
+    new_hash = _checked_hash(raw, "refresh", "state")
+    with conn.transaction():
+        sid, cur = _lock_current(conn, name, None)
+        on_current = cur is not None and cur.id == base.id
+        number_row = conn.execute(_NEXT_OBSERVATION, (base.id,)).fetchone()
+        assert number_row is not None
+        number = int(number_row[0])
+        found = 0
+        if same_as_base:
+            version = versions.version_rows(conn).execute(_INSERT_CONFIRMATION, (actor, number, base.id)).fetchone()
+            assert version is not None
+        elif sealed is not None:
+            assert isinstance(raw, bytes)
+            with _as_json("state"):
+                version = _jsonb_rows(conn).execute(_INSERT_SEALED_OBSERVATION, (
+                    sid, base.serial, base.lineage, sealed.state.terraform_version or None, _JsonbText(raw), new_hash,
+                    actor, base.id, number)).fetchone()
+            assert version is not None
+            rows = _jsonb_rows(conn)
+            rows.execute(_DOC_TABLE)
+            rows.execute(_DOC_INSERT, (_JsonbText(sealed.text),))
+            found = lifecycles.observe(conn, sid, version, sealed.state, touched if on_current else set(), False)
+            conn.execute("DROP TABLE kl_descriptors, kl_doc")
+        else:
+            rows = _jsonb_rows(conn)
+            with _as_json("state"):
+                rows.execute(_DOC_TABLE)
+                if isinstance(raw, str):
+                    with rows.copy("COPY kl_doc (doc) FROM STDIN") as copy:
+                        for chunk in versions.utf8_chunks(raw):
+                            copy.write(_copy_text(chunk))
+                else:
+                    rows.execute(_DOC_INSERT, (_JsonbText(raw),))
+            version, pieced, has_resources = pieces.insert_version(
+                conn, sid, base.serial, base.lineage, state.terraform_version or None, "refresh", new_hash, actor,
+                observation=(base.id, number))
+            # Against a base that is no longer current, the open rows are a newer version's: nothing to compare.
+            found = lifecycles.observe(conn, sid, version, state, touched if on_current else set(), pieced)
+            if has_resources:
+                pieces.store_pieces(conn, sid, version)
+            conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
+        if on_current:
+            drift_records.observe(conn, sid, version.id, version.serial, version.created_at)
+        return Observation(state_id=sid, version=version, on_current=on_current, found=found)
 
 
 # --- the private core, shared by the operations above ------------------------------------------
@@ -174,7 +276,8 @@ SET LOCAL work_mem = '64MB'
 _DOC_INSERT = "INSERT INTO kl_doc VALUES (%s::jsonb)"
 
 _NEWER = f"""
-SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial >= %s ORDER BY serial LIMIT 5
+SELECT {VERSION_COLS} FROM state_versions WHERE state_id = %s AND serial >= %s AND kind = 'terraform'
+ORDER BY serial LIMIT 5
 """
 
 
@@ -274,7 +377,8 @@ def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRo
 
 
 def _commit(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, expect: tuple[int, str], *,
-            source: str, actor: str | None, touched: set[tuple[str, str]] | None, share_layout: bool) -> WriteResult:
+            source: str, actor: str | None, touched: set[tuple[str, str]] | None, share_layout: bool,
+            accepted: set[tuple[str, str]] | None = None) -> WriteResult:
     """commit_delta, or commit_unchanged when SHARE_LAYOUT (TOUCHED then empty)."""
     new_hash = _checked_hash(raw, source, "state")
     with conn.transaction():
@@ -291,7 +395,8 @@ def _commit(conn: psycopg.Connection, name: str, state: tfstate.State, raw: byte
                 if source != "refresh":  # as in _store: a refresh that closed nothing has no drift to record
                     drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
                 return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
-        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched)
+        return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched,
+                      accepted=accepted)
 
 
 # COPY's text format: a backslash starts an escape, and a newline, carriage return or tab would
@@ -307,7 +412,8 @@ def _copy_text(chunk: bytes) -> bytes:
 
 
 def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes | str, new_hash: str, *, source: str,
-           actor: str | None, origin: str, touched: set[tuple[str, str]] | None) -> WriteResult:
+           actor: str | None, origin: str, touched: set[tuple[str, str]] | None,
+           accepted: set[tuple[str, str]] | None = None) -> WriteResult:
     """The document's version row, its lifecycle index (of the TOUCHED objects only, when given)
     and its pieces, inside the caller's transaction, which holds the state's row lock."""
     rows = _jsonb_rows(conn)
@@ -327,7 +433,9 @@ def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes 
     conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
     # A refresh's drift is its closed lifecycles: none closed (most refreshes), nothing to record,
     # and the statement that looks (planned afresh on every connection) is spared.
-    if source != "refresh" or closed:
+    if accepted is not None:
+        drift_records.accept(conn, sid, version.id, version.serial, version.created_at, accepted)
+    elif source != "refresh" or closed:
         drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
     return WriteResult(state_id=sid, version=version, created=True, opened=opened, closed=closed,
                        unchanged=len(state.instances) - opened, metadata_updated=relabelled)
