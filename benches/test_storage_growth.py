@@ -16,6 +16,10 @@ one state took 758 KiB and every refresh added 111 KiB (14.6%), a backend POST 1
 refresh 99 KiB; with pieces one state takes 1,205 KiB (its pieces are not compressed as one big
 TOASTed document was), a refresh adds 22 KiB (1.8%: lifecycle rows 7.9, pieces 4.7, the id list
 4.3, drift records 3.0), a POST 15 KiB (1.2%), a no-change refresh 1.2 KiB (lock events, its row).
+Then observations (what `kl refresh` records without moving Terraform's serial, migration 0022):
+ROUNDS with 1% of the objects found different (gate as for a refresh commit) and NO_CHANGE_ROUNDS
+that confirm the state unchanged, each at most 1 KiB (its state_versions row alone: no document, no
+lock).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from typing import Any
 import psycopg
 
 from kilolock import tfstate
-from kilolock.refresh.commit import commit_refresh
+from kilolock.refresh.commit import commit_refresh, record_observation
 from kilolock.server import store_ops
 from kilolock.store import states, versions, writes
 
@@ -41,6 +45,7 @@ NO_CHANGE_ROUNDS = 10 if QUICK else 20
 CHANGE_SHARE = 0.01
 GATE_CHANGE = 0.06 if QUICK else 0.05
 GATE_NO_CHANGE_BYTES = 2048
+GATE_CONFIRMATION_BYTES = 1024
 STORED_CONTENT = ("version_pieces", "version_lists", "resources")
 
 _NULL = 'provider["registry.terraform.io/hashicorp/null"]'
@@ -120,6 +125,23 @@ class _Fleet:
         state = tfstate.parse_state(parser.loads(self.raw(s)))
         commit_refresh(self.conn, self.name(s), sid, state, parser, start, "bench", None, touched)
 
+    def observe(self, s: int, changed: bool) -> None:
+        """A refresh's observation as the orchestrator records it: Terraform's serial kept, the
+        objects found different in place (not kept here: Terraform's state does not change)."""
+        sid = states.state_id(self.conn, self.name(s))
+        base = versions.current_version(self.conn, sid)
+        assert base is not None
+        generations = list(self.generations[s])
+        touched: set[tuple[str, str]] = set()
+        if changed:
+            for n in self.rng.sample(range(INSTANCES), max(1, round(INSTANCES * CHANGE_SHARE))):
+                generations[n] += 1
+                touched.add((f"null_resource.r{n}", ""))
+        parser = tfstate.ExactJSON()
+        raw = json.dumps(_document(s, self.serials[s], generations), separators=(",", ":"))
+        record_observation(self.conn, self.name(s), sid, tfstate.parse_state(parser.loads(raw)), parser, base, "bench",
+                           None, touched, same_as_base=not changed)
+
     def post(self, s: int) -> None:
         self.change(s)
         store_ops.write_state(self.conn, self.name(s), self.raw(s), None, "bench")
@@ -148,6 +170,16 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
                 fleet.refresh(s, changed=False)
         sizes.append(_table_bytes(conn))
 
+        for _ in range(ROUNDS):
+            for s in range(STATES):
+                fleet.observe(s, changed=True)
+        sizes.append(_table_bytes(conn))
+
+        for _ in range(NO_CHANGE_ROUNDS):
+            for s in range(STATES):
+                fleet.observe(s, changed=False)
+        sizes.append(_table_bytes(conn))
+
         # Every version still reads back as written (the last of each state, whose text we hold).
         for s in range(STATES):
             assert json.loads(versions.raw_state_text(conn, fleet.name(s))) == json.loads(fleet.raw(s))
@@ -157,17 +189,27 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
     per_refresh = (total[2] - total[1]) / (STATES * ROUNDS)
     per_post = (total[3] - total[2]) / (STATES * POST_ROUNDS)
     per_no_change = (total[4] - total[3]) / (STATES * NO_CHANGE_ROUNDS)
+    per_observation = (total[5] - total[4]) / (STATES * ROUNDS)
+    # What the tables that grew added: confirmations resolve drift the observations before them
+    # opened, and VACUUM then shrinks tables that are not theirs.
+    per_confirmation = sum(max(0, sizes[6][t] - sizes[5].get(t, 0)) for t in sizes[6]) / (STATES * NO_CHANGE_ROUNDS)
     bench_summary.append(
         f"storage growth ({STATES} states x {INSTANCES} instances, {CHANGE_SHARE:.0%} changed per write): one state "
         f"{state_size / 1024:.0f} KiB in the database ({doc_size / 1024:.0f} KiB of JSON); per refresh commit "
         f"{per_refresh / 1024:.1f} KiB = {per_refresh / state_size:.1%} of a state ({ROUNDS} rounds, gate {GATE_CHANGE:.0%}); "
         f"per backend POST {per_post / 1024:.1f} KiB = {per_post / state_size:.1%}; per no-change refresh "
-        f"{per_no_change:.0f} B (gate {GATE_NO_CHANGE_BYTES} B)")
+        f"{per_no_change:.0f} B (gate {GATE_NO_CHANGE_BYTES} B); per observation of a 1% change "
+        f"{per_observation / 1024:.1f} KiB = {per_observation / state_size:.1%}; per observation of no change "
+        f"{per_confirmation:.0f} B (gate {GATE_CONFIRMATION_BYTES} B)")
     for label, (a, b, count) in {"import": (0, 1, STATES), "refresh": (1, 2, STATES * ROUNDS),
-                                  "POST": (2, 3, STATES * POST_ROUNDS), "no-change refresh": (3, 4, STATES * NO_CHANGE_ROUNDS)}.items():
+                                  "POST": (2, 3, STATES * POST_ROUNDS), "no-change refresh": (3, 4, STATES * NO_CHANGE_ROUNDS),
+                                  "observation": (4, 5, STATES * ROUNDS),
+                                  "no-change observation": (5, 6, STATES * NO_CHANGE_ROUNDS)}.items():
         bench_summary.append(f"  KiB per {label}: {_growth(sizes[a], sizes[b], count)}")
     assert per_refresh <= GATE_CHANGE * state_size, f"a 1% refresh adds {per_refresh / state_size:.1%} of a state"
     assert per_post <= GATE_CHANGE * state_size, f"a 1% backend POST adds {per_post / state_size:.1%} of a state"
     assert per_no_change <= GATE_NO_CHANGE_BYTES, f"a no-change refresh adds {per_no_change:.0f} B"
     grew = {t: sizes[4][t] - sizes[3][t] for t in STORED_CONTENT if sizes[4][t] != sizes[3][t]}
     assert not grew, f"no-change refreshes stored content: {grew} bytes"
+    assert per_observation <= GATE_CHANGE * state_size, f"a 1% observation adds {per_observation / state_size:.1%} of a state"
+    assert per_confirmation <= GATE_CONFIRMATION_BYTES, f"an observation of no change adds {per_confirmation:.0f} B"

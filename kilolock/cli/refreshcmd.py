@@ -36,7 +36,10 @@ EXAMPLE = """examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXAMPLE
     parser.add_argument("state", nargs="?", type=cli_args.state_name, help="the state to refresh (or --all)")
-    parser.add_argument("--dry-run", action="store_true", help="read everything, commit nothing")
+    parser.add_argument("--dry-run", action="store_true", help="read everything, record nothing")
+    parser.add_argument("--commit", action="store_true",
+                        help="write what was read as Terraform's next version (serial+1, under the state lock), "
+                             "not only as an observation; for states nothing but kl refreshes")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failing resource")
     parser.add_argument("--concurrency", type=cli_args.positive, help="provider groups at once (default: CPU count)")
     # The next four override the state's stored settings (kl state set) for this run.
@@ -77,6 +80,7 @@ def overrides_from_args(args: argparse.Namespace) -> RefreshOverrides:
     # Relative paths on the command line mean kl's directory; stored ones are absolute already.
     return RefreshOverrides(
         dry_run=args.dry_run,
+        commit=args.commit,
         fail_fast=args.fail_fast,
         concurrency=args.concurrency,
         provider_parallelism=args.provider_parallelism,
@@ -142,6 +146,8 @@ def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str,
         "dry_run": result.dry_run,
         "from_serial": result.from_serial,
         "to_serial": result.to_serial,
+        "observation": result.observation,
+        "base_moved": result.base_moved,
         "resources_checked": result.checked,
         "resources_changed": result.changed,
         "resources_failed": result.failed,
@@ -183,7 +189,17 @@ def _failure_line(f: Any) -> str:
 
 
 def _committed(result: Any) -> bool:
-    return result.to_serial is not None
+    """Whether the run recorded what it read: an observation, or with --commit a Terraform version."""
+    return result.to_serial is not None or result.observation is not None
+
+
+def _serial_text(result: Any) -> str:
+    if result.to_serial is not None:
+        return f"v{result.from_serial} → v{result.to_serial}"
+    if result.observation is not None:
+        moved = "; Terraform wrote a newer version meanwhile, so it opens no drift" if result.base_moved else ""
+        return f"v{result.from_serial} (Terraform's, unchanged), observed as {result.observation}{moved}"
+    return f"v{result.from_serial} → " + ("(dry run)" if result.dry_run and result.status == "succeeded" else "(not committed)")
 
 
 def _item_status(item: dict[str, Any]) -> str:
@@ -207,13 +223,12 @@ def _counts_line(result: Any, counts: tuple[int, int] | None) -> str | None:
 
 
 def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
-    to = f"v{result.to_serial}" if result.to_serial is not None else ("(dry run)" if result.dry_run and result.status == "succeeded" else "(not committed)")
     render.key_values(
         [
             ("state", result.state),
             ("run id", result.run_id),
             ("status", result.status),
-            ("serial", f"v{result.from_serial} → {to}"),
+            ("serial", _serial_text(result)),
             ("checked", result.checked),
             ("changed", result.changed),
             ("failed", result.failed),
@@ -255,7 +270,7 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
 
 def _upgrade_lines(result: Any) -> list[str]:
     """What the commit writes in the modern form, as Terraform 0.13+ does (not drift)."""
-    how = "written" if _committed(result) else "to be written by a commit"
+    how = "written" if result.to_serial is not None else "to be written when accepted"
     lines = [f"provider address: {old} → {new} ({how})" for old, new in result.provider_addresses.items()]
     if result.reshaped:
         lines.append(f"flatmap: {len(result.reshaped)} instance(s) upgraded by their provider from attributes_flat to "
@@ -271,9 +286,10 @@ def show(value: Any) -> str:
 
 def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
     """For CI step summaries and pull-request comments."""
-    to = f"v{result.to_serial}" if _committed(result) else ("dry run, nothing committed" if result.dry_run
-                                                            else "nothing committed")
-    print(f"### Refresh of `{result.state}`: {result.status} (v{result.from_serial} → {to})")
+    what = (f"v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None
+            else f"v{result.from_serial}, observed as {result.observation}" if result.observation is not None
+            else f"v{result.from_serial}, " + ("dry run, nothing recorded" if result.dry_run else "nothing recorded"))
+    print(f"### Refresh of `{result.state}`: {result.status} ({what})")
     print()
     print(f"{result.checked} checked, {result.changed} changed, {result.failed} failed, in {result.duration_s:.2f}s.")
     if result.error:
@@ -506,7 +522,7 @@ class _StateLines:
         self._name_width = max(len(n) for n in names)
 
     def __call__(self, result: Any) -> None:
-        to = f"v{result.to_serial}" if result.to_serial is not None else "-"
+        to = f"v{result.to_serial}" if result.to_serial is not None else result.observation or "-"
         frm = f"v{result.from_serial}" if result.from_serial is not None else "-"
         counts = f"checked {result.checked:>4}, changed {result.changed:>4}, failed {result.failed:>4}"
         text = (f"{result.state.ljust(self._name_width)}  {result.status.ljust(9)}  "

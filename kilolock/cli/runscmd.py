@@ -34,7 +34,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.format == "json":
         render.emit_json({"version": 1, "state": args.state, "runs": [
             {"id": r.id, "status": r.status, "from_serial": r.from_serial, "to_serial": r.to_serial,
-             "started_at": r.started_at, "finished_at": r.finished_at, "resources_checked": r.resources_checked,
+             "observation": r.observation, "started_at": r.started_at, "finished_at": r.finished_at, "resources_checked": r.resources_checked,
              "resources_changed": r.resources_changed, "resources_failed": r.resources_failed,
              "error_summary": r.error_summary, "actor": r.actor, "concurrency": r.concurrency,
              "dry_run": _dry_run(r)} for r in rows]})
@@ -53,12 +53,13 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def _dry_run(run: RunRow) -> bool:
-    # The audit row has no flag for it: every other refresh that succeeds commits a version.
-    return run.status == "succeeded" and run.to_serial is None
+    # The audit row has no flag for it: every other refresh that succeeds records an observation or a version.
+    return run.status == "succeeded" and run.to_serial is None and run.observation is None
 
 
 def _serials(run: RunRow) -> str:
-    to = f"v{run.to_serial}" if run.to_serial is not None else "(dry run)" if _dry_run(run) else "-"
+    to = (f"v{run.to_serial}" if run.to_serial is not None else f"{run.observation} (observed)" if run.observation
+          else "(dry run)" if _dry_run(run) else "-")
     return f"v{run.from_serial} → {to}"
 
 

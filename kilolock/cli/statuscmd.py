@@ -43,8 +43,13 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     last: Any = "never"
     if s["last_refresh"]:
         r = s["last_refresh"]
-        to = f"v{r['to_serial']}" if r["to_serial"] is not None else "(nothing committed)"
-        last = f"v{r['from_serial']} → {to}, {r['status']}, {render.timestamp(r['started_at'])}"
+        if r["to_serial"] is not None:
+            read = f"v{r['from_serial']} → v{r['to_serial']}"
+        elif r.get("observation"):
+            read = f"v{r['from_serial']} observed as {r['observation']}"
+        else:
+            read = f"v{r['from_serial']}, nothing recorded"
+        last = f"{read}, {r['status']}, {render.timestamp(r['started_at'])}"
     render.key_values(
         [
             ("state", s["state"]),

@@ -309,7 +309,8 @@ class Worker:
             self.failed += 1
         lag = f", {_lag(job.due_at)} after due" if result.status == "succeeded" else ""
         self.say(f"kl worker {self.name}: {job.state}: {result.status}"
-                 + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None else "")
+                 + (f" v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None
+                    else f" observed {result.observation}" if result.observation else "")
                  + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
                  + ("" if kept else " (the job's lease had been taken over)"))
 

@@ -1,6 +1,7 @@
 """A refresh run's writes, and their recovery when the database connection dies under them.
 
-The orchestrator decides whether to commit; this module does it: the compare-and-swap write of
+The orchestrator decides whether to commit; this module does it: the observation of what was
+read (no lock: Terraform reads none of it), or, with --commit, the compare-and-swap write of
 serial+1 under the state lock, the settling of a commit whose answer was lost (did it land? the
 lock row must not outlive it), and finishing the run's audit row even on a fresh connection.
 """
@@ -14,7 +15,7 @@ import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
-from kilolock.store import db, locks, refresh_runs, versions, writes
+from kilolock.store import db, locks, observations, refresh_runs, versions, writes
 from kilolock.store.db import first_line, reconnected
 
 if TYPE_CHECKING:
@@ -85,6 +86,46 @@ def _sealed(name: str, state: tfstate.State, text: str, keys: Keys) -> tuple[byt
     index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}")
     return (keys.seal(plaintext, state.serial, state.lineage),
             writes.DecryptedIndex(index, index_text, masked=not keys.store_decrypted_attributes))
+
+
+def record_observation(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
+                       base: versions.VersionRow, actor: str, run_id: str | None, touched: set[tuple[str, str]], *,
+                       same_as_base: bool, keys: Keys | None = None) -> writes.Observation:
+    """Record STATE (the base's document with what the refresh read) as an observation of BASE
+    (writes.record_observation); ``keys``: an OpenTofu-encrypted state's, to keep the observation
+    encrypted as OpenTofu would write it. When the connection dies in the middle, a fresh one says
+    whether it was recorded."""
+    raw: str | bytes = parser.dumps_compact(state.raw)
+    sealed = None
+    if keys is not None and not same_as_base and isinstance(raw, str):
+        envelope, index = _sealed(name, state, raw, keys)
+        raw, sealed = envelope, index
+    db.ping(conn)  # as in commit_refresh: a connection that died during the reads is a plain failure
+    before = observations.last_number(conn, base.id)
+    try:
+        # Fencing, as for a commit: a worker cut off past its lease must not record on top of the run that replaced it.
+        if run_id is not None and not refresh_runs.still_running(conn, run_id):
+            raise KlError(f"run {run_id} was finished meanwhile by someone else (a fleet worker took its job "
+                          "over after its lease expired); observation not recorded")
+        return writes.record_observation(conn, name, state, raw, base=base, touched=touched, same_as_base=same_as_base,
+                                         actor=actor, sealed=sealed)
+    except psycopg.Error as exc:
+        if not db.lost(exc, conn):
+            raise
+        why = first_line(exc)
+        expect = base.content_hash if same_as_base else versions.content_hash(raw)
+        try:
+            with reconnected(conn) as fresh:
+                found = observations.recorded_after(fresh, base.id, before, expect, actor)
+                current = versions.current_version(fresh, sid)
+        except KlError as again:
+            raise KlError(f"lost the database connection while recording the observation ({why}), and the new "
+                          f"connection failed too ({first_line(again)}); whether it was recorded is unknown: see "
+                          f"`kl state versions {name}` once the database is back") from None
+        if found is None:
+            raise KlError(f"lost the database connection while recording the observation ({why}); nothing recorded") from None
+        return writes.Observation(state_id=sid, version=found,
+                                  on_current=current is not None and current.id == base.id, found=0)
 
 
 def settle_lost_commit(conn: psycopg.Connection, name: str, sid: str, lock_id: str, actor: str, serial: int,

@@ -26,6 +26,7 @@ class RefreshOverrides:
     worker's runs give none but the lock timeout). None, or empty, where nothing was said."""
 
     dry_run: bool = False
+    commit: bool = False
     fail_fast: bool = False
     concurrency: int | None = None
     provider_parallelism: int | str | None = None  # "auto" or a number, as typed or stored
@@ -46,6 +47,9 @@ class RefreshOptions:
     """A refresh run's options, from its flags, the state's stored settings and kl's defaults."""
 
     dry_run: bool = False
+    # Write what was read as Terraform's next version (serial+1, under the state lock), as
+    # `kl drift accept` would, instead of recording it as an observation only.
+    commit: bool = False
     fail_fast: bool = False
     concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)
     # Requests in flight per provider process: "auto" adapts to the provider's latency and
@@ -85,6 +89,7 @@ class RefreshOptions:
         """The run's options: each override given, else the state's stored setting, else kl's default."""
         return cls(
             dry_run=overrides.dry_run,
+            commit=overrides.commit,
             fail_fast=overrides.fail_fast,
             concurrency=overrides.concurrency or os.cpu_count() or 1,
             provider_parallelism=parse_parallelism(str(overrides.provider_parallelism
@@ -102,6 +107,8 @@ class RefreshOptions:
         )
 
     def __post_init__(self) -> None:
+        if self.commit and self.dry_run:
+            raise UsageError("--commit and --dry-run contradict each other: a dry run writes nothing")
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.provider_parallelism != AUTO and (not isinstance(self.provider_parallelism, int)

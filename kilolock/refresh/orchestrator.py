@@ -34,7 +34,7 @@ from kilolock.provider import transport
 from kilolock.redact import Redactor
 from kilolock.refresh import inflight, whyfailed
 from kilolock.refresh.client import AsyncReader, ClientFactory, ReadOutcome, ResourceClient, ResourceError, ThrottledError
-from kilolock.refresh.commit import commit_refresh, finish_audit
+from kilolock.refresh.commit import commit_refresh, finish_audit, record_observation
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.result import Failure as Failure  # noqa: PLC0414 - run() returns them: its callers know them from here
@@ -42,7 +42,7 @@ from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import InstanceUpdate, build_refreshed_state
 from kilolock.schema import AttributePath, path_to_state_json
 from kilolock.sensitive import marked_paths, values_at
-from kilolock.store import db, history, ignore_rules, locks, refresh_runs, states, versions
+from kilolock.store import db, drift_records, history, ignore_rules, locks, refresh_runs, states, versions
 from kilolock.store.db import first_line
 
 if TYPE_CHECKING:
@@ -367,6 +367,16 @@ def _judge_drift(conn: psycopg.Connection, name: str, sid: str, drifted: list[_E
         item["status"] = "resolved" if verdict.read_back else "ignored" if verdict.rules else "open"
         item["ignored_by"] = None if not verdict.rules else {
             "rule": verdict.rules[0]["rule"], "reason": verdict.rules[0]["reason"], "rules": verdict.rules}
+
+
+def _with_read_back(conn: psycopg.Connection, sid: str, entries: list[_Entry], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ITEMS and, in address order among them, the open drift this run resolves: objects read back
+    exactly as Terraform's version holds them where a record says they differed."""
+    found = {(i["address"], i["deposed"] or "") for i in items}
+    read = {(e.inst.address, e.inst.deposed) for e in entries if e.read and not e.error}
+    back: list[dict[str, Any]] = [{"address": a, "deposed": d or None, "kind": k, "changes": [], "status": "resolved", "ignored_by": None}
+            for a, d, k in drift_records.on_terraforms_baseline(conn, sid) if (a, d) in read and (a, d) not in found]
+    return sorted(items + back, key=lambda i: (i["address"], i["deposed"] or "")) if back else items
 
 
 class _Run:
@@ -718,9 +728,9 @@ def run(
             doc, keys = _decrypted(name, current, doc, parser, options, secrets)
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         _check_workdir(name, options)  # before any provider starts
-        if not options.dry_run:  # a dry run writes no version, so it needs no lock
-            wait_for_lock(lambda: _refuse_if_locked(conn, sid, name), options.lock_timeout, sleep=cancel.wait,
-                          on_wait=on_lock_wait)
+        if not options.dry_run:  # a dry run writes nothing, so no lock concerns it
+            wait_for_lock(lambda: _refuse_if_locked(conn, sid, name, options.commit), options.lock_timeout,
+                          sleep=cancel.wait, on_wait=on_lock_wait)
 
         # An encrypted state's index may hold its sensitive values masked: its document is the prior.
         stored = versions.open_attributes(conn, sid) if keys is None else {}
@@ -775,6 +785,7 @@ def run(
             {"provider": e.inst.provider, "mode": e.inst.mode, "type": e.inst.type} for e in drifted))
         result.drift = [_drift_of(e, schemas) for e in drifted]
         _judge_drift(conn, name, sid, drifted, result.drift)
+        result.drift = _with_read_back(conn, sid, entries, result.drift)
         result.reshaped = sorted({e.inst.address for e in entries
                                   if e.update is not None and e.update.reshaped and not e.update.removed})
         modern_doc, result.provider_addresses, rewritten = tfstate.modern_provider_addresses(doc)
@@ -801,17 +812,28 @@ def run(
                     dataclasses.replace(i, provider=result.provider_addresses.get(i.provider, i.provider))
                     for i in state.instances])
             # In place: drift is computed, and nothing reads the prior document after the commit.
-            spliced = build_refreshed_state(state, updates, serial=current.serial + 1, parser=parser, in_place=True)
+            # An observation keeps its base's serial: Terraform's serial moves only with a version of its own.
+            spliced = build_refreshed_state(state, updates, serial=current.serial + 1 if options.commit else current.serial,
+                                            parser=parser, in_place=True)
             new_state = spliced.state
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in spliced.touched | rewritten}
             same_resources = spliced.same_resources and not result.provider_addresses  # a rewrite may touch no object
             # The reads' bookkeeping is done with: free it before the commit serialises the document.
             del updates, by_position, entries, groups, state, doc, modern_doc, spliced
-            to_version_id, result.to_serial = commit_refresh(conn, name, sid, new_state, parser, current, options.actor,
-                                                             result.run_id, touched, same_resources=same_resources,
-                                                             lock_timeout=options.lock_timeout,
-                                                             sleep=cancel.wait, on_lock_wait=on_lock_wait, keys=keys)
+            if options.commit:
+                to_version_id, result.to_serial = commit_refresh(
+                    conn, name, sid, new_state, parser, current, options.actor, result.run_id, touched,
+                    same_resources=same_resources, lock_timeout=options.lock_timeout, sleep=cancel.wait,
+                    on_lock_wait=on_lock_wait, keys=keys)
+            else:
+                observed = record_observation(conn, name, sid, new_state, parser, current, options.actor, result.run_id,
+                                              touched, same_as_base=same_resources, keys=keys)
+                to_version_id, result.observation = observed.version.id, observed.version.label
+                if not observed.on_current:
+                    result.base_moved = True
+                    log.info("%s: Terraform wrote a newer version while this refresh read %s; its observation is kept "
+                             "against %s and opens no drift", name, observed.version.label, f"v{current.serial}")
     except KeyboardInterrupt:
         result.status, result.error = "cancelled", "interrupted"
         raise
@@ -848,9 +870,11 @@ def _decrypted(name: str, current: versions.VersionRow, doc: dict[str, Any], par
     return parser.loads(opened.plaintext), keys
 
 
-def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str) -> None:
+def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str, commit: bool) -> None:
+    """An observation writes nothing Terraform reads, so a plan's lock does not stop it; any other
+    operation (an apply, an import) may be changing what it would read. A commit needs the state."""
     holder = locks.current(conn, sid)
-    if holder is not None:
+    if holder is not None and (commit or holder.get("Operation") != "OperationTypePlan"):
         raise locks.StateLocked(name, holder, "--lock-timeout DURATION waits for it; --dry-run does not need it")
 
 

@@ -27,7 +27,9 @@ class Result:
     status: str = "running"
     dry_run: bool = False
     from_serial: int | None = None
-    to_serial: int | None = None
+    to_serial: int | None = None  # the Terraform version written (kl refresh --commit)
+    observation: str | None = None  # the observation recorded (v7.3: the third based on v7)
+    base_moved: bool = False  # Terraform wrote a newer version during the run: the observation opened no drift
     checked: int = 0
     changed: int = 0
     failed: int = 0

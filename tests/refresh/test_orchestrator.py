@@ -42,17 +42,27 @@ def run_row(conn, run_id):
 
 
 def current(conn):
-    return conn.execute("SELECT serial, source, kl_version_document(id) FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()
+    """Terraform's current version: (serial, source, document)."""
+    return conn.execute("SELECT serial, source, kl_version_document(id) FROM state_versions WHERE kind = 'terraform' "
+                        "ORDER BY serial DESC LIMIT 1").fetchone()
 
 
-def test_unchanged_state_commits_a_refresh_version_with_zero_changed(conn, make_state):
+def observed(conn):
+    """The latest observation: (its label, its document)."""
+    return conn.execute("SELECT 'v' || serial || '.' || observation_number, kl_version_document(kl_document_version(id)) "
+                        "FROM state_versions WHERE kind = 'observation' ORDER BY seq DESC LIMIT 1").fetchone()
+
+
+def test_a_refresh_records_an_observation_and_leaves_terraforms_version_as_it_is(conn, make_state):
     seed(conn, make_state, attrs(3))
+    before = current(conn)
     f = FakeFactory()
     res = run(conn, f)
-    assert (res.status, res.checked, res.changed, res.failed, res.from_serial, res.to_serial) == ("succeeded", 3, 0, 0, 1, 2)
-    serial, source, raw = current(conn)
-    assert (serial, source) == (2, "refresh")
-    assert raw["lineage"] == "lineage-1"
+    assert (res.status, res.checked, res.changed, res.failed, res.from_serial, res.to_serial) == ("succeeded", 3, 0, 0, 1, None)
+    assert res.observation == "v1.1" and not res.base_moved
+    assert current(conn) == before  # the serial Terraform compares, and what it reads, did not move
+    label, raw = observed(conn)
+    assert label == "v1.1" and (raw["serial"], raw["lineage"]) == (1, "lineage-1")
     assert run_row(conn, res.run_id) == ("succeeded", 3, 0, 0, None, "tester", True, True)
     assert f.opened == [(NULL, "")] and f.closed == 1
     # private from the provider is stored (base64), schema-sensitive paths are recorded
@@ -78,10 +88,28 @@ def test_a_refresh_that_changes_no_object_commits_with_the_same_resources(conn, 
     monkeypatch.setattr(writes, "commit_unchanged", spying(writes.commit_unchanged, True))
     docs = []
     for _ in range(2):
-        assert run(conn, FakeFactory()).status == "succeeded"
+        assert run(conn, FakeFactory(), commit=True).status == "succeeded"
         docs.append(current(conn))
     assert said == [False, True]
     assert docs[1][2] == {**docs[0][2], "serial": 3}
+
+
+def test_an_observation_that_finds_everything_as_terraform_has_it_stores_no_document(conn, make_state, monkeypatch):
+    seed(conn, make_state, attrs(3))
+    assert run(conn, FakeFactory(), commit=True).to_serial == 2  # the fake provider's private data, accepted
+    said: list[bool] = []
+    real = writes.record_observation
+    def spy(*args, **kwargs):
+        said.append(kwargs["same_as_base"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writes, "record_observation", spy)
+    res = run(conn, FakeFactory())
+    assert (said, res.observation) == ([True], "v2.1")
+    assert conn.execute("SELECT raw_state IS NULL AND head_piece IS NULL AND layout IS NULL FROM state_versions "
+                        "WHERE kind = 'observation'").fetchone() == (True,)
+    assert observed(conn)[1] == current(conn)[2]  # its document is its base's
+    assert conn.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
 
 
 def test_on_loaded_is_called_once_the_state_is_loaded_and_before_any_read(conn, make_state):
@@ -99,8 +127,9 @@ def test_changed_and_removed_objects(conn, make_state):
     f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "drifted"}}, "id3": None})
     res = run(conn, f, allow_mass_removal=False)
     assert (res.status, res.changed, res.changed_addresses) == ("succeeded", 2, ["null_resource.r1", "null_resource.r3"])
-    _, _, raw = current(conn)
+    _, raw = observed(conn)
     assert [r["name"] for r in raw["resources"]] == ["r0", "r1", "r2"]
+    assert [r["name"] for r in current(conn)[2]["resources"]] == ["r0", "r1", "r2", "r3"]  # Terraform's, as it was
     assert raw["resources"][1]["instances"][0]["attributes"]["triggers"] == {"k": "drifted"}
     kinds = dict(conn.execute("SELECT address, drift_kind FROM current_resource_drift").fetchall())
     assert kinds == {"null_resource.r1": "changed", "null_resource.r3": "deleted"}
@@ -253,23 +282,44 @@ def test_groups_by_provider_and_alias(conn):
     assert [r["mode"] for r in current(conn)[2]["resources"]] == ["managed", "managed", "data"]
 
 
-def test_state_moved_during_the_run_commits_nothing(conn, db_url, make_state):
+def _apply_during_the_reads(db_url, make_state):
     import psycopg
-
-    seed(conn, make_state, attrs(2))
-    conn.commit()
 
     def concurrent_apply(ident):
         if ident == "id1":
             with psycopg.connect(db_url) as other:
                 seed(other, make_state, attrs(2, triggers={"x": "y"}), serial=2)
+    return concurrent_apply
 
+
+def test_state_moved_during_the_run_commits_nothing(conn, db_url, make_state):
+    seed(conn, make_state, attrs(2))
+    conn.commit()
     f = FakeFactory()
-    f.on_read = concurrent_apply
-    res = run(conn, f, provider_parallelism=1)
+    f.on_read = _apply_during_the_reads(db_url, make_state)
+    res = run(conn, f, provider_parallelism=1, commit=True)
     assert res.status == "failed" and "changed while this run was in progress" in res.error
     assert current(conn)[:2] == (2, "apply")
     assert conn.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+
+
+def test_an_observation_whose_base_moved_during_the_reads_is_kept_and_opens_no_drift(conn, db_url, make_state):
+    # What the run read of v1 may be half Terraform's apply: it stays an observation of v1, and the
+    # drift is what the next run finds against v2.
+    seed(conn, make_state, attrs(2))
+    conn.commit()
+    f = FakeFactory(world={"id0": {"id": "id0", "triggers": {"k": "drifted"}}})
+    f.on_read = _apply_during_the_reads(db_url, make_state)
+    res = run(conn, f, provider_parallelism=1)
+    assert (res.status, res.observation, res.base_moved, res.changed) == ("succeeded", "v1.1", True, 1)
+    assert current(conn)[:2] == (2, "apply")
+    assert conn.execute("SELECT count(*) FROM drift_records").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+    res = run(conn, FakeFactory(world={"id0": {"id": "id0", "triggers": {"k": "drifted"}}}))
+    assert (res.observation, res.base_moved) == ("v2.1", False)
+    assert conn.execute("SELECT address, drift_kind, detected_serial FROM current_resource_drift").fetchall() == [
+        ("null_resource.r0", "changed", 2)]
 
 
 def test_locked_state_is_refused(conn, make_state):
@@ -290,8 +340,8 @@ def test_mass_removal_needs_the_flag(conn, make_state):
     assert current(conn)[0] == 1
     assert "3 of 4" in run_row(conn, res.run_id)[4]
     res = run(conn, FakeFactory(world=world), allow_mass_removal=True)
-    assert res.status == "succeeded" and res.to_serial == 2
-    assert len(current(conn)[2]["resources"]) == 1
+    assert res.status == "succeeded" and res.observation == "v1.1"
+    assert len(observed(conn)[1]["resources"]) == 1
 
 
 def test_upgrade_gate(conn, make_state):
@@ -303,7 +353,7 @@ def test_upgrade_gate(conn, make_state):
     f2 = FakeFactory(schema_versions={"null_resource": 2})
     res = run(conn, f2)
     assert sorted(c[1] for c in f2.calls if c[0] == "upgrade") == ["old", "plain"]
-    assert {i["schema_version"] for r in current(conn)[2]["resources"] for i in r["instances"]} == {2}
+    assert {i["schema_version"] for r in observed(conn)[1]["resources"] for i in r["instances"]} == {2}
     f3 = FakeFactory(schema_versions={"null_resource": 2})
     run(conn, f3, always_upgrade=True)
     assert len([c for c in f3.calls if c[0] == "upgrade"]) == 2
@@ -428,7 +478,7 @@ def test_a_dry_run_judges_what_it_found_as_the_drift_records_would(conn, make_st
     from kilolock.store import ignore_rules
 
     seed(conn, make_state, {"a": {"id": "a", "triggers": {"k": "1"}}, "b": {"id": "b", "triggers": {"k": "1"}}})
-    assert run(conn, FakeFactory(world={"a": {"id": "a", "triggers": {"k": "2"}}})).to_serial is not None  # a: open drift
+    assert run(conn, FakeFactory(world={"a": {"id": "a", "triggers": {"k": "2"}}})).observation is not None  # a: open drift
     ids = [ignore_rules.add_rule(conn, ignore_rules.NewRule("**", "null_resource.b", path_parse(path)), "t")
            for path in ('triggers["k"]', "id")]
     f = FakeFactory(world={"a": {"id": "a", "triggers": {"k": "1"}}, "b": {"id": "b2", "triggers": {"k": "2"}}})
@@ -447,7 +497,7 @@ def test_sensitive_paths_union_of_prior_and_schema(conn, make_state):
     raw = json.dumps(doc).encode()
     writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     run(conn, FakeFactory())
-    inst = current(conn)[2]["resources"][0]["instances"][0]
+    inst = observed(conn)[1]["resources"][0]["instances"][0]
     assert inst["sensitive_attributes"] == [
         [{"type": "get_attr", "value": "secret"}],
         [{"type": "get_attr", "value": "triggers"}, {"type": "index", "value": {"value": "k", "type": "string"}}],
@@ -471,7 +521,7 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
                          "old": {"id": "o", "legacy_field": 1, "triggers": None}})
     writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
     f = FakeFactory(world={"d": {"id": "d", "triggers": {"k": "v"}}, "g": None})
-    res = run(conn, f)
+    res = run(conn, f, commit=True)
     assert res.status == "succeeded" and res.changed_addresses == ["null_resource.drifts", "null_resource.gone", "null_resource.old"]
     latest = conn.execute("SELECT kl_version_document(id)::text FROM state_versions ORDER BY serial DESC LIMIT 1").fetchone()[0].encode()
     writes.store_document(conn, "reindexed", tfstate.parse_state(latest), latest, source="import", actor="t")
@@ -488,6 +538,21 @@ def test_incremental_lifecycle_index_equals_a_full_reindex(conn, make_state):
         "SELECT address FROM resources r JOIN state_versions v ON v.id = r.opened_by_version_id WHERE v.source = 'refresh'")}
     assert reopened == {"null_resource.drifts", "null_resource.old"}
     assert conn.execute("SELECT sensitive_attributes <> '[]' FROM resources WHERE address = 'null_resource.marked'").fetchone() == (True,)
+
+
+def test_an_observation_records_the_objects_it_found_different_and_leaves_the_index_alone(conn, make_state):
+    raw = make_state(1, {"same": {"id": "s", "triggers": None}, "drifts": {"id": "d", "triggers": None},
+                         "gone": {"id": "g", "triggers": None}, "marked": {"id": "m", "secret": "x", "triggers": None}})
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    index_before = conn.execute("SELECT id, address, delete_serial, sensitive_attributes FROM resources ORDER BY id").fetchall()
+    res = run(conn, FakeFactory(world={"d": {"id": "d", "triggers": {"k": "v"}}, "g": None}))
+    assert res.observation == "v1.1"
+    # A change of marks alone (the schema marks `secret`) is metadata: not a difference.
+    assert conn.execute("SELECT address, gone, attributes -> 'triggers' FROM observed_objects ORDER BY address").fetchall() == [
+        ("null_resource.drifts", False, {"k": "v"}), ("null_resource.gone", True, None)]
+    assert conn.execute("SELECT id, address, delete_serial, sensitive_attributes FROM resources ORDER BY id").fetchall() == index_before
+    assert dict(conn.execute("SELECT address, drift_kind FROM current_resource_drift").fetchall()) == {
+        "null_resource.drifts": "changed", "null_resource.gone": "deleted"}
 
 
 def test_runs_stale_marks_only_runs_whose_process_is_gone(conn, db_url, make_state, run_kl):
@@ -527,10 +592,10 @@ def test_a_deletion_found_without_a_workdir_is_not_committed_even_one_alone(conn
     assert current(conn)[0] == 1 and run_row(conn, res.run_id)[0] == "failed"
     # A change that deletes nothing commits as before, workdir or not.
     res = run(conn, FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "v"}}}), workdir=None)
-    assert res.status == "succeeded" and res.to_serial == 2
+    assert res.status == "succeeded" and res.observation == "v1.1"
     # With a workdir the same deletion is reality.
     res = run(conn, FakeFactory(world={"id2": None}))
-    assert res.status == "succeeded" and res.to_serial == 3
+    assert res.status == "succeeded" and res.observation == "v1.2"
 
 
 def test_a_workdir_missing_on_this_host_fails_before_any_provider_starts(conn, make_state, tmp_path):
@@ -579,7 +644,7 @@ def test_lock_timeout_waits_for_the_holder_at_the_start(conn, db_url, make_state
                                on_lock_wait=lambda holder, waited, timeout: waits.append((holder["ID"], waited, timeout)))
     finally:
         t.join()
-    assert res.status == "succeeded" and res.to_serial == 2, res.error
+    assert res.status == "succeeded" and res.observation == "v1.1", res.error
     assert waits and {w[0] for w in waits} == {info["ID"]} and all(w[2] == 10 for w in waits)
     assert waits[-1][1] >= 0.3  # it really waited, with more than one retry
 
@@ -625,12 +690,42 @@ def test_lock_timeout_waits_for_a_lock_taken_during_the_reads_then_commits(conn,
     f = FakeFactory()
     f.on_read = lock_meanwhile
     waits = []
-    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO), lock_timeout=10, provider_parallelism=1),
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO), lock_timeout=10, provider_parallelism=1,
+                                                           commit=True),
                            on_lock_wait=lambda holder, waited, timeout: waits.append(holder["Who"]))
     releaser[0].join()
     assert res.status == "succeeded" and res.to_serial == 2, res.error
     assert waits and set(waits) == {"bob@ci"}
     assert conn.execute("SELECT count(*) FROM state_locks").fetchone()[0] == 0
+
+
+def test_an_observation_needs_no_lock_at_its_end_and_a_plans_lock_does_not_stop_it(conn, db_url, make_state):
+    import psycopg
+
+    seed(conn, make_state, attrs(2))
+    sid = states.state_id(conn, "prod")
+    conn.commit()
+
+    def lock_meanwhile(ident):
+        if ident == "id1":
+            with psycopg.connect(db_url, autocommit=True) as other:
+                locks.acquire(other, sid, "prod", locks.lock_info("OperationTypeApply", "bob@ci", "1.0.3"), "bob")
+
+    f = FakeFactory()
+    f.on_read = lock_meanwhile
+    waits: list[str] = []
+    res = orchestrator.run(conn, "prod", f, RefreshOptions(actor="tester", workdir=str(REPO), provider_parallelism=1),
+                           on_lock_wait=lambda holder, waited, timeout: waits.append(holder["Who"]))
+    assert (res.status, res.observation, waits) == ("succeeded", "v1.1", [])
+    held = locks.current(conn, sid)
+    assert held is not None and held["Who"] == "bob@ci"  # the apply's lock, untouched
+    locks.unlock_by_id(conn, sid, "prod", held["ID"], "t")
+    # terraform plan holds the lock while it plans: the saved plan is unaffected by an observation.
+    locks.acquire(conn, sid, "prod", locks.lock_info("OperationTypePlan", "carol@laptop", "1.8.5"), "carol")
+    res = run(conn, FakeFactory())
+    assert (res.status, res.observation) == ("succeeded", "v1.2")
+    res = run(conn, FakeFactory(), commit=True)  # a commit writes Terraform's state: the plan's lock stops it
+    assert res.status == "failed" and "locked by carol@laptop (OperationTypePlan" in res.error
 
 
 def test_cancelling_while_waiting_for_a_lock_ends_the_run_cancelled(conn, make_state):
@@ -676,8 +771,10 @@ def test_flatmap_objects_are_upgraded_from_flatmap_with_sensitive_values_masked_
     assert (res.status, res.changed, res.reshaped) == ("succeeded", 0, ["null_resource.r0", "null_resource.r1"])
     modern = f'provider["{NULL}"]'
     assert res.provider_addresses == {"provider.null": modern}
-    _, _, doc = current(conn)
-    obj = doc["resources"][0]["instances"][0]
-    assert "attributes_flat" not in obj and obj["attributes"] == {"id": "id0", "secret": "flat-s3cret-0", "triggers": {"k": "v"}}
-    assert [r["provider"] for r in doc["resources"]] == [modern, modern]
+    for doc in (observed(conn)[1], run(conn, f, commit=True) and current(conn)[2]):
+        obj = doc["resources"][0]["instances"][0]
+        assert "attributes_flat" not in obj and obj["attributes"] == {"id": "id0", "secret": "flat-s3cret-0", "triggers": {"k": "v"}}
+        assert [r["provider"] for r in doc["resources"]] == [modern, modern]
+    # The first structured form is not a difference; the commit gives the lifecycles that form.
+    assert conn.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
     assert conn.execute("SELECT count(*), min(create_serial), bool_and(attributes IS NOT NULL) FROM resources").fetchone() == (2, 1, True)
