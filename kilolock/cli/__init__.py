@@ -31,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kilolock.cli.commands import COMMANDS, DRIFT_IGNORE, Command, CommandContext
+from kilolock.cli.commands import COMMANDS, DRIFT_ACCEPT, DRIFT_IGNORE, Command, CommandContext
 from kilolock.cli.exitcodes import DETAILED_EXITCODE, exit_code
 from kilolock.errors import KlError, UsageError, one_line
 
@@ -149,11 +149,21 @@ def _drift_ignore_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _drift_accept_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"kl drift {DRIFT_ACCEPT.name}", description=DRIFT_ACCEPT.summary,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"example:\n  {DRIFT_ACCEPT.example}")
+    parser.set_defaults(_command=DRIFT_ACCEPT, _parser=parser)
+    DRIFT_ACCEPT.add_arguments(parser)
+    return parser
+
+
 def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     """The parser for ARGV and what it parses: `kl drift ignore ...` goes to the ignore group
     (`kl drift STATE` would take `ignore` for a state name)."""
     if argv[:2] == ["drift", DRIFT_IGNORE.name]:
         return _drift_ignore_parser(), argv[2:]
+    if argv[:2] == ["drift", DRIFT_ACCEPT.name]:
+        return _drift_accept_parser(), argv[2:]
     return build_parser(argv[:2]), argv
 
 

@@ -95,6 +95,11 @@ ACCESS_TRUST = Command("trust", "OIDC issuers whose JWTs kl serve accepts (princ
             example="kl access trust remove github"),
 ))
 
+# `kl drift accept STATE`, routed the same way.
+DRIFT_ACCEPT = Command("accept", "write the latest observation (what refresh read) as Terraform's next version, "
+                       "whole or the objects --address names", "kilolock.cli.acceptcmd",
+                       example="kl drift accept prod --address 'aws_instance.web' --dry-run")
+
 COMMANDS: tuple[Command, ...] = (
     Command("version", "print versions, codec backend and paths", "kilolock.cli.versioncmd", example="kl version"),
     _group("db", "manage the database", "kilolock.cli.dbcmd", (
@@ -121,10 +126,12 @@ COMMANDS: tuple[Command, ...] = (
     )),
     Command("status", "summary of a state: serial, counts, refresh, drift", "kilolock.cli.statuscmd",
             example="kl status prod"),
-    Command("refresh", "ask every managed resource's provider what it looks like now; commit a new version",
+    Command("refresh", "ask every managed resource's provider what it looks like now; record it as an observation "
+            "beside Terraform's version (--commit: as its next version)",
             "kilolock.cli.refreshcmd", example="kl refresh prod --dry-run"),
     Command("drift", "what refresh found changed or deleted, since when; --all: resolved and ignored drift too; "
-            "kl drift ignore: ignore rules", "kilolock.cli.driftcmd", example="kl drift prod"),
+            "kl drift ignore: ignore rules; kl drift accept: make the observation Terraform's version", "kilolock.cli.driftcmd",
+            example="kl drift prod"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
     _group("notify", "notification channels (webhooks, Slack) for drift and refresh events, and their delivery log",
            "kilolock.cli.notifycmd", (

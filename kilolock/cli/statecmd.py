@@ -170,30 +170,70 @@ def run_versions(args: argparse.Namespace, context: CommandContext) -> int:
                 "version": 1,
                 "state": args.name,
                 "versions": [
-                    {"serial": v.serial, "lineage": v.lineage, "source": v.source, "terraform_version": v.terraform_version,
-                     "actor": v.actor, "created_at": v.created_at, "content_hash": v.content_hash}
+                    {"serial": v.serial, "kind": v.kind, "observation": v.observation_number, "label": v.label,
+                     "lineage": v.lineage, "source": v.source, "terraform_version": v.terraform_version,
+                     "actor": v.actor, "created_at": v.created_at, "content_hash": v.content_hash,
+                     "confirms": v.confirms}
                     for v in rows
                 ],
             }
         )
         return 0
-    render.table(
-        ["serial", "source", "actor", "terraform", "created"],
-        [(f"v{v.serial}", v.source, v.actor, v.terraform_version, v.created_at) for v in rows],
-    )
+    render.table(["version", "kind", "source", "actor", "terraform", "created"], _folded(rows))
     return 0
+
+
+def _folded(rows: list[Any]) -> list[tuple[Any, ...]]:
+    """Table rows, Terraform's versions and observations in the order written, with each run of
+    observations that confirmed their base unchanged folded into one row."""
+    out: list[tuple[Any, ...]] = []
+    run: list[Any] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            v = run[0]
+            out.append((v.label, "observation", v.source, v.actor, v.terraform_version, v.created_at))
+        elif run:
+            first, last = run[0], run[-1]
+            out.append((f"{first.label}-{last.label}", f"confirmed unchanged ×{len(run)}", last.source, last.actor,
+                        last.terraform_version, f"last at {render.timestamp(last.created_at)}"))
+        run.clear()
+
+    for v in rows:
+        if v.confirms and (not run or run[-1].base_version_id == v.base_version_id):
+            run.append(v)
+            continue
+        flush()
+        if v.confirms:
+            run.append(v)
+        elif v.kind == "observation":
+            out.append((v.label, "observation", v.source, v.actor, v.terraform_version, v.created_at))
+        else:
+            out.append((v.label, "terraform", v.source, v.actor, v.terraform_version, v.created_at))
+    flush()
+    return out
 
 
 def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=cli_args.state_name, help="the state")
-    parser.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--serial", type=cli_args.serial, help="a past version (default: the current one)")
+    which.add_argument("--observed", action="store_true",
+                       help="the latest observation (what refresh read), as a state file carrying its base's serial "
+                            "and lineage: `kl drift accept` makes it Terraform's, `terraform state push` refuses it")
 
 
 def run_pull(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import versions
+    from kilolock.store import observations, states, versions
 
     with context.open_store() as conn:
-        versions.write_pulled(conn, args.name, args.serial, sys.stdout.write)
+        observation = None
+        if args.observed:
+            observation = observations.latest(conn, states.state_id(conn, args.name))
+            if observation is None:
+                raise KlError(f"state {args.name!r} has no observation yet: `kl refresh {args.name}` records one")
+        versions.write_pulled(conn, args.name, args.serial, sys.stdout.write,
+                              version_id=observation.id if observation else None)
     return 0
 
 

@@ -1,7 +1,8 @@
 """An OpenTofu-encrypted state refreshed and drift-tracked like any other: real OpenTofu writes it
 through kl serve or to a file kl imports, the real local provider reads it, an out-of-band deletion
-is drift, and what kl writes back is encrypted as OpenTofu writes it: OpenTofu, with the same
-encryption configuration, reads kl's version and plans from it."""
+is drift, the observation is kept encrypted, and what kl writes back when it is accepted is
+encrypted as OpenTofu writes it: OpenTofu, with the same encryption configuration, reads kl's
+version and plans from it."""
 from __future__ import annotations
 
 import json
@@ -29,25 +30,46 @@ def _refresh(run_kl, name: str, ws: Path, env: dict[str, str] | None = None) -> 
 def _current(db_url: str, name: str) -> tuple[int, str, bool, str | None, str]:
     with psycopg.connect(db_url) as c:
         row = c.execute("""SELECT v.serial, v.source, v.encrypted, v.unindexed, v.raw_state::text FROM state_versions v
-                           JOIN states s ON s.id = v.state_id WHERE s.name = %s ORDER BY serial DESC LIMIT 1""",
-                        (name,)).fetchone()
+                           JOIN states s ON s.id = v.state_id WHERE s.name = %s AND v.kind = 'terraform'
+                           ORDER BY serial DESC LIMIT 1""", (name,)).fetchone()
     assert row is not None
     return row
 
 
-def _deleted_is_drift_and_written_back_encrypted(run_kl, db_url: str, name: str, ws: Path) -> int:
-    """Delete a.txt behind OpenTofu's back; kl refresh finds it, commits an encrypted version."""
+def _latest_observation(db_url: str, name: str) -> tuple[str, bool, str]:
+    with psycopg.connect(db_url) as c:
+        row = c.execute("""SELECT 'v' || v.serial || '.' || v.observation_number, v.encrypted, v.raw_state::text
+                           FROM state_versions v JOIN states s ON s.id = v.state_id
+                           WHERE s.name = %s AND v.kind = 'observation' ORDER BY seq DESC LIMIT 1""", (name,)).fetchone()
+    assert row is not None
+    return row
+
+
+def _deleted_is_drift_and_accepted_encrypted(run_kl, db_url: str, name: str, ws: Path) -> int:
+    """Delete a.txt behind OpenTofu's back; kl refresh finds it and keeps its observation
+    encrypted; kl drift accept writes it as an encrypted version."""
     (ws / "a.txt").unlink()
+    before = _current(db_url, name)
     r, out = _refresh(run_kl, name, ws)
     assert r.returncode == 0 and out["status"] == "succeeded", (out, r.stderr)
-    assert out["changed_addresses"] == ["local_file.a"], out
-    serial, source, encrypted, unindexed, raw = _current(db_url, name)
-    assert (serial, source, encrypted, unindexed) == (out["to_serial"], "refresh", True, None)
+    assert out["changed_addresses"] == ["local_file.a"] and out["to_serial"] is None, out
+    assert _current(db_url, name) == before
+    label, encrypted, raw = _latest_observation(db_url, name)
+    assert (label, encrypted) == (out["observation"], True)
     envelope = json.loads(raw)
-    assert envelope["encryption_version"] == "v0" and envelope["serial"] == serial
+    assert envelope["encryption_version"] == "v0" and envelope["serial"] == before[0]
     assert SECRET not in raw and "local_file" not in raw
     drift = json.loads(run_kl("drift", name, "--format", "json").stdout)["drift"]
     assert [(d["address"], d["kind"]) for d in drift] == [("local_file.a", "deleted")], drift
+
+    accepted = run_kl("drift", "accept", name, env=PASS)
+    assert accepted.returncode == 0, accepted.stderr
+    serial, source, encrypted, unindexed, raw = _current(db_url, name)
+    assert (serial, source, encrypted, unindexed) == (before[0] + 1, "refresh", True, None)
+    envelope = json.loads(raw)
+    assert envelope["encryption_version"] == "v0" and envelope["serial"] == serial
+    assert SECRET not in raw and "local_file" not in raw
+    assert json.loads(run_kl("drift", name, "--format", "json").stdout)["drift"] == []
     return serial
 
 
@@ -67,7 +89,7 @@ def test_served_encrypted_state_refreshes_drifts_and_opentofu_reads_what_kl_wrot
     tofu(tool, ws, "init", "-input=false")
     tofu(tool, ws, "apply", "-auto-approve", "-input=false")
 
-    serial = _deleted_is_drift_and_written_back_encrypted(run_kl, db_url, name, ws)
+    serial = _deleted_is_drift_and_accepted_encrypted(run_kl, db_url, name, ws)
     # OpenTofu decrypts kl's version (its serial, without local_file.a) with its own configuration.
     pulled = json.loads(tofu(tool, ws, "state", "pull").stdout)
     assert pulled["serial"] == serial and [r["name"] for r in pulled["resources"]] == ["b"], pulled
@@ -95,7 +117,7 @@ def test_imported_encrypted_file_refreshes_and_the_pulled_file_is_read_by_opento
     r = run_kl("state", "import", name, str(tmp_path / "terraform.tfstate"), env=PASS)
     assert r.returncode == 0, r.stderr
 
-    serial = _deleted_is_drift_and_written_back_encrypted(run_kl, db_url, name, tmp_path)
+    serial = _deleted_is_drift_and_accepted_encrypted(run_kl, db_url, name, tmp_path)
     pulled = run_kl("state", "pull", name)
     assert pulled.returncode == 0 and SECRET.encode() not in pulled.stdout
     (tmp_path / "terraform.tfstate").write_bytes(pulled.stdout)
