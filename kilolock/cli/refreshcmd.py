@@ -148,6 +148,7 @@ def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str,
         "to_serial": result.to_serial,
         "observation": result.observation,
         "base_moved": result.base_moved,
+        "base_locked": result.base_locked,
         "resources_checked": result.checked,
         "resources_changed": result.changed,
         "resources_failed": result.failed,
@@ -198,6 +199,8 @@ def _serial_text(result: Any) -> str:
         return f"v{result.from_serial} → v{result.to_serial}"
     if result.observation is not None:
         moved = "; Terraform wrote a newer version meanwhile, so it opens no drift" if result.base_moved else ""
+        if result.base_locked:
+            moved = "; the state was locked for a change meanwhile (an apply?), so it opens no drift"
         return f"v{result.from_serial} (Terraform's, unchanged), observed as {result.observation}{moved}"
     return f"v{result.from_serial} → " + ("(dry run)" if result.dry_run and result.status == "succeeded" else "(not committed)")
 

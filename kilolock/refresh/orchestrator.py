@@ -830,7 +830,12 @@ def run(
                 observed = record_observation(conn, name, sid, new_state, parser, current, options.actor, result.run_id,
                                               touched, same_as_base=same_resources, keys=keys)
                 to_version_id, result.observation = observed.version.id, observed.version.label
-                if not observed.on_current:
+                if observed.locked_by is not None:
+                    result.base_locked = True
+                    log.info("%s: the state is locked by %s (%s) since this refresh began; what it read may be that "
+                             "operation's work, so %s opens no drift", name, observed.locked_by.get("Who") or "someone",
+                             observed.locked_by.get("Operation") or "?", observed.version.label)
+                elif not observed.on_current:
                     result.base_moved = True
                     log.info("%s: Terraform wrote a newer version while this refresh read %s; its observation is kept "
                              "against %s and opens no drift", name, observed.version.label, f"v{current.serial}")
@@ -874,7 +879,7 @@ def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str, commit: boo
     """An observation writes nothing Terraform reads, so a plan's lock does not stop it; any other
     operation (an apply, an import) may be changing what it would read. A commit needs the state."""
     holder = locks.current(conn, sid)
-    if holder is not None and (commit or holder.get("Operation") != "OperationTypePlan"):
+    if holder is not None and (commit or locks.may_change_objects(holder)):
         raise locks.StateLocked(name, holder, "--lock-timeout DURATION waits for it; --dry-run does not need it")
 
 

@@ -30,6 +30,9 @@ class Result:
     to_serial: int | None = None  # the Terraform version written (kl refresh --commit)
     observation: str | None = None  # the observation recorded (v7.3: the third based on v7)
     base_moved: bool = False  # Terraform wrote a newer version during the run: the observation opened no drift
+    # A lock other than a plan's was taken during the run (an apply) and still held when the
+    # observation was recorded: what was read may be its work, so the observation opened no drift.
+    base_locked: bool = False
     checked: int = 0
     changed: int = 0
     failed: int = 0

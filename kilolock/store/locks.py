@@ -71,6 +71,12 @@ def current(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | None:
     return row[0] if row else None
 
 
+def may_change_objects(holder: dict[str, Any] | None) -> bool:
+    """Whether the holder of a state's lock (its LockInfo, None: unlocked) may be changing the
+    state's objects: anything but a plan, which only reads them."""
+    return holder is not None and holder.get("Operation") != "OperationTypePlan"
+
+
 def holder_principal(conn: psycopg.Connection, state_id: str) -> str | None:
     """The principal that took the state's current lock through kl serve (None: none, or not kl serve)."""
     row = conn.execute("SELECT principal FROM state_locks WHERE state_id = %s", (state_id,)).fetchone()

@@ -14,12 +14,13 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.adapt import Dumper
 
 from kilolock import tfstate
-from kilolock.store import drift_records, lifecycles, pieces, states, versions
+from kilolock.store import drift_records, lifecycles, locks, pieces, states, versions
 from kilolock.store.errors import VersionConflict
 from kilolock.store.versions import VERSION_COLS, VersionRow
 
@@ -169,8 +170,11 @@ class Observation:
 
     state_id: str
     version: VersionRow  # the observation's row
-    on_current: bool  # its base was still Terraform's current version: it is the state's drift
+    on_current: bool  # its base was still Terraform's current version (and not locked by a writer): it is the state's drift
     found: int  # objects it found different from its base
+    # The LockInfo of an apply (or any lock but a plan's) held when it was recorded: what the
+    # refresh read may be that operation's work before its version is written, so it found no drift.
+    locked_by: dict[str, Any] | None = None
 
 
 _NEXT_OBSERVATION = """
@@ -202,12 +206,20 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
     document, only its row. Terraform's versions, the serial and the lifecycle index are not
     changed. When the base is still Terraform's current version, the objects found different are
     recorded (observed_objects) and are the state's drift; when Terraform wrote a newer version while
-    the refresh read, the observation is kept against its old base and finds no drift. ``sealed``:
+    the refresh read, the observation is kept against its old base and finds no drift. Likewise
+    when the state is locked for anything but a plan: the refresh began before that lock was taken
+    (it refuses to begin under one), so what it read may be an apply's work whose version is still to
+    come; the next refresh compares what is there then. ``sealed``:
     ``raw`` is an OpenTofu-encrypted envelope, kept as it is, and this is what kl may index of it."""
     new_hash = _checked_hash(raw, "refresh", "state")
     with conn.transaction():
         sid, cur = _lock_current(conn, name, None)
-        on_current = cur is not None and cur.id == base.id
+        # Read after the state's row is locked: a writer holds its lock until its version is
+        # written, and no version can be written before this transaction ends, so an apply that
+        # changed objects during the reads is seen here either as a newer version or by its lock.
+        holder = locks.current(conn, sid)
+        locked_by = holder if locks.may_change_objects(holder) else None
+        on_current = cur is not None and cur.id == base.id and locked_by is None
         number_row = conn.execute(_NEXT_OBSERVATION, (base.id,)).fetchone()
         assert number_row is not None
         number = int(number_row[0])
@@ -240,14 +252,15 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
             version, pieced, has_resources = pieces.insert_version(
                 conn, sid, base.serial, base.lineage, state.terraform_version or None, "refresh", new_hash, actor,
                 observation=(base.id, number))
-            # Against a base that is no longer current, the open rows are a newer version's: nothing to compare.
+            # Against a base that is no longer current, the open rows are a newer version's, and
+            # under a writer's lock they may be about to be: nothing to compare.
             found = lifecycles.observe(conn, sid, version, state, touched if on_current else set(), pieced)
             if has_resources:
                 pieces.store_pieces(conn, sid, version)
             conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))
         if on_current:
             drift_records.observe(conn, sid, version.id, version.serial, version.created_at)
-        return Observation(state_id=sid, version=version, on_current=on_current, found=found)
+        return Observation(state_id=sid, version=version, on_current=on_current, found=found, locked_by=locked_by)
 
 
 # --- the private core, shared by the operations above ------------------------------------------

@@ -322,6 +322,39 @@ def test_an_observation_whose_base_moved_during_the_reads_is_kept_and_opens_no_d
         ("null_resource.r0", "changed", 2)]
 
 
+def test_an_observation_read_while_an_apply_took_the_lock_opens_no_drift(conn, db_url, make_state):
+    # The apply took its lock after the run began and changed the object (a replacement) before
+    # the read; it has not written its version yet when the observation is recorded. What was read
+    # is the apply's work, not drift: the observation is kept and opens nothing.
+    import psycopg
+
+    seed(conn, make_state, attrs(2))
+    sid = states.state_id(conn, "prod")
+    conn.commit()
+    info = locks.lock_info("OperationTypeApply", "bob@ci", "1.8.5")
+
+    def apply_begins(ident):
+        if ident == "id0":
+            with psycopg.connect(db_url, autocommit=True) as other:
+                locks.acquire(other, sid, "prod", info, "bob")
+
+    f = FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "being-applied"}}})
+    f.on_read = apply_begins
+    res = run(conn, f, provider_parallelism=1)
+    assert (res.status, res.observation, res.changed, res.base_moved, res.base_locked) == (
+        "succeeded", "v1.1", 1, False, True), res.error
+    assert conn.execute("SELECT count(*) FROM drift_records").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM notify_events").fetchone() == (0,)
+    assert locks.current(conn, sid) == info  # the apply's lock, untouched
+
+    # The apply ends without writing a version (it failed, say), so what stayed different is drift.
+    locks.release(conn, sid, info["ID"], "bob")
+    res = run(conn, FakeFactory(world={"id1": {"id": "id1", "triggers": {"k": "being-applied"}}}))
+    assert (res.observation, res.base_locked) == ("v1.2", False)
+    assert conn.execute("SELECT address, drift_kind FROM current_resource_drift").fetchall() == [
+        ("null_resource.r1", "changed")]
+
+
 def test_locked_state_is_refused(conn, make_state):
     seed(conn, make_state, attrs(2))
     sid = states.state_id(conn, "prod")
