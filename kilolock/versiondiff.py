@@ -81,16 +81,20 @@ def is_change(entry: Mapping[str, Any]) -> bool:
 
 
 def document(state: str, serial_from: int | None, serial_to: int, rows: Iterable[Row],
-             schemas: Schemas | None = None) -> dict[str, Any]:
+             schemas: Schemas | None = None, *, label_from: str | None = None, label_to: str | None = None) -> dict[str, Any]:
     """The diff document. ``rows``: lifecycle rows open at exactly one of the two serials, in
     (address, deposed) order, ``at_to`` telling which (store.history.differing_objects).
     ``schemas``: cached schema blocks by (source, mode, type) (store.history.cached_schemas); a
-    value sensitive by any of them is masked, as it is once a refresh has marked it."""
+    value sensitive by any of them is masked, as it is once a refresh has marked it. ``label_from``
+    and ``label_to``: the versions' names when one is an observation (v7.3; it carries its base's
+    serial), else v and the serial."""
     unknown: set[str] = set()
     instances = [instance(b, a, schemas or {}, unknown) for b, a in pairs(rows)]
     instances = [i for i in instances if is_change(i)]
     counts = {a: sum(1 for i in instances if i["action"] == a) for a in ACTIONS}
-    return {"version": 1, "state": state, "from": serial_from, "to": serial_to, **counts,
+    return {"version": 1, "state": state, "from": serial_from, "to": serial_to,
+            "from_version": None if serial_from is None else label_from or f"v{serial_from}",
+            "to_version": label_to or f"v{serial_to}", **counts,
             "masked_providers": sorted(unknown), "instances": instances}
 
 

@@ -73,6 +73,17 @@ def serial(text: str) -> int:
     return n
 
 
+def version_ref(text: str) -> tuple[int, int | None]:
+    """A version as kl names it: Terraform's serial (7), or an observation of it (7.3; a leading v
+    is allowed, as `kl state versions` prints them): (serial, observation number or None)."""
+    body = text[1:] if text[:1] in ("v", "V") else text
+    head, dot, tail = body.partition(".")
+    # Digits only: int() would also take "+7", " 7" or "7_0", which kl never prints.
+    if not head.isdigit() or (dot and not tail.isdigit()) or (dot and not 1 <= int(tail) < 2**31):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a version: a serial (7) or an observation (7.3)")
+    return serial(head), int(tail) if dot else None
+
+
 def add_format(parser: argparse.ArgumentParser, *, markdown: bool = False) -> None:
     """``--format table|json``: every command that prints data offers both (render.py); drift
     reports add markdown, for CI step summaries and pull-request comments."""

@@ -112,7 +112,7 @@ COMMANDS: tuple[Command, ...] = (
         ("list", "list states", "kl state list --format json"),
         ("versions", "list the versions of a state", "kl state versions prod"),
         ("pull", "print a state version as Terraform state JSON", "kl state pull prod --serial 3 > prod-v3.tfstate"),
-        ("diff", "what changed between two versions, per instance and attribute (default: previous → current)",
+        ("diff", "what changed between two versions or observations (7.3), per instance and attribute (default: previous → current)",
          "kl state diff prod 41 42 --format markdown"),
         ("set", "store how a state is refreshed: its workdir, provider search path, parallelism, actor",
          "kl state set prod --workdir /srv/infra/prod"),

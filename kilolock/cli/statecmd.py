@@ -239,22 +239,46 @@ def run_pull(args: argparse.Namespace, context: CommandContext) -> int:
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", type=cli_args.state_name, help="the state")
-    parser.add_argument("serial_from", metavar="FROM_SERIAL", nargs="?", type=cli_args.serial,
-                        help="the version to compare from (default: the one before the current version)")
-    parser.add_argument("serial_to", metavar="TO_SERIAL", nargs="?", type=cli_args.serial,
-                        help="the version to compare to (default: the current version; either may be the older)")
+    parser.add_argument("serial_from", metavar="FROM", nargs="?", type=cli_args.version_ref,
+                        help="the version to compare from: a serial, or an observation as 7.3 (default: the one "
+                             "before the current version)")
+    parser.add_argument("serial_to", metavar="TO", nargs="?", type=cli_args.version_ref,
+                        help="the version to compare to: a serial or an observation (default: the current version; "
+                             "either may be the older)")
+    parser.add_argument("--observed", action="store_true",
+                        help="Terraform's current version → the latest observation (what the last refresh read)")
     cli_args.add_format(parser, markdown=True)
+
+
+def _serial_of(ref: tuple[int, int | None] | None) -> int | None:
+    return None if ref is None else ref[0]
 
 
 def run_diff(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.cli import statediff
+    from kilolock.errors import UsageError
     from kilolock.store import history
 
-    with context.open_store() as conn, conn.transaction():  # one snapshot: the serials checked are the ones read
-        sid, serial_from, serial_to = history.endpoints(conn, args.name, args.serial_from, args.serial_to)
-        rows = [] if serial_from is None else history.differing_objects(conn, sid, serial_from, serial_to)
-        schemas = history.cached_schemas(conn, statediff.schema_keys(rows))
-    doc = statediff.document(args.name, serial_from, serial_to, rows, schemas)
+    refs = [r for r in (args.serial_from, args.serial_to) if r is not None]
+    if args.observed and refs:
+        raise UsageError("kl state diff: --observed compares Terraform's current version with the latest "
+                         "observation; give it without FROM and TO")
+    if args.observed or any(number is not None for _, number in refs):
+        # Versions and observations are never changed once written, so reading the observation's
+        # document in a snapshot of its own (versions.load_document) reads the same versions.
+        with context.open_store() as conn:
+            sid, a, b = history.observation_endpoints(conn, args.name, args.serial_from, args.serial_to,
+                                                      observed=args.observed)
+            rows = [] if a.label == b.label else history.differing_between(conn, sid, args.name, a, b)
+            schemas = history.cached_schemas(conn, statediff.schema_keys(rows))
+        doc = statediff.document(args.name, a.serial, b.serial, rows, schemas, label_from=a.label, label_to=b.label)
+    else:
+        with context.open_store() as conn, conn.transaction():  # one snapshot: the serials checked are the ones read
+            sid, serial_from, serial_to = history.endpoints(conn, args.name, _serial_of(args.serial_from),
+                                                            _serial_of(args.serial_to))
+            rows = [] if serial_from is None else history.differing_objects(conn, sid, serial_from, serial_to)
+            schemas = history.cached_schemas(conn, statediff.schema_keys(rows))
+        doc = statediff.document(args.name, serial_from, serial_to, rows, schemas)
     if args.format == "json":
         render.emit_json(doc)
     elif args.format == "markdown":

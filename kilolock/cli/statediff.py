@@ -29,9 +29,9 @@ def _summary(doc: dict[str, Any]) -> str:
 
 def _nothing(doc: dict[str, Any]) -> str | None:
     if doc["from"] is None:
-        return f"{doc['state']}: one version only (v{doc['to']}); nothing to compare"
-    if doc["from"] == doc["to"]:
-        return f"{doc['state']}: v{doc['from']} against itself; nothing to compare"
+        return f"{doc['state']}: one version only ({doc['to_version']}); nothing to compare"
+    if doc["from_version"] == doc["to_version"]:
+        return f"{doc['state']}: {doc['from_version']} against itself; nothing to compare"
     return None
 
 
@@ -44,7 +44,7 @@ def render_table(doc: dict[str, Any]) -> None:
     if nothing:
         print(nothing)
         return
-    print(f"{doc['state']}: v{doc['from']} → v{doc['to']}: {_summary(doc)}")
+    print(f"{doc['state']}: {doc['from_version']} → {doc['to_version']}: {_summary(doc)}")
     note = masked_note(doc)
     if note:
         print(f"note: {note}")
@@ -63,7 +63,7 @@ def render_markdown(doc: dict[str, Any], heading: str = "###") -> None:
     if nothing:
         print(f"{heading} `{doc['state']}`: " + nothing.split(": ", 1)[1])
         return
-    print(f"{heading} Changes in `{doc['state']}` from v{doc['from']} to v{doc['to']}: {_summary(doc)}")
+    print(f"{heading} Changes in `{doc['state']}` from {doc['from_version']} to {doc['to_version']}: {_summary(doc)}")
     note = masked_note(doc)
     if note:
         print(f"\n_Note: {note}._")

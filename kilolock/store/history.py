@@ -4,16 +4,24 @@ A lifecycle row is open at serial N when ``create_serial <= N`` and it was not c
 (``delete_serial IS NULL OR delete_serial > N``). A row open at both serials is the same object
 in the same shape in both versions, so only rows open at exactly one of them can differ: those
 are all this reads, never the two state documents.
+
+An observation (v7.3) has no lifecycle rows of its own: the index is Terraform's. Its objects are
+read from its document (which holds every object it read, also where its base moved meanwhile and
+nothing was recorded as observed_objects), and set beside the other endpoint's objects.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from kilolock import tfstate
 from kilolock.errors import KlError
+from kilolock.store import observations, versions
 from kilolock.store.states import state_id
 
 # Terraform's versions: an observation carries its base's serial (migration 0022).
@@ -85,6 +93,97 @@ def differing_objects(conn: psycopg.Connection, sid: str, serial_from: int, seri
     says which. An object in both lists (same address and deposed key) changed between them."""
     params = {"sid": sid, "from": serial_from, "to": serial_to}
     return conn.cursor(row_factory=dict_row).execute(_DIFFERING, params).fetchall()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One side of a diff: Terraform's version ``serial``, or (``observation`` set) an observation of it."""
+
+    serial: int
+    observation: int | None = None
+    version_id: str | None = None  # an observation's row
+
+    @property
+    def label(self) -> str:
+        return f"v{self.serial}" if self.observation is None else f"v{self.serial}.{self.observation}"
+
+
+_OBSERVATION = """
+SELECT o.id::text, o.encrypted FROM state_versions o JOIN state_versions b ON b.id = o.base_version_id
+WHERE o.state_id = %s AND o.kind = 'observation' AND b.kind = 'terraform' AND b.serial = %s AND o.observation_number = %s
+"""
+
+
+def observation_endpoints(conn: psycopg.Connection, name: str, ref_from: tuple[int, int | None] | None,
+                          ref_to: tuple[int, int | None] | None, *, observed: bool) -> tuple[str, Endpoint, Endpoint]:
+    """(state id, FROM, TO) where either may be an observation: REF_FROM and REF_TO as (serial,
+    observation number or None), with the defaults of ``endpoints`` (TO: Terraform's current
+    version); ``observed``: Terraform's current version → the latest observation."""
+    sid = state_id(conn, name)
+    if observed:
+        latest = observations.latest(conn, sid)
+        if latest is None:
+            raise KlError(f"state {name!r} has no observation yet: `kl refresh {name}` records one")
+        current = versions.current_version(conn, sid)
+        assert current is not None  # an observation has a base
+        ref_from, ref_to = (current.serial, None), (latest.serial, latest.observation_number)
+    if ref_to is None:
+        last = conn.execute(_LAST_TWO, (sid,)).fetchone()
+        if last is None:
+            raise KlError(f"state {name!r} has no versions")
+        ref_to = (int(last[0]), None)
+    assert ref_from is not None  # the parser takes TO only after FROM
+    return sid, _endpoint(conn, sid, name, ref_from), _endpoint(conn, sid, name, ref_to)
+
+
+def _endpoint(conn: psycopg.Connection, sid: str, name: str, ref: tuple[int, int | None]) -> Endpoint:
+    serial, number = ref
+    if number is None:
+        _check(conn, sid, name, [serial])
+        return Endpoint(serial)
+    row = conn.execute(_OBSERVATION, (sid, serial, number)).fetchone()
+    if row is None:
+        raise KlError(f"state {name!r} has no observation v{serial}.{number} (see `kl state versions {name}`)")
+    if row[1]:
+        raise KlError(f"state {name!r} observation v{serial}.{number} is OpenTofu-encrypted: kl cannot see its "
+                      "resources, so it cannot diff it")
+    return Endpoint(serial, number, str(row[0]))
+
+
+_OPEN_ROWS = f"""
+SELECT r.address, r.deposed, r.mode, r.type, r.provider, r.status, r.attributes, r.sensitive_attributes
+FROM resources r WHERE r.state_id = %(sid)s AND {_OPEN_AT.format(n="%(serial)s")}
+"""
+
+
+def _objects(conn: psycopg.Connection, sid: str, name: str, end: Endpoint) -> dict[tuple[str, str], dict[str, Any]]:
+    """The objects of one endpoint by (address, deposed), as lifecycle rows have them."""
+    if end.version_id is None:
+        rows = conn.cursor(row_factory=dict_row).execute(_OPEN_ROWS, {"sid": sid, "serial": end.serial}).fetchall()
+        return {(r["address"], r["deposed"]): r for r in rows}
+    doc = versions.load_document(conn, name, None, json.loads, version_id=end.version_id)
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for inst in tfstate.parse_state(doc, origin=f"state {name!r} {end.label}").instances:
+        found[(inst.address, inst.deposed)] = {
+            "address": inst.address, "deposed": inst.deposed, "mode": inst.mode, "type": inst.type,
+            "provider": inst.provider, "status": inst.obj.get("status"), "attributes": inst.obj.get("attributes"),
+            "sensitive_attributes": inst.obj.get("sensitive_attributes", [])}
+    return found
+
+
+def differing_between(conn: psycopg.Connection, sid: str, name: str, a: Endpoint, b: Endpoint) -> list[dict[str, Any]]:
+    """As ``differing_objects``, between endpoints either of which may be an observation: the
+    objects whose status or attributes differ, or that only one side holds, each side a row with
+    ``at_to`` saying which (FROM False, TO True), ordered by address and deposed key."""
+    before, after = _objects(conn, sid, name, a), _objects(conn, sid, name, b)
+    rows: list[dict[str, Any]] = []
+    for key in sorted(before.keys() | after.keys()):
+        old, new = before.get(key), after.get(key)
+        if old is not None and new is not None and (old["status"], old["attributes"]) == (new["status"], new["attributes"]):
+            continue
+        rows += [{**old, "at_to": False}] if old is not None else []
+        rows += [{**new, "at_to": True}] if new is not None else []
+    return rows
 
 
 # Each cached version's schema of each (source, mode, type) asked for: a secret by any of them is masked.

@@ -155,7 +155,8 @@ def test_refusals_are_one_line(history, db_url):
     assert code == 1 and err.startswith("kl: no state named 'nope'"), err
     _write(db_url, "solo", _doc(1, {"a": [_obj({"id": "a"})]}))
     assert _kl("state", "diff", "solo") == (0, "solo: one version only (v1); nothing to compare\n", "")
-    assert _json("solo") == {"version": 1, "state": "solo", "from": None, "to": 1, "added": 0, "removed": 0,
+    assert _json("solo") == {"version": 1, "state": "solo", "from": None, "to": 1, "from_version": None, "to_version": "v1",
+                             "added": 0, "removed": 0,
                              "changed": 0, "masked_providers": [], "instances": []}
     _write(db_url, "tofu", _doc(1, {"a": [_obj({"id": "a"})]}))
     _write(db_url, "tofu", json.dumps({"meta": {}, "encrypted_data": "QUJD", "encryption_version": "v0"}).encode())
