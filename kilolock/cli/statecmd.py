@@ -256,7 +256,6 @@ def _serial_of(ref: tuple[int, int | None] | None) -> int | None:
 
 def run_diff(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.cli import statediff
-    from kilolock.errors import UsageError
     from kilolock.store import history
 
     refs = [r for r in (args.serial_from, args.serial_to) if r is not None]
