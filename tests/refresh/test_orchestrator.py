@@ -222,7 +222,7 @@ def test_reader_threads_beyond_a_lowered_limit_retire(conn, make_state, monkeypa
         controllers.append(inflight.FixedLimit(8))
         return controllers[-1]
 
-    monkeypatch.setattr(orchestrator.inflight, "controller_for", controller_for)
+    monkeypatch.setattr(inflight, "controller_for", controller_for)
     readers_alive: list[int] = []
 
     def on_read(ident):
