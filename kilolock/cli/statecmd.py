@@ -4,12 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from kilolock import tfstate
 from kilolock.cli import args as cli_args
-from kilolock.cli import render
+from kilolock.cli import render, stateremove
 from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 from kilolock.globs import compile_glob
@@ -18,8 +17,6 @@ from kilolock.names import BadName, check_state_name
 if TYPE_CHECKING:
     import psycopg
 
-    from kilolock.store.locks import StateLocked
-    from kilolock.store.state_admin import GlobUse, Owned
 
 
 def add_import_arguments(parser: argparse.ArgumentParser) -> None:
@@ -459,22 +456,22 @@ def run_rm(args: argparse.Namespace, context: CommandContext) -> int:
     name = args.name
     with context.open_store() as conn:
         sid = states.state_id(conn, name)
-        _refuse_locked(conn, sid, name, "not deleted")
+        stateremove.refuse_locked(conn, sid, name, "not deleted")
         owned = state_admin.owned(conn, sid)
         uses = state_admin.glob_uses(conn, name)
-        _confirm(args, name, f"delete state {name!r}", lambda out: _show_rm(name, owned, uses, out))
+        stateremove.confirm(args, name, f"delete state {name!r}", lambda out: stateremove.show_rm(name, owned, uses, out))
         try:
             gone = store_ops.delete_state(conn, name, None)
         except StateLocked as exc:  # locked since the check above
-            raise KlError(_unlock_hint(exc)) from None
+            raise KlError(stateremove.unlock_hint(exc)) from None
         if not gone:
             raise errors.StateNotFound(name)
     if args.format == "json":
-        render.emit_json({"version": 1, "deleted": name, "owned": _owned_json(owned),
-                          "kept": [_use_json(u) for u in uses]})
+        render.emit_json({"version": 1, "deleted": name, "owned": stateremove.owned_json(owned),
+                          "kept": [stateremove.use_json(u) for u in uses]})
     else:
         if args.force:
-            _show_rm(name, owned, uses, sys.stdout)
+            stateremove.show_rm(name, owned, uses, sys.stdout)
         print(f"{name}: deleted")
     return 0
 
@@ -497,136 +494,27 @@ def run_mv(args: argparse.Namespace, context: CommandContext) -> int:
     old, new = args.old, args.new
     if old == new:
         raise KlError(f"kl state mv: {old!r} is already its name; nothing renamed")
-    backend = _backend_block(args.serve_url, new)
+    backend = stateremove.backend_block(args.serve_url, new)
     with context.open_store() as conn:
         sid = states.state_id(conn, old)
-        _refuse_locked(conn, sid, old, "not renamed")
+        stateremove.refuse_locked(conn, sid, old, "not renamed")
         if state_admin.exists(conn, new):
             raise state_admin.StateExists(new)
         count = state_admin.owned(conn, sid).versions
         uses = state_admin.glob_uses(conn, old, new)
-        _confirm(args, old, f"rename state {old!r} to {new!r}", lambda out: _show_mv(old, new, uses, backend, out))
+        stateremove.confirm(args, old, f"rename state {old!r} to {new!r}", lambda out: stateremove.show_mv(old, new, uses, backend, out))
         try:
             state_admin.rename(conn, old, new)
         except StateLocked as exc:  # locked since the check above
-            raise KlError(_unlock_hint(exc)) from None
+            raise KlError(stateremove.unlock_hint(exc)) from None
     if args.format == "json":
         render.emit_json({"version": 1, "renamed": {"from": old, "to": new}, "versions": count,
-                          "no_longer_match": [_use_json(u) for u in uses if u.matches and not u.matches_other],
-                          "now_match": [_use_json(u) for u in uses if u.matches_other and not u.matches],
+                          "no_longer_match": [stateremove.use_json(u) for u in uses if u.matches and not u.matches_other],
+                          "now_match": [stateremove.use_json(u) for u in uses if u.matches_other and not u.matches],
                           "backend": backend})
     else:
         if args.force:
-            _show_mv(old, new, uses, backend, sys.stdout)
+            stateremove.show_mv(old, new, uses, backend, sys.stdout)
         versions_word = "version" if count == 1 else "versions"
         print(f"renamed state {old!r} to {new!r}: its {count} {versions_word}, history and settings go with it")
     return 0
-
-
-def _refuse_locked(conn: psycopg.Connection, sid: str, name: str, what: str) -> None:
-    from kilolock.store import locks
-
-    holder = locks.current(conn, sid)
-    if holder is not None:
-        raise KlError(_unlock_hint(locks.StateLocked(name, holder, what)))
-
-
-def _unlock_hint(exc: StateLocked) -> str:
-    """A refusal for a locked state, with how to release the lock once its holder is done or gone."""
-    return (f"{exc}; when its holder is done, or gone: "
-            f"`kl state unlock {exc.name} --lock-id {exc.holder.get('ID')}`")
-
-
-def _confirm(args: argparse.Namespace, name: str, action: str, show: Callable[[TextIO], None]) -> None:
-    """Ask on the terminal for the state's NAME before ACTION (SHOW prints what it does), as other
-    tools that destroy data do; refused without a terminal unless --force."""
-    if args.force:
-        return
-    if not sys.stdin.isatty():
-        raise KlError(f"standard input is not a terminal, so kl cannot ask before it would {action}: "
-                      "nothing changed (--force to go ahead without asking)")
-    # JSON on stdout is for tools: what a person must read before answering goes to the terminal's stderr.
-    show(sys.stdout if args.format == "table" else sys.stderr)
-    sys.stderr.write(f"To {action}, type its name: ")
-    sys.stderr.flush()
-    typed = sys.stdin.readline().strip()
-    if typed != name:
-        said = f"typed {typed!r}, not {name!r}" if typed else "no name typed"
-        raise KlError(f"{said}; nothing changed")
-
-
-_OWNED_WORDS = (
-    ("versions", "version", "versions"), ("lifecycles", "instance lifecycle", "instance lifecycles"),
-    ("refresh_runs", "refresh run", "refresh runs"), ("drift_records", "drift record", "drift records"),
-    ("lock_events", "lock event", "lock events"), ("settings", "its stored refresh settings", ""),
-    ("provider_configs", "provider config of its own", "provider configs of its own"),
-    ("fleet_jobs", "queued refresh", "queued refreshes"), ("notify_events", "notification event", "notification events"),
-)
-
-
-def _owned_json(owned: Owned) -> dict[str, int]:
-    return {field: getattr(owned, field) for field, _, _ in _OWNED_WORDS}
-
-
-def _use_json(use: GlobUse) -> dict[str, Any]:
-    return {"kind": use.kind, "key": use.key, "detail": use.detail, "states": use.states_glob, "remove": _remove_command(use)}
-
-
-def _remove_command(use: GlobUse) -> str:
-    import shlex
-
-    if use.kind == "grant":
-        return f"kl access revoke {shlex.quote(use.key)} --states {shlex.quote(use.states_glob)}"
-    if use.kind == "ignore rule":
-        return f"kl drift ignore remove {use.key}"
-    if use.kind == "notify channel":
-        return f"kl notify remove {shlex.quote(use.key)}"
-    return f"kl schedule remove {use.key}"
-
-
-def _describe(use: GlobUse) -> str:
-    if use.kind == "grant":
-        return f"grant of {use.detail} to {use.key} on {use.states_glob!r}"
-    if use.kind == "ignore rule":
-        return f"ignore rule {use.key} ({use.detail!r}) on {use.states_glob!r}"
-    return f"{use.kind} {use.key} on {use.states_glob!r}"
-
-
-def _show_uses(uses: list[GlobUse], out: TextIO) -> None:
-    for use in uses:
-        print(f"  {_describe(use)}: {_remove_command(use)}", file=out)
-
-
-def _show_rm(name: str, owned: Owned, uses: list[GlobUse], out: TextIO) -> None:
-    counts = [one if not many else f"{n} {one if n == 1 else many}"
-              for field, one, many in _OWNED_WORDS if (n := getattr(owned, field))]
-    print(f"deleting state {name!r} deletes what is its own: {', '.join(counts) or 'no version yet'}", file=out)
-    if uses:
-        print("these name it by glob and stay (they may match other states; remove those that were for it alone):",
-              file=out)
-        _show_uses(uses, out)
-
-
-def _backend_block(serve_url: str | None, name: str) -> dict[str, str]:
-    """The URLs Terraform's backend "http" names a state by on kl serve (/states/NAME, one for all three)."""
-    from urllib.parse import quote
-
-    url = f"{(serve_url or '<kl serve URL>').rstrip('/')}/states/{quote(name, safe='/@+=')}"
-    return {"address": url, "lock_address": url, "unlock_address": url}
-
-
-def _show_mv(old: str, new: str, uses: list[GlobUse], backend: dict[str, str], out: TextIO) -> None:
-    gone = [u for u in uses if u.matches and not u.matches_other]
-    came = [u for u in uses if u.matches_other and not u.matches]
-    if gone:
-        print(f"these matched {old!r} and do not match {new!r} (they stay as they are: change those meant to follow it):",
-              file=out)
-        _show_uses(gone, out)
-    if came:
-        print(f"these did not match {old!r} and match {new!r} from now on:", file=out)
-        _show_uses(came, out)
-    print("Terraform's backend \"http\" block for it reads, once renamed (then `terraform init -reconfigure`):", file=out)
-    for key, url in backend.items():
-        print(f"  {key.ljust(14)} = \"{url}\"", file=out)
-    print(f"until then Terraform finds no state at /states/{old}: a plan there would create everything again",
-          file=out)
