@@ -41,7 +41,7 @@ resource "null_resource" "web" {
   triggers = { index = count.index }
 }
 resource "local_file" "config" {
-  for_each = toset(["a", "b", "c"])
+  for_each = toset(["a", "b", "c", "d", "e"])
   filename = "${path.module}/out/${each.key}.conf"
   content  = "setting = ${each.key}\n"
 }
@@ -74,5 +74,6 @@ echo
 echo "Run kl yourself (same database; the state refreshes from any directory):"
 echo "  $kl_bin drift demo"
 echo "  rm $demo/out/a.conf && $kl_bin refresh demo     # another change behind Terraform's back"
+echo "  $kl_bin drift accept demo --dry-run          # a refresh only observes: accept writes it for Terraform"
 echo "  $kl_bin state versions demo; $kl_bin --help"
 echo "  (or: source $repo/.venv/bin/activate, then kl ...)"

@@ -56,6 +56,10 @@ def test_demo_is_quiet_and_ends_with_commands_that_work_as_printed(db_url, tmp_p
     drift = subprocess.run(["bash", "-c", drift_cmd], **shell)
     assert drift.returncode == 0, drift.stdout + drift.stderr
     assert 'local_file.config["a"]' in drift.stdout and 'local_file.config["b"]' in drift.stdout, drift.stdout
+    accept_cmd = closing[2].split("#")[0].strip()
+    accepting = subprocess.run(["bash", "-c", accept_cmd], **shell)
+    assert accepting.returncode == 0, accepting.stdout + accepting.stderr
+    assert "would accept demo" not in accepting.stdout and "would accept v" in accepting.stdout, accepting.stdout
 
 
 def _fake_go(tmp_path: Path, go_exit: int, terraform_exit: int = 0) -> Path:
