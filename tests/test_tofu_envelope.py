@@ -13,7 +13,7 @@ from kilolock.errors import KlError
 from kit.tfcli import tool_binary
 from kit.tofuenc import ENV, PASSPHRASE, SECRET, apply_local, kl_config, tofu
 
-TOOLS = ("tofu-1.8.5",)
+TOOLS = ("tofu-1.8.5", "tofu-1.12.6")
 OLD_ENV = "KL_TEST_TOFU_OLD_PASSPHRASE"
 
 

@@ -48,13 +48,15 @@ class Job:
     attempts: int
 
 
-# States a fleet refreshes: those with a current version kl can read (an OpenTofu-encrypted
-# current version cannot be refreshed, and a state without versions has nothing to refresh).
+# States a fleet refreshes: those with a current version kl can read (an OpenTofu-encrypted one
+# only with its encryption configured, and a state without versions has nothing to refresh).
+_READABLE = ("(NOT cur.encrypted OR EXISTS (SELECT 1 FROM state_settings x "
+             "WHERE x.state_id = s.id AND x.encryption IS NOT NULL))")
 _REFRESHABLE = """
 SELECT s.id::text AS id, s.name FROM states s
 JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id AND v.kind = 'terraform'
               ORDER BY serial DESC LIMIT 1) cur ON true
-WHERE s.name ~ %s AND NOT cur.encrypted
+WHERE s.name ~ %s AND """ + _READABLE + """
 ORDER BY s.name
 """
 
@@ -131,7 +133,7 @@ SELECT s.id, %(schedule)s,
 FROM states s
 JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id AND v.kind = 'terraform'
               ORDER BY serial DESC LIMIT 1) cur ON true
-WHERE s.name ~ %(regex)s AND NOT cur.encrypted
+WHERE s.name ~ %(regex)s AND """ + _READABLE + """
 ON CONFLICT (state_id) WHERE status IN ('queued', 'running') DO NOTHING
 """
 

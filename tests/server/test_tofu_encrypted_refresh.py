@@ -16,7 +16,7 @@ from kit.paths import PLUGIN_CACHE
 from kit.tfcli import tool_binary
 from kit.tofuenc import ENV, PASSPHRASE, SECRET, apply_local, main_tf, tofu, write_kl_config
 
-TOOLS = ("tofu-1.8.5",)
+TOOLS = ("tofu-1.8.5", "tofu-1.12.6")
 PASS = {ENV: PASSPHRASE}
 
 
@@ -118,6 +118,11 @@ def test_imported_encrypted_file_refreshes_and_the_pulled_file_is_read_by_opento
     assert r.returncode == 0, r.stderr
 
     serial = _deleted_is_drift_and_accepted_encrypted(run_kl, db_url, name, tmp_path)
+    # refresh --all (and a worker's schedules) take a configured encrypted state like any other.
+    many = run_kl("refresh", "--all", "--states", name, "--format", "json", env=PASS)
+    assert many.returncode == 0, many.stderr
+    assert [(r["state"], r["status"], r["observation"]) for r in json.loads(many.stdout)["results"]] == [
+        (name, "succeeded", f"v{serial}.1")]
     pulled = run_kl("state", "pull", name)
     assert pulled.returncode == 0 and SECRET.encode() not in pulled.stdout
     (tmp_path / "terraform.tfstate").write_bytes(pulled.stdout)
