@@ -41,8 +41,13 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
                           "accepted": [_difference_json(d) for d in accepting.accepted]})
         return 0
     what = accepting.observation.label
-    if not accepting.accepted:
+    if not accepting.writes:
         print(f"{args.name}: {what} found nothing different from v{accepting.base.serial}; nothing to accept")
+        return 0
+    if accepting.metadata_only:
+        head = f"would accept {what} as v{accepting.to_serial}" if args.dry_run else f"accepted {what} as v{written.serial if written else accepting.to_serial}"
+        print(f"{args.name}: {head}: no object differs; what differs is not drift (legacy provider addresses in their "
+              "modern form, flatmap objects in their structured form, sensitivity marks or private data)")
         return 0
     head = (f"would accept {what} as v{accepting.to_serial}" if args.dry_run
             else f"accepted {what} as v{written.serial if written else accepting.to_serial}")

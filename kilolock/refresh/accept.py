@@ -3,8 +3,9 @@
 the objects named, so Terraform sees it on its next read. `kl drift accept` is this, in the CLI.
 
 An observation is accepted only while it is based on Terraform's current version (what Terraform
-wrote since could otherwise be undone), and only when it found a difference: an accept of nothing
-writes nothing. What ignore rules hide is accepted as observed all the same: the rules hide drift
+wrote since could otherwise be undone), and only when it found a difference, in an object or in
+what is not drift (a legacy provider address in its modern form, a flatmap object in its structured
+form): an accept of nothing writes nothing. What ignore rules hide is accepted as observed all the same: the rules hide drift
 from reports, not from Terraform's state.
 """
 from __future__ import annotations
@@ -39,6 +40,17 @@ class AcceptPlan:
     def to_serial(self) -> int:
         return self.base.serial + 1
 
+    @property
+    def metadata_only(self) -> bool:
+        """The observation's document differs from its base in what is not drift alone (legacy
+        provider addresses written in their modern form, flatmap objects in their structured form,
+        sensitivity marks, private data): a whole accept writes it; Terraform 1.x needs the first two."""
+        return self.whole and not self.accepted and not self.observation.confirms
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.accepted) or self.metadata_only
+
 
 def plan(conn: psycopg.Connection, name: str, address_globs: Iterable[str] = ()) -> AcceptPlan:
     """What accepting the latest observation of state NAME would take (the differences whose address
@@ -70,7 +82,7 @@ def accept(conn: psycopg.Connection, accepting: AcceptPlan, actor: str, *, lock_
            sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None) -> VersionRow | None:
     """Write ACCEPTING's document as Terraform's next version under the state lock (waiting up to
     LOCK_TIMEOUT seconds for another holder); None when it takes no difference (nothing written)."""
-    if not accepting.accepted:
+    if not accepting.writes:
         return None
     parser = tfstate.ExactJSON()
     name = accepting.state

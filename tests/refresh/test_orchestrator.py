@@ -811,3 +811,25 @@ def test_flatmap_objects_are_upgraded_from_flatmap_with_sensitive_values_masked_
     # The first structured form is not a difference; the commit gives the lifecycles that form.
     assert conn.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
     assert conn.execute("SELECT count(*), min(create_serial), bool_and(attributes IS NOT NULL) FROM resources").fetchone() == (2, 1, True)
+
+
+def test_an_accept_of_what_is_not_drift_writes_it_and_one_of_nothing_writes_nothing(conn):
+    from kilolock.refresh import accept
+
+    raw = json.dumps({"version": 4, "terraform_version": "0.12.31", "serial": 1, "lineage": "l", "resources": [
+        {"mode": "managed", "type": "null_resource", "name": f"r{i}", "provider": "provider.null",
+         "instances": [{"schema_version": 0, "attributes": {"id": f"id{i}", "triggers": None}}]}
+        for i in range(2)]}).encode()
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="import", actor="t")
+    res = run(conn, FakeFactory())
+    assert (res.observation, res.changed, list(res.provider_addresses)) == ("v1.1", 0, ["provider.null"])
+    accepting = accept.plan(conn, "prod")
+    assert accepting.metadata_only and accepting.accepted == []
+    written = accept.accept(conn, accepting, "tester")
+    assert written is not None and written.serial == 2
+    assert [r["provider"] for r in current(conn)[2]["resources"]] == [f'provider["{NULL}"]'] * 2
+    # Observed again against v2: the same objects, the same addresses; nothing to accept.
+    assert run(conn, FakeFactory(), commit=True).to_serial == 3  # the fake provider's private data, taken once
+    assert run(conn, FakeFactory()).observation == "v3.1"
+    nothing = accept.plan(conn, "prod")
+    assert not nothing.writes and accept.accept(conn, nothing, "tester") is None and current(conn)[0] == 3
