@@ -46,8 +46,8 @@ def expected_rows(doc: dict, serial: int) -> list[tuple]:
                    serial, None) for i in state.instances)
 
 
-def kl_refresh(run_kl, ws: Path) -> dict:
-    r = run_kl("refresh", "prod", *SEARCH, "--workdir", str(ws), "--format", "json")
+def kl_refresh(run_kl, ws: Path, *extra: str) -> dict:
+    r = run_kl("refresh", "prod", *SEARCH, "--workdir", str(ws), "--format", "json", *extra)
     assert r.returncode == 0, r.stderr.decode() + r.stdout.decode()
     return json.loads(r.stdout)
 
@@ -240,9 +240,19 @@ def test_a_0_12_state_refreshes_commits_modern_provider_addresses_and_terraform_
     assert r.returncode == 1 and "Invalid legacy provider address" in r.stderr
 
     md = run_kl("refresh", "prod", *SEARCH, "--workdir", str(ws), "--dry-run", "--format", "markdown")
-    assert f"- provider address: module.net.provider.null → module.net.{NULL} (to be written by a commit)" in md.stdout.decode()
+    assert f"- provider address: module.net.provider.null → module.net.{NULL} (to be written when accepted)" in md.stdout.decode()
+    # An observation holds the modern addresses; Terraform's version and its index keep the legacy ones.
     out = kl_refresh(run_kl, ws)
+    assert (out["status"], out["observation"], out["resources_changed"], out["drift"]) == ("succeeded", "v4.1", 0, []), out
+    assert len(out["provider_addresses"]) == 3
+    observed = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)
+    assert [r["provider"] for r in observed["resources"]] == [NULL + ".alt", NULL, "module.net." + NULL]
+    assert lifecycle_rows(db_url) == imported
+    assert json.loads(run_kl("state", "pull", "prod").stdout)["resources"] == STATE_012["resources"]
+    # Committed, Terraform's next version has them.
+    out = kl_refresh(run_kl, ws, "--commit")
     assert (out["status"], out["resources_checked"], out["resources_changed"], out["drift"]) == ("succeeded", 4, 0, [])
+    assert out["to_serial"] == 5
     assert out["provider_addresses"] == [
         {"from": "provider.null.alt", "to": NULL + ".alt"},
         {"from": "provider.null", "to": NULL},
@@ -293,14 +303,22 @@ def test_flatmap_attributes_are_upgraded_by_the_real_provider_and_the_first_obje
     imported = lifecycle_rows(db_url)
     assert [r[6] for r in imported] == [True, True]  # attributes NULL: stored as flatmap
 
+    # An observation holds the objects in their structured form, and finds no drift in it.
     out = kl_refresh(run_kl, ws)
     assert (out["status"], out["resources_checked"], out["resources_changed"], out["drift"]) == ("succeeded", 2, 0, [])
     assert out["upgraded_from_flatmap"] == ["null_resource.tfer--one", "null_resource.tfer--two"]
-    pulled = json.loads(run_kl("state", "pull", "prod").stdout)
-    objs = [r["instances"][0] for r in pulled["resources"]]
+    observed = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)
+    objs = [r["instances"][0] for r in observed["resources"]]
     assert all("attributes_flat" not in o for o in objs)
     assert objs[0]["attributes"] == {"id": "4037200794235010051", "triggers": {"env": "dev", "team": "net"}}
     assert objs[1]["attributes"]["id"] == "3916589616287113937"
+    assert lifecycle_rows(db_url) == imported and drift_count(db_url) == 0
+    # Committed: Terraform's next version and its lifecycles hold them.
+    out = kl_refresh(run_kl, ws, "--commit")
+    assert (out["status"], out["resources_checked"], out["resources_changed"], out["drift"]) == ("succeeded", 2, 0, [])
+    assert out["upgraded_from_flatmap"] == ["null_resource.tfer--one", "null_resource.tfer--two"]
+    pulled = json.loads(run_kl("state", "pull", "prod").stdout)
+    assert [r["instances"][0] for r in pulled["resources"]] == objs
 
     after = lifecycle_rows(db_url)
     assert [r[:6] + r[7:] for r in after] == [r[:6] + r[7:] for r in imported]  # the same lifecycles
@@ -310,7 +328,7 @@ def test_flatmap_attributes_are_upgraded_by_the_real_provider_and_the_first_obje
         assert one_row(c, "SELECT attributes FROM resources WHERE address = 'null_resource.tfer--one'")[0] == objs[0]["attributes"]
 
     # A second refresh reads the objects back: nothing changes.
-    out = kl_refresh(run_kl, ws)
+    out = kl_refresh(run_kl, ws, "--commit")
     assert (out["resources_changed"], out["upgraded_from_flatmap"]) == (0, [])
     assert lifecycle_rows(db_url) == after
     # The versions alone give the same lifecycles: a re-index from scratch reshapes them too.
@@ -334,11 +352,20 @@ def test_corpus_file_refreshes_with_the_real_provider_without_drift_or_new_lifec
     assert dry.returncode == 0, dry.stderr
     for old in {r[3] for r in imported if tfstate.parse_provider(r[3]).legacy}:
         new = tfstate.parse_provider(old).modern
-        assert f"provider address: {old} → {new} (to be written by a commit)" in dry.stdout.decode()
+        assert f"provider address: {old} → {new} (to be written when accepted)" in dry.stdout.decode()
     flat = len({r[0] for r in imported if r[6] and r[2] == "managed"})
     assert (f"flatmap: {flat} instance(s) upgraded by their provider" in dry.stdout.decode()) == (flat > 0)
     assert lifecycle_rows(db_url) == imported
+    # An observation finds no drift and leaves Terraform's index alone; its document is modern.
     out = kl_refresh(run_kl, tmp_path)
+    assert (out["status"], out["resources_changed"], out["resources_failed"], out["to_serial"]) == ("succeeded", 0, 0, None)
+    assert lifecycle_rows(db_url) == imported and drift_count(db_url) == 0
+    observed = tfstate.parse_state(run_kl("state", "pull", "prod", "--observed").stdout)
+    assert observed.serial == json.loads((CORPUS / name).read_text())["serial"]
+    assert all(not tfstate.parse_provider(i.provider).legacy for i in observed.instances)
+    assert all(i.flatmap is None for i in observed.instances if i.mode == "managed")
+    # Committed (what Terraform then reads):
+    out = kl_refresh(run_kl, tmp_path, "--commit")
     assert (out["status"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 0, 0)
     assert out["resources_checked"] == sum(1 for r in imported if r[2] == "managed")
     after = lifecycle_rows(db_url)
