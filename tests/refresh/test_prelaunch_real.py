@@ -42,7 +42,9 @@ def test_the_next_run_of_a_state_uses_the_providers_started_early(run_kl, db_url
     second, err2 = _refresh(run_kl, workspace, cache, "--workdir", str(workspace))
     assert _early_used(err2) == sorted(PROVIDERS)
     assert "not used by this run" not in err2
-    assert second["to_serial"] == first["to_serial"] + 1 and second["resources_changed"] == 0
+    serial = first["from_serial"]
+    assert (first["observation"], second["observation"]) == (f"v{serial}.1", f"v{serial}.2")  # both recorded, one after the other
+    assert second["from_serial"] == serial and second["resources_changed"] == 0
 
 
 def test_a_provider_started_early_in_another_directory_is_closed_not_used(run_kl, db_url, workspace, tmp_path):

@@ -57,8 +57,8 @@ def test_every_path_commits_the_same_state(run_kl, db_url, monkeypatch, tls):
         assert run_kl("state", "import", name, "-", input=null_state(40, 7)).returncode == 0
         out = refresh(run_kl, name)
         used = out["concurrency"][0]
-        assert (used["reads"], used["transport"], out["to_serial"]) == (path, transport, 2), used
-        docs[name] = json.loads(run_kl("state", "pull", name).stdout)
+        assert (used["reads"], used["transport"], out["to_serial"], out["observation"]) == (path, transport, None, "v1.1"), out
+        docs[name] = json.loads(run_kl("state", "pull", name, "--observed").stdout)
     first = docs.pop("threads-native")
     assert all(doc == first for doc in docs.values()), sorted(docs)
 

@@ -38,7 +38,7 @@ def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_ur
     assert throttled >= 9 and used == {"provider": "registry.terraform.io/hashicorp/fake", "alias": None, "mode": "fixed",
                                        "start": 12, "max": 12, "final": 12, "throttled": throttled,
                                        **reads_report(read_path)}
-    assert serials(db_url) == [1, 2]
+    assert out["observation"] == "v1.1" and serials(db_url) == [1, 1]  # Terraform's v1 and what the refresh observed of it
     runs = json.loads(run_kl("runs", "prod", "--format", "json").stdout)["runs"]
     assert runs[0]["concurrency"] == [used]
     table = run_kl("runs", "prod").stdout.decode()
@@ -63,7 +63,8 @@ def test_an_instance_throttled_past_its_rpc_timeout_fails_with_the_reason(run_kl
     cache, _ = _setup(run_kl, tmp_path, 2, FAKE_CAPACITY="0")  # capacity 0: every read is throttled
     r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--rpc-timeout", "2s", "--format", "json")
     out = json.loads(r.stdout)
-    assert r.returncode == 1 and out["status"] == "failed" and out["resources_failed"] == 2 and out["to_serial"] is None
+    assert r.returncode == 1 and out["status"] == "failed" and out["resources_failed"] == 2
+    assert (out["to_serial"], out["observation"]) == (None, None)
     for f in out["failures"]:
         assert "api error Throttling: Rate exceeded (throttled " in f["message"], f
         assert f["message"].endswith("the --rpc-timeout per instance)")

@@ -189,7 +189,7 @@ def test_a_run_waits_while_another_run_of_the_state_is_running(conn, db_url, mak
     runner.join(timeout=60)
     assert not runner.is_alive()
     [result] = done
-    assert (result.status, result.to_serial) == ("succeeded", 2)
+    assert (result.status, result.to_serial, result.observation) == ("succeeded", None, "v1.1")
 
 
 def test_without_a_wait_another_run_is_refused_at_once(conn, db_url, make_state) -> None:

@@ -63,9 +63,10 @@ def refresh(run_kl, cwd: Path, *extra: str, env: dict[str, str] | None = None):
         raise AssertionError(f"kl refresh printed no JSON (rc {r.returncode}):\n{r.stdout!r}\n{r.stderr.decode()}") from None
 
 
-def serials(db_url: str) -> list[tuple[int, str]]:
+def serials(db_url: str) -> list[tuple[int, str, str]]:
+    """(serial, kind, source) of every version, Terraform's and observations, in the order written."""
     with psycopg.connect(db_url) as c:
-        return c.execute("SELECT serial, source FROM state_versions ORDER BY serial").fetchall()
+        return c.execute("SELECT serial, kind, source FROM state_versions ORDER BY seq").fetchall()
 
 
 def test_from_another_directory_without_a_workdir_a_relative_file_is_not_committed_as_gone(run_kl, db_url, ws, tmp_path):
@@ -84,10 +85,13 @@ def test_from_another_directory_without_a_workdir_a_relative_file_is_not_committ
     (ws / "out" / "only.txt").unlink()
     r, out = refresh(run_kl, ws, *SEARCH)
     assert r.returncode == 1 and out["to_serial"] is None and "has no workdir" in out["error"]
-    # --workdir . from the configuration's directory commits it, for that run.
+    # --workdir . from the configuration's directory records it, for that run.
     r, out = refresh(run_kl, ws, *SEARCH, "--workdir", ".")
     assert r.returncode == 0 and out["status"] == "succeeded" and out["changed_addresses"] == ["local_file.only"], r.stderr
-    assert serials(db_url)[-1] == (out["to_serial"], "refresh")
+    assert (out["to_serial"], out["observation"]) == (None, "v1.1")
+    assert serials(db_url) == [*before, (1, "observation", "refresh")]
+    observed = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)
+    assert [r["type"] for r in observed["resources"] if r["mode"] == "managed"] == []  # local_file.only: gone
 
 
 def test_a_stored_workdir_refreshes_the_same_way_from_any_directory(run_kl, db_url, ws, tmp_path):
@@ -106,7 +110,8 @@ def test_a_stored_workdir_refreshes_the_same_way_from_any_directory(run_kl, db_u
     d = json.loads(run_kl("drift", "prod", "--format", "json").stdout)["drift"]
     # (The drift view may also list the lifecycle the first refresh closed when it added sensitivity
     # marks: the drift store is being reworked separately; this test is about where providers run.)
-    assert ("local_file.only", "deleted", out["to_serial"]) in [(x["address"], x["kind"], x["detected_serial"]) for x in d]
+    assert out["observation"] == f"v{out['from_serial']}.2"
+    assert ("local_file.only", "deleted", out["from_serial"]) in [(x["address"], x["kind"], x["detected_serial"]) for x in d]
 
 
 def test_a_stored_workdir_missing_on_this_host_fails_before_any_provider_starts(run_kl, db_url, ws, tmp_path):
