@@ -1,6 +1,8 @@
-"""Importing Terraform's file again after kl refreshed the state (issue 12): the file's serial is
-now behind the version kl's refresh committed, so the import is refused, and the one-line message
-says why (the two serials, who wrote the newer one) and what to do (`kl state pull`)."""
+"""Importing Terraform's file again after kl refreshed the state with `--commit` (issue 12): the
+file's serial is now behind the version kl's refresh committed, so the import is refused, and the
+one-line message says why (the two serials, who wrote the newer one) and what to do (`kl state
+pull`). A refresh without --commit records an observation, which takes no serial
+(test_observe_import_sync.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +16,7 @@ def test_reimporting_the_file_a_refresh_moved_past_says_why_and_what_to_do(run_k
     tfstate = workspace / "terraform.tfstate"
     serial = json.loads(tfstate.read_text())["serial"]
     assert run_kl("state", "import", "prod", str(tfstate)).returncode == 0
-    r = run_kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(workspace))
+    r = run_kl("refresh", "prod", "--commit", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(workspace))
     assert r.returncode == 0, r.stderr
 
     r = run_kl("state", "import", "prod", str(tfstate))
@@ -43,7 +45,7 @@ def test_a_file_that_went_its_own_way_from_the_same_serial_is_refused_as_diverge
     tfstate = workspace / "terraform.tfstate"
     doc = json.loads(tfstate.read_text())
     assert run_kl("state", "import", "prod", str(tfstate)).returncode == 0
-    assert run_kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(workspace)).returncode == 0
+    assert run_kl("refresh", "prod", "--commit", "--provider-search-path", str(PLUGIN_CACHE), "--workdir", str(workspace)).returncode == 0
     doc["serial"] += 1  # Terraform applied from the old file meanwhile: the same serial as kl's refresh
     doc["outputs"] = {"x": {"value": "y", "type": "string"}}
     tfstate.write_text(json.dumps(doc))
