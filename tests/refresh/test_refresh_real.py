@@ -54,15 +54,18 @@ def test_unchanged_state_refreshes_to_zero_changed_exactly_as_terraform_refresh_
     r, out = kl_refresh(run_kl, workspace)
     assert r.returncode == 0, r.stderr
     assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 10, 0, 0)
-    assert (out["from_serial"], out["to_serial"]) == (serial, serial + 1)
-    ours = pulled(run_kl)
+    assert (out["from_serial"], out["to_serial"], out["observation"]) == (serial, None, f"v{serial}.1")
+    ours = pulled(run_kl, "--observed")
+    assert (ours["serial"], pulled(run_kl)["serial"]) == (serial, serial)  # observed at Terraform's serial, which stays
 
-    # Terraform's own refresh of the same state with the same binaries.
+    # Terraform's own refresh of the same state with the same binaries (it writes its next serial:
+    # the one field compared apart).
     tf_ws = tmp_path / "tf"
     shutil.copytree(workspace, tf_ws, symlinks=True)
     terraform(tf_ws, "apply", "-refresh-only", "-auto-approve")
     theirs = json.loads((tf_ws / "terraform.tfstate").read_text())
-    assert without_sensitivity_marks(ours) == without_sensitivity_marks(theirs)
+    assert theirs["serial"] in (serial, serial + 1)
+    assert without_sensitivity_marks({**ours, "serial": 0}) == without_sensitivity_marks({**theirs, "serial": 0})
 
     marks = {(r["type"], tuple(s["value"] for s in p[:1])) for r in ours["resources"] for i in r["instances"] for p in i["sensitive_attributes"]}
     assert ("random_password", ("result",)) in marks and ("random_password", ("bcrypt_hash",)) in marks
@@ -70,17 +73,19 @@ def test_unchanged_state_refreshes_to_zero_changed_exactly_as_terraform_refresh_
     with psycopg.connect(db_url) as c:
         run = one_row(c, "SELECT status, resources_checked, resources_changed, resources_failed, to_version_id IS NOT NULL, actor FROM refresh_runs")
         assert run[:5] == ("succeeded", 10, 0, 0, True) and run[5].endswith("@cli")
-        assert one_row(c, "SELECT source FROM state_versions ORDER BY serial DESC LIMIT 1")[0] == "refresh"
+        assert one_row(c, "SELECT kind, source, serial FROM state_versions ORDER BY seq DESC LIMIT 1") == ("observation", "refresh", serial)
+        assert one_row(c, "SELECT source, serial FROM state_versions WHERE kind = 'terraform' ORDER BY serial DESC LIMIT 1") == (
+            "apply", serial)
         assert one_row(c, "SELECT count(*) FROM current_resource_drift")[0] == 0
 
 
 def test_a_refresh_that_changes_nothing_stores_its_top_level_only_and_pulls_back_whole(run_kl, db_url, workspace):
-    # The first refresh after Terraform's write may rewrite private data; the second reads every
-    # object back as it is, so its version shares the layout of the one before (no document sent)
-    # and still pulls back as that document with the next serial.
+    # The first committed refresh after Terraform's write may rewrite private data; the second reads
+    # every object back as it is, so its version shares the layout of the one before (no document
+    # sent) and still pulls back as that document with the next serial.
     serial = import_state(run_kl, workspace)
     for _ in range(2):
-        r, out = kl_refresh(run_kl, workspace, env={"KL_LOG": "debug"})
+        r, out = kl_refresh(run_kl, workspace, "--commit", env={"KL_LOG": "debug"})
         assert r.returncode == 0 and out["resources_changed"] == 0, r.stderr
     # The layouts below would match after a whole-document write too (it finds every piece stored):
     # the debug line says which way the version was stored.
@@ -93,6 +98,14 @@ def test_a_refresh_that_changes_nothing_stores_its_top_level_only_and_pulls_back
         assert layouts[-1][1:] == layouts[-2][1:] and layouts[-1][1] is not None, layouts
         # The lifecycle rows stand as the first refresh left them: every object open, once.
         assert one_row(c, "SELECT count(*), count(DISTINCT address) FROM resources WHERE delete_serial IS NULL") == (10, 10)
+    # Now an observation finds everything as Terraform's version has it: one row, no document, and
+    # it pulls back as that version.
+    r, out = kl_refresh(run_kl, workspace)
+    assert (out["status"], out["observation"], out["to_serial"]) == ("succeeded", f"v{serial + 2}.1", None), out
+    assert pulled(run_kl, "--observed") == after
+    with psycopg.connect(db_url) as c:
+        assert one_row(c, "SELECT raw_state IS NULL AND head_piece IS NULL, kl_document_version(id) = base_version_id "
+                          "FROM state_versions WHERE kind = 'observation'") == (True, True)
 
 
 # Loaded before kl by the interpreter's site hook: notes the collector's state around
@@ -192,18 +205,22 @@ def test_schema_is_fetched_once_then_served_from_the_cache(run_kl, db_url, works
 def test_out_of_band_deletion_removes_the_instance_and_kl_drift_lists_it(run_kl, db_url, workspace):
     import_state(run_kl, workspace)
     (workspace / "out" / "two.txt").unlink()
-    r, out = kl_refresh(run_kl, workspace, "--workdir", ".")  # a deletion is committed only with a workdir said
+    r, out = kl_refresh(run_kl, workspace, "--workdir", ".")  # a deletion is recorded only with a workdir said
     assert r.returncode == 0, r.stderr
     assert out["changed_addresses"] == ['local_file.f["two"]'] and out["resources_changed"] == 1
-    keys = [i["index_key"] for res in pulled(run_kl)["resources"] if res["type"] == "local_file" for i in res["instances"]]
+    keys = [i["index_key"] for res in pulled(run_kl, "--observed")["resources"] if res["type"] == "local_file" for i in res["instances"]]
     assert sorted(keys) == ["four", "one", "three"]
+    keys = [i["index_key"] for res in pulled(run_kl)["resources"] if res["type"] == "local_file" for i in res["instances"]]
+    assert sorted(keys) == ["four", "one", "three", "two"]  # Terraform's version, as Terraform wrote it
     d = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
-    assert [(x["address"], x["kind"], x["detected_serial"]) for x in d["drift"]] == [('local_file.f["two"]', "deleted", out["to_serial"])]
+    assert [(x["address"], x["kind"], x["detected_serial"]) for x in d["drift"]] == [('local_file.f["two"]', "deleted", out["from_serial"])]
     text = run_kl("drift", "prod").stdout.decode()
     assert 'local_file.f["two"]: deleted at v' in text
-    # Clause (2) of the drift predicate: the next apply clears it.
+    # Clause (2) of the drift predicate: the next apply clears it. Its file is Terraform's next
+    # serial, which kl has not used (an observation does not take it): no --force.
     terraform(workspace, "apply", "-auto-approve")
-    assert run_kl("state", "import", "prod", str(workspace / "terraform.tfstate"), "--source", "apply", "--force").returncode == 0
+    r = run_kl("state", "import", "prod", str(workspace / "terraform.tfstate"), "--source", "apply")
+    assert r.returncode == 0, r.stderr
     assert json.loads(run_kl("drift", "prod", "--format", "json").stdout)["drift"] == []
 
 
@@ -212,7 +229,7 @@ def test_wrong_working_directory_trips_the_mass_removal_guard(run_kl, db_url, wo
     import_state(run_kl, workspace)
     r = run_kl("refresh", "prod", *SEARCH, "--format", "json", cwd=tmp_path)
     out = json.loads(r.stdout)
-    assert r.returncode == 1 and out["status"] == "failed" and out["to_serial"] is None
+    assert r.returncode == 1 and out["status"] == "failed" and (out["to_serial"], out["observation"]) == (None, None)
     assert "4 of 4 instances of registry.terraform.io/hashicorp/local came back deleted" in out["error"]
     assert r.stderr.decode().startswith("kl: refresh failed: 4 of 4 instances") and r.stderr.count(b"\n") == 1, r.stderr
     r, out = kl_refresh(run_kl, workspace)
@@ -228,7 +245,7 @@ def test_forced_upgrade_bumps_schema_version_with_no_diagnostics(run_kl, db_url,
                      WHERE source = 'registry.terraform.io/hashicorp/null'""")
     r, second = kl_refresh(run_kl, workspace)
     assert r.returncode == 0 and second["status"] == "succeeded" and second["failures"] == [], second
-    versions_by_type = {res["type"]: {i["schema_version"] for i in res["instances"]} for res in pulled(run_kl)["resources"]}
+    versions_by_type = {res["type"]: {i["schema_version"] for i in res["instances"]} for res in pulled(run_kl, "--observed")["resources"]}
     assert versions_by_type["null_resource"] == {1} and versions_by_type["random_password"] == {3}
 
 
@@ -247,7 +264,7 @@ def test_upgrade_of_an_old_shape_through_the_real_random_provider(run_kl, db_url
     r, out = kl_refresh(run_kl, workspace)
     assert r.returncode == 0 and out["status"] == "succeeded", out
     assert "random_password.p" in out["changed_addresses"]
-    inst = next(res for res in pulled(run_kl)["resources"] if res["type"] == "random_password")["instances"][0]
+    inst = next(res for res in pulled(run_kl, "--observed")["resources"] if res["type"] == "random_password")["instances"][0]
     assert inst["schema_version"] == 3 and inst["attributes"]["bcrypt_hash"].startswith("$2")
     # The new bcrypt_hash and the password are secrets: kl drift shows the change, never the values.
     secrets = [inst["attributes"]["bcrypt_hash"], inst["attributes"]["result"]]
@@ -300,14 +317,14 @@ def test_dry_run_diffs_in_json_and_markdown_and_the_ci_exit_codes(run_kl, db_url
     assert {"path": "numeric", "before": None, "after": True} in item["changes"], item
     r = run_kl("refresh", "prod", *SEARCH, "--dry-run", "--format", "markdown", cwd=workspace)
     md = r.stdout.decode()
-    assert r.returncode == 0 and f"### Refresh of `prod`: succeeded (v{serial} → dry run, nothing committed)" in md, md
+    assert r.returncode == 0 and f"### Refresh of `prod`: succeeded (v{serial}, dry run, nothing recorded)" in md, md
     assert "**`random_password.p`**: changed" in md and "| `bcrypt_hash` | `null` | `(sensitive)` |" in md, md
     # Committed: the gate sees the open drift after the commit, and kl drift agrees.
     r = run_kl("refresh", "prod", *SEARCH, "--detailed-exitcode", "-q", cwd=workspace)
     assert (r.returncode, r.stdout, r.stderr) == (2, b"", b"")
     assert run_kl("drift", "prod", "--detailed-exitcode", "-q").returncode == 2
-    # An apply (of the refreshed state, as `terraform apply -refresh-only` would write it) clears it.
-    applied = pulled(run_kl)
+    # An apply (of the observed state, as `terraform apply -refresh-only` would write it) clears it.
+    applied = pulled(run_kl, "--observed")
     applied["serial"] += 1
     assert run_kl("state", "import", "prod", "-", "--source", "apply", input=json.dumps(applied).encode()).returncode == 0
     assert run_kl("drift", "prod", "--detailed-exitcode").returncode == 0
