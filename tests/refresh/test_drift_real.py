@@ -1,8 +1,8 @@
 """Drift you can trust, end to end (issue 12): a Terraform 1.0.3 state, real providers, real refreshes.
 
-The first refresh after an import adds schema-sensitive marks only: no drift, and no lifecycle's
-opened-at moves. One out-of-band deletion seen by two refreshes is one `deleted` record whose
-first detection stays fixed; `kl status` counts exactly what `kl drift` lists; the next apply
+The first refresh after an import observes schema-sensitive marks only: no drift, and the lifecycle
+index (Terraform's) is left as it is. One out-of-band deletion seen by two refreshes (two
+observations of Terraform's version) is one `deleted` record whose first detection stays fixed; `kl status` counts exactly what `kl drift` lists; the next apply
 resolves it and `kl drift --all` shows when and how.
 """
 from __future__ import annotations
@@ -53,35 +53,48 @@ def open_drift(run_kl) -> int:
     return json.loads(r.stdout)["open_drift"]
 
 
-def version_time(db_url: str, serial: int) -> datetime:
+def observation_time(db_url: str, serial: int, number: int) -> datetime:
+    """When observation v{serial}.{number} was recorded."""
     with psycopg.connect(db_url) as c:
-        created: datetime = one_row(c, "SELECT created_at FROM state_versions WHERE serial = %s", (serial,))[0]
+        created: datetime = one_row(c, "SELECT created_at FROM state_versions WHERE kind = 'observation' AND serial = %s "
+                                       "AND observation_number = %s", (serial, number))[0]
         return created
+
+
+def marks(doc: dict, type_: str) -> list:
+    [inst] = next(r for r in doc["resources"] if r["type"] == type_)["instances"]
+    return inst.get("sensitive_attributes") or []
 
 
 def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_resolves_it(run_kl, db_url, workspace: Path):
     serial = import_state(run_kl, workspace)
     imported = lifecycles(db_url)
 
-    # 1. The first refresh adds schema-sensitive marks, nothing else.
+    # 1. The first refresh observes schema-sensitive marks, nothing else.
     r, out = kl_refresh(run_kl, workspace)
-    assert r.returncode == 0 and (out["status"], out["resources_changed"]) == ("succeeded", 0), out
-    after = lifecycles(db_url)
-    assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in imported.items()}  # same rows, opened-at unchanged
-    newly_marked = sorted(a for (a, d), v in after.items() if v[2] != imported[(a, d)][2])
-    assert 'random_password.p' in newly_marked, newly_marked  # the marks were written, in place
+    assert r.returncode == 0 and (out["status"], out["resources_changed"], out["observation"]) == ("succeeded", 0, f"v{serial}.1"), out
+    assert lifecycles(db_url) == imported  # Terraform's index: same rows, opened-at and marks unchanged
+    observed = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)
+    terraforms = json.loads(run_kl("state", "pull", "prod").stdout)
+    assert marks(observed, "random_password") != marks(terraforms, "random_password")  # the marks were observed
+    assert ["result"] in [[s["value"] for s in p] for p in marks(observed, "random_password")]
+    with psycopg.connect(db_url) as c:
+        assert one_row(c, "SELECT count(*) FROM observed_objects")[0] == 0  # marks alone are not a difference
     assert drift_doc(run_kl)["drift"] == [] and open_drift(run_kl) == 0
 
     # 2. An out-of-band deletion, seen by two refreshes.
     (workspace / "out" / "two.txt").unlink()
     r, out = kl_refresh(run_kl, workspace)
     assert out["status"] == "succeeded" and out["changed_addresses"] == [TWO], out
-    detected = out["to_serial"]
+    assert (out["to_serial"], out["observation"]) == (None, f"v{serial}.2"), out
+    detected = out["from_serial"]  # an observation carries the serial of the Terraform version it read
+    assert detected == serial
     first = drift_doc(run_kl)
     r, out = kl_refresh(run_kl, workspace)
-    assert out["status"] == "succeeded" and out["resources_changed"] == 0, out
+    # Still gone: against Terraform's version that is a change, and the same finding as the record's.
+    assert out["status"] == "succeeded" and out["changed_addresses"] == [TWO] and out["observation"] == f"v{serial}.3", out
     second = drift_doc(run_kl)
-    at = version_time(db_url, detected)
+    at = observation_time(db_url, serial, 2)
     assert first["drift"][0]["first_detected"] == second["drift"][0]["first_detected"] == {"serial": detected, "at": at.isoformat()}
     [entry] = second["drift"]
     assert datetime.fromisoformat(entry["first_detected"]["at"]).utcoffset() is not None  # a time with its zone
@@ -89,7 +102,7 @@ def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_reso
     assert {k: v for k, v in entry.items() if k not in ("open_for_s", "refresh_run_id")} == {
         "address": TWO, "deposed": None, "kind": "deleted", "type": "local_file", "status": "open",
         "detected_serial": detected, "detected_at": at.isoformat(),
-        "first_detected": {"serial": detected, "at": at.isoformat()}, "last_confirmed_serial": detected + 1,
+        "first_detected": {"serial": detected, "at": at.isoformat()}, "last_confirmed_serial": detected,
         "resolved": None, "ignored_by": None, "changed_attributes": None, "changes": []}
     assert (second["total"], second["open"], second["all"]) == (1, 1, False)
     assert open_drift(run_kl) == second["total"] == 1
@@ -110,4 +123,4 @@ def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_reso
     assert (done["resolved"]["serial"], done["resolved"]["how"]) == (applied, "recreated")
     text = run_kl("drift", "prod", "--all").stdout.decode()
     assert f"resolved at v{applied} by recreated" in text, text
-    assert serial < detected < applied
+    assert serial == detected < applied
