@@ -135,8 +135,10 @@ class Kl:
         out: dict[str, Any] = json.loads(r.stdout)
         return out
 
-    def pulled(self) -> dict[str, Any]:
-        r = self("state", "pull", "tp")
+    def pulled(self, observed: bool = True) -> dict[str, Any]:
+        """The instances of the latest observation (what the last refresh read), or of Terraform's
+        current version."""
+        r = self("state", "pull", "tp", *(["--observed"] if observed else []))
         assert r.returncode == 0, r.stderr
         return instances(json.loads(r.stdout))
 
@@ -247,12 +249,12 @@ def test_framework_complex_changes_reach_the_state_and_drift_with_secrets_masked
     for secret in ("hunter2", "tok-1", "tok-2"):
         assert secret not in text, f"{secret!r} shows in drift: {text}"
     assert _change_list(entry["changes"]) == FW_CHANGES
-    # Every reader of the drift path says the same: the refresh (and its dry run), the diff of the
-    # two versions, the markdown.
+    # Every reader of the drift path says the same: the refresh (and its dry run), the diff of
+    # Terraform's version and the observation, the markdown.
     for report in (dry, out):
         [found] = [d for d in report["drift"] if d["address"] == FW]
         assert _change_list(found["changes"]) == FW_CHANGES, report
-    diff = json.loads(kl("state", "diff", "tp", "--format", "json").stdout)
+    diff = json.loads(kl("state", "diff", "tp", "--observed", "--format", "json").stdout)
     [changed] = [i for i in diff["instances"] if i["address"] == FW]
     assert _change_list(changed["changes"]) == FW_CHANGES
     md = kl("drift", "tp", "--format", "markdown").stdout.decode()
@@ -324,8 +326,10 @@ def test_private_state_goes_to_the_provider_and_what_it_returns_is_kept(kl: Kl, 
 
     kl.import_state()
     before = private(instances(state_doc(kl.ws)))
-    for _ in range(2):
-        assert kl.refresh()["status"] == "succeeded"
+    # Committed, the first read's private data is Terraform's; the next refresh sends it and observes
+    # what comes back.
+    assert kl.refresh("--commit")["status"] == "succeeded"
+    assert kl.refresh()["status"] == "succeeded"
     after = private(kl.pulled())
     if address == FW:
         # The framework build counts its reads in private state: create wrote 0 and each read adds
@@ -375,27 +379,38 @@ def test_an_identity_stored_under_version_0_is_upgraded_then_kept_across_a_chang
     assert (got["identity_schema_version"], got["identity"]) == (1, {"id": ident, "region": "local"})
     assert got["attributes"]["tags"] == {"env": "changed"}
     assert _changes(kl.drift()[address])['tags["env"]'] == ("dev", "changed")
+    r = kl("drift", "accept", "tp")  # Terraform's next version holds the upgraded identity
+    assert r.returncode == 0, r.stderr
+    assert kl.pulled(observed=False)[address]["identity"] == {"id": ident, "region": "local"}
     out = kl.refresh()  # the upgraded identity is now sent as it is, and kept
     assert out["status"] == "succeeded" and out["resources_changed"] == 0, out
     assert kl.pulled()[address]["identity"] == {"id": ident, "region": "local"}
 
 
-def test_a_refresh_that_changes_nothing_stores_no_document_though_every_read_returns_an_identity(kl: Kl) -> None:
+def test_a_refresh_that_changes_nothing_stores_no_document_though_every_read_returns_an_identity(kl: Kl, db_url: str) -> None:
     # The SDKv2 provider returns each object's identity with every read (protocol 5.9). The first
-    # refresh writes it (Terraform 1.8.5 wrote none); the second gets back what is stored, so no
-    # object differs and the version is stored as its top level on the one before's layout. (The
-    # framework provider's object is left out: it counts its reads in private data, so every
-    # refresh changes it.)
+    # refresh commits it (Terraform 1.8.5 wrote none); the second gets back what is stored, so no
+    # object differs: committed, the version is stored as its top level on the one before's layout;
+    # observed, the observation stores no document at all. (The framework provider's object is left
+    # out: it counts its reads in private data, so every refresh changes it.)
+    import psycopg
+
     doc = state_doc(kl.ws)
     doc["resources"] = [r for r in doc["resources"] if f"{r['type']}.{r['name']}" == SDK]
     kl.import_state(doc)
-    assert kl.refresh()["status"] == "succeeded"
-    first = kl.pulled()
+    assert kl.refresh("--commit")["status"] == "succeeded"
+    first = kl.pulled(observed=False)
     assert list(first) == [SDK] and first[SDK]["identity"] == {"id": BUILDS[SDK][2], "region": "local"}
-    r = kl("refresh", "tp", "--provider-search-path", str(PLUGIN_CACHE), "-q", env={"KL_LOG": "debug"})
+    r = kl("refresh", "tp", "--commit", "--provider-search-path", str(PLUGIN_CACHE), "-q", env={"KL_LOG": "debug"})
     assert r.returncode == 0, r.stderr
     assert b": no object differs from serial" in r.stderr, [ln for ln in r.stderr.splitlines() if b"kilolock.store" in ln]
+    assert kl.pulled(observed=False) == first
+    out = kl.refresh()
+    assert (out["status"], out["resources_changed"], out["observation"]) == ("succeeded", 0, f"v{out['from_serial']}.1"), out
     assert kl.pulled() == first
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT raw_state IS NULL AND head_piece IS NULL FROM state_versions "
+                         "WHERE kind = 'observation'").fetchall() == [(True,)]
 
 
 @pytest.mark.parametrize("address", [FW, SDK])
