@@ -3,7 +3,7 @@
 A state made by Terraform 1.13.3, 1.12.2 or 1.8.5 (or OpenTofu 1.12.6 or 1.8.5) with real
 providers, the same out-of-band changes, then from the same state and the same provider binaries:
 Terraform refreshes one copy (`apply -refresh-only -auto-approve`), kl another (`state import`,
-`refresh`, `state pull`). The resources they write must be equal field by field (attributes,
+`refresh`, `state pull --observed`). The resources they write must be equal field by field (attributes,
 sensitive_attributes, identity, private, schema_version, every other key of the instance objects,
 which instances and resources remain), and `plan -refresh=false -detailed-exitcode` must give the
 same exit code and the same planned actions on both states (0 when nothing drifted).
@@ -272,7 +272,9 @@ def _testprovider_env(ws: Path) -> dict[str, str]:
 
 
 def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
-    """kl's refresh of the workspace's terraform.tfstate: the document `kl state pull` gives after it."""
+    """kl's refresh of the workspace's terraform.tfstate: its observation, the document `kl state pull
+    --observed` gives after it (Terraform's serial and lineage, with what the refresh read), written
+    back to the workspace for the CLI to plan from."""
     r = run_kl("state", "import", name, str(ws / "terraform.tfstate"), "--source", "apply")
     assert r.returncode == 0, r.stderr
     # local_file paths are relative to the workspace, as for Terraform.
@@ -281,9 +283,11 @@ def _kl_refresh(run_kl, ws: Path, name: str) -> dict:
     r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", timeout=600,
                env=_testprovider_env(ws))
     out = json.loads(r.stdout or b"{}")
-    assert r.returncode == 0 and out.get("status") == "succeeded" and out.get("to_serial"), (out, r.stderr)
-    pulled = run_kl("state", "pull", name)
+    assert r.returncode == 0 and out.get("status") == "succeeded" and out.get("to_serial") is None, (out, r.stderr)
+    assert out.get("observation") == f"v{out['from_serial']}.1", out
+    pulled = run_kl("state", "pull", name, "--observed")
     assert pulled.returncode == 0, pulled.stderr
+    assert json.loads(pulled.stdout)["serial"] == out["from_serial"]
     (ws / "terraform.tfstate").write_bytes(pulled.stdout)
     return json.loads(pulled.stdout)
 
