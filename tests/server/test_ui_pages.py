@@ -83,8 +83,9 @@ def test_the_overview_paginates_with_query_parameters(ui: Client, conn) -> None:
 
 
 def version_row(html: str, serial: int) -> tuple[str, ...]:
-    """(source, actor, +added, ~changed, -removed) of a version's row on a state page."""
-    row = re.search(rf'<th scope="row">{serial}</th><td>(\w+)</td><td>([\w-]+)</td>.*?</tr>', html, re.DOTALL)
+    """(source, actor, +added, ~changed, -removed) of Terraform's version SERIAL's row on a state
+    page, labelled vSERIAL as `kl state versions` labels it (an observation of it is vSERIAL.N)."""
+    row = re.search(rf'<th scope="row">v{serial}</th><td>(\w+)</td><td>([\w-]+)</td>.*?</tr>', html, re.DOTALL)
     assert row, f"no row of version {serial}"
     counts = re.findall(r'title="(?:added|changed|removed)">([-+~]\d+)<', row.group(0))
     return (row.group(1), row.group(2), *counts)
@@ -293,13 +294,18 @@ def test_a_dry_run_is_labelled_in_the_runs_list(ui: Client, run_kl, make_state, 
     dry = run_kl("refresh", "nulls", *search, "--dry-run")  # the real null provider
     assert dry.returncode == 0, dry.stderr.decode()
     assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → dry run"]
+    # A refresh records an observation of v9 (Terraform's serial stays 9); --commit writes v10.
     real = run_kl("refresh", "nulls", *search)
     assert real.returncode == 0, real.stderr.decode()
-    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → 10", "9 → dry run"]
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → v9.1 (observed)", "9 → dry run"]
+    committed = run_kl("refresh", "nulls", *search, "--commit")
+    assert committed.returncode == 0, committed.stderr.decode()
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → 10", "9 → v9.1 (observed)", "9 → dry run"]
     # A run that fails commits nothing either, and is not a dry run.
     failed = run_kl("refresh", "nulls", "--provider-search-path", str(tmp_path))  # no provider there
     assert failed.returncode != 0
-    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["10 → (not committed)", "9 → 10", "9 → dry run"]
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == [
+        "10 → (not committed)", "9 → 10", "9 → v9.1 (observed)", "9 → dry run"]
 
 
 def test_provider_addresses_are_shown_as_users_write_them(ui: Client) -> None:
