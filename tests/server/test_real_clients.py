@@ -56,7 +56,7 @@ def _versions(db_url: str, name: str) -> list[tuple]:
     with psycopg.connect(db_url) as c:
         return c.execute(
             """SELECT v.serial, v.source, v.actor FROM state_versions v JOIN states s ON s.id = v.state_id
-               WHERE s.name = %s ORDER BY v.serial""", (name,)).fetchall()
+               WHERE s.name = %s AND v.kind = 'terraform' ORDER BY v.serial""", (name,)).fetchall()
 
 
 def _events(db_url: str, name: str) -> list[tuple]:
@@ -115,7 +115,13 @@ def test_apply_change_remove_pull_push_refresh(tool, users_server, db_url, tmp_p
     assert pushed.returncode != 0 and "409" in pushed.stdout + pushed.stderr
     assert _versions(db_url, name) == before
 
+    # A refresh records an observation: Terraform's versions stay as they were, and its plan too.
     r = run_kl("refresh", name, "--provider-search-path", str(PLUGIN_CACHE), cwd=ws.dir)
+    assert r.returncode == 0, r.stderr.decode()
+    assert _versions(db_url, name) == before
+    assert ws.run("plan", "-detailed-exitcode", "-input=false", "-no-color", check=False).returncode == 0
+    # With --commit the refreshed state is Terraform's next version, which the CLI reads and plans on.
+    r = run_kl("refresh", name, "--commit", "--provider-search-path", str(PLUGIN_CACHE), cwd=ws.dir)
     assert r.returncode == 0, r.stderr.decode()
     versions = _versions(db_url, name)
     assert versions[-1][1] == "refresh" and versions[-1][0] > s2
