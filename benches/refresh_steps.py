@@ -122,6 +122,9 @@ def _patch_orchestrator(m: ModuleType) -> None:
     if hasattr(m, "_refresh_one_async"):  # reads from the event loop (from 5 instances since session 10)
         setattr(m, "_refresh_one_async", _timed_async("read", getattr(m, "_refresh_one_async")))  # noqa: B009, B010
     _wrap(m, "commit_refresh", "commit")
+    # A refresh without --commit records an observation instead (from the observations change): the
+    # same step, its write of what it read, so traces before and after line up.
+    _wrap(m, "record_observation", "commit")
     _wrap(m, "_finish", "finish audit row")
     _wrap(m, "run", "orchestrator run")
 
