@@ -93,6 +93,9 @@ def test_refresh_against_real_providers_finds_an_out_of_band_deletion(run_pyz, d
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["status"], out["resources_checked"], out["resources_changed"], out["resources_failed"]) == ("succeeded", 4, 0, 0)
+    # What a refresh writes is an observation of Terraform's version, never its next serial.
+    base = out["from_serial"]
+    assert (out["to_serial"], out["observation"]) == (None, f"v{base}.1")
 
     (ws / "out" / "two.txt").unlink()
     assert run_pyz("state", "set", "prod", "--workdir", str(ws)).returncode == 0  # deletions commit only with a workdir
@@ -100,6 +103,11 @@ def test_refresh_against_real_providers_finds_an_out_of_band_deletion(run_pyz, d
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["changed_addresses"] == ['local_file.f["two"]'] and out["resources_changed"] == 1
+    assert (out["from_serial"], out["to_serial"], out["observation"]) == (base, None, f"v{base}.2")
+    observed = run_pyz("state", "pull", "prod", "--observed")
+    assert observed.returncode == 0, observed.stderr
+    files = [i["index_key"] for r in json.loads(observed.stdout)["resources"] if r["type"] == "local_file" for i in r["instances"]]
+    assert "two" not in files and files, files
     assert provider_pids() - before == set(), "provider processes outlived kl refresh"
 
 
