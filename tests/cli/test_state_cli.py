@@ -28,10 +28,13 @@ def test_import_list_versions_pull_status(db_url, run_kl, make_state, tmp_path):
     assert [(s["name"], s["serial"], s["versions"], s["resources"]) for s in listing["states"]] == [("prod", 2, 2, 2)]
 
     vers = json.loads(run_kl("state", "versions", "prod", "--format", "json").stdout)["versions"]
-    assert [(v["serial"], v["source"]) for v in vers] == [(1, "import"), (2, "apply")]
+    assert [(v["serial"], v["source"], v["kind"], v["label"], v["observation"]) for v in vers] == [
+        (1, "import", "terraform", "v1", None), (2, "apply", "terraform", "v2", None)]
     assert vers[0]["actor"] == "alice" and vers[1]["actor"].endswith("@cli")
     table = run_kl("state", "versions", "prod").stdout.decode()
-    assert table.splitlines()[0].split() == ["SERIAL", "SOURCE", "ACTOR", "TERRAFORM", "CREATED"]
+    # Both kinds in one list (observations beside Terraform's versions): the version's label and its kind.
+    assert table.splitlines()[0].split() == ["VERSION", "KIND", "SOURCE", "ACTOR", "TERRAFORM", "CREATED"]
+    assert [line.split()[:3] for line in table.splitlines()[1:]] == [["v1", "terraform", "import"], ["v2", "terraform", "apply"]]
 
     pulled = json.loads(run_kl("state", "pull", "prod").stdout)
     assert pulled == json.loads(make_state(2, {"a": {"id": "1"}, "c": {"id": "3"}}))
