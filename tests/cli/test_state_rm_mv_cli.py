@@ -64,6 +64,27 @@ def take_lock(db_url: str, name: str) -> str:
     return str(info["ID"])
 
 
+def observe_a_difference(db_url: str, name: str, address: str) -> None:
+    """An observation of NAME's current version that found ADDRESS different (its observed object,
+    and the drift it opens), recorded by kl's own code as a refresh records one: the real null
+    provider reads back exactly what is stored, so its refreshes only ever confirm."""
+    from kilolock import tfstate
+    from kilolock.refresh.commit import record_observation
+    from kilolock.store import states, versions
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        sid = states.state_id(conn, name)
+        current = versions.current_version(conn, sid)
+        assert current is not None
+        parser = tfstate.ExactJSON()
+        doc = parser.loads(versions.raw_state_text(conn, name))
+        [changed] = [r for r in doc["resources"] if f"{r['type']}.{r['name']}" == address]
+        changed["instances"][0]["attributes"]["triggers"] = {"changed": "out of band"}
+        observed = record_observation(conn, name, sid, tfstate.parse_state(doc), parser, current, "test", None,
+                                      {(address, "")}, same_as_base=False)
+        assert observed.version.kind == "observation" and observed.found == 1, observed
+
+
 @pytest.fixture
 def prod(db_url, run_kl, make_state, tmp_path):
     """State prod with rows of its own in every table a state's rows live in but the lock and the
@@ -77,6 +98,8 @@ def prod(db_url, run_kl, make_state, tmp_path):
     ok(run_kl("provider", "configure", "hashicorp/null", "--state", "prod", "--config", "-", input=b"{}"))
     r = run_kl("refresh", "prod", "--provider-search-path", str(PLUGIN_CACHE), "--format", "json")
     assert json.loads(r.stdout)["status"] == "succeeded", r.stderr
+    # Then one that found an object different (the import below sends its drift.new with its own).
+    observe_a_difference(db_url, "prod", "null_resource.b")
     ok(run_kl("state", "import", "prod", "-", "--source", "refresh",
               input=make_state(3, {"a": {"id": "1", "triggers": {"k": "v"}}, "b": {"id": "2"}})))
     ok(run_kl("access", "grant", "user:alice", "--role", "read", "--states", "prod"))
@@ -87,6 +110,9 @@ def prod(db_url, run_kl, make_state, tmp_path):
     lock_id = take_lock(db_url, "prod")
     with psycopg.connect(db_url, autocommit=True) as c:
         store_ops.unlock(c, "prod", lock_id, "test", forced=False)
+        # The unreachable webhook's next retries (1 s, 2 s, 4 s, ... after the events) would otherwise fall
+        # due during the test on a slow machine and print their warnings before the lines it checks.
+        c.execute("UPDATE notify_deliveries SET next_attempt_at = now() + interval '1 hour' WHERE status = 'pending'")
     return db_url
 
 
@@ -101,10 +127,17 @@ def test_rm_deletes_everything_of_its_own_in_one_go_and_lists_the_globs_that_sta
     assert "standard input is not a terminal" in err and "--force" in err and err.count("\n") == 1, err
     assert counts(prod, sid) == before
 
+    with psycopg.connect(prod) as c:
+        events = c.execute("SELECT kind, serial, detail -> 'addresses' -> 0 ->> 'address' FROM notify_events"
+                           " WHERE state_id = %s ORDER BY created_at", (sid,)).fetchall()
+    assert events == [("drift.new", 1, "null_resource.b"), ("drift.new", 3, "null_resource.a"),
+                      ("drift.resolved", 3, "null_resource.b")], events
     out = ok(run_kl("state", "rm", "prod", "--force"))
-    assert out.startswith("deleting state 'prod' deletes what is its own: 3 versions, 3 instance lifecycles, "
-                          "1 refresh run, 1 drift record, 4 lock events, its stored refresh settings, "
-                          "1 provider config of its own, 1 queued refresh, 1 notification event\n"), out
+    # v1, its observations v1.1 (the refresh's) and v1.2, v3; the drift of v3 and of v1.2; the lock
+    # taken and released (a refresh that observes takes none); drift.new of each drift, and b's end.
+    assert out.startswith("deleting state 'prod' deletes what is its own: 4 versions, 3 instance lifecycles, "
+                          "1 refresh run, 2 drift records, 2 lock events, its stored refresh settings, "
+                          "1 provider config of its own, 1 queued refresh, 3 notification events\n"), out
     assert out.endswith("prod: deleted\n"), out
     assert ("  grant of read to user:alice on 'prod': kl access revoke user:alice --states prod\n"
             "  ignore rule 1 ('null_resource.b') on '**': kl drift ignore remove 1\n"
@@ -122,7 +155,7 @@ def test_rm_deletes_everything_of_its_own_in_one_go_and_lists_the_globs_that_sta
 
 def test_rm_json_result(prod, run_kl):
     doc = json.loads(ok(run_kl("state", "rm", "prod", "--force", "--format", "json")))
-    assert doc["deleted"] == "prod" and doc["owned"]["versions"] == 3 and doc["owned"]["refresh_runs"] == 1
+    assert doc["deleted"] == "prod" and doc["owned"]["versions"] == 4 and doc["owned"]["refresh_runs"] == 1
     assert [(k["kind"], k["key"], k["states"], k["remove"]) for k in doc["kept"]] == [
         ("grant", "user:alice", "prod", "kl access revoke user:alice --states prod"),
         ("ignore rule", "1", "**", "kl drift ignore remove 1"),
@@ -195,7 +228,7 @@ def test_mv_keeps_history_and_settings_and_spells_out_the_backend_change(prod, r
         '  lock_address   = "https://kl.example:8080/states/team/prod"\n'
         '  unlock_address = "https://kl.example:8080/states/team/prod"\n'
         "until then Terraform finds no state at /states/prod: a plan there would create everything again\n"
-        "renamed state 'prod' to 'team/prod': its 3 versions, history and settings go with it\n"), out
+        "renamed state 'prod' to 'team/prod': its 4 versions, history and settings go with it\n"), out
 
     assert json.loads(ok(run_kl("state", "versions", "team/prod", "--format", "json")))["versions"] == versions_before
     assert drift_records(run_kl, "team/prod") == drift_before
