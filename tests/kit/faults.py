@@ -51,6 +51,15 @@ def last_run(db_url: str) -> tuple[Any, ...]:
 
 
 def serials(db_url: str, state: str = "prod") -> list[int]:
+    """The serials of Terraform's versions of STATE (an observation keeps its base's serial)."""
     with psycopg.connect(db_url) as c:
         return [r[0] for r in c.execute("SELECT v.serial FROM state_versions v JOIN states s ON s.id = v.state_id"
-                                        " WHERE s.name = %s ORDER BY v.serial", (state,))]
+                                        " WHERE s.name = %s AND v.kind = 'terraform' ORDER BY v.serial", (state,))]
+
+
+def observations(db_url: str, state: str = "prod") -> list[str]:
+    """The labels of STATE's observations (v7.3), in the order recorded."""
+    with psycopg.connect(db_url) as c:
+        return [f"v{serial}.{number}" for serial, number in c.execute(
+            "SELECT v.serial, v.observation_number FROM state_versions v JOIN states s ON s.id = v.state_id"
+            " WHERE s.name = %s AND v.kind = 'observation' ORDER BY v.seq", (state,))]

@@ -1,7 +1,8 @@
 """Invariant checks shared by the database-fault, concurrency and chaos tests (and the chaos runner).
 
 What must hold after any fault, checked against the database and the process table only:
-- versions: serials strictly increase and every stored version parses as Terraform state;
+- versions: Terraform's serials strictly increase, observations keep their base's, and every stored
+  version parses as Terraform state;
 - lifecycles: the `resources` rows, and the drift records, equal what a re-index of the stored
   versions from scratch gives (replayed through kl's own write path inside a transaction that is
   rolled back);
@@ -34,7 +35,10 @@ def _lifecycle_rows(conn: psycopg.Connection, state_id: str) -> list[tuple]:
     ).fetchall()
 
 
-# What a drift record holds, minus ids: the same history gives the same records.
+# What a drift record holds, minus ids: the same history gives the same records. Only the records
+# Terraform's versions alone found, followed and resolved (a commit's closed lifecycles, an apply):
+# drift an observation found, saw again or read back is the latest observation against its base,
+# which a replay of Terraform's versions does not make.
 _DRIFT_COLS = ("address", "deposed", "kind", "changed_attributes", "first_detected_serial", "detected_serial",
                "resolved_serial", "resolved_how")
 
@@ -49,10 +53,25 @@ def _drift_rows(conn: psycopg.Connection, state_id: str) -> list[tuple]:
     ).fetchall()
 
 
+def _observed_drift(conn: psycopg.Connection, state_id: str) -> set[tuple]:
+    """(address, deposed, first detected serial) of the drift records an observation found, saw
+    again or read back: what a replay of Terraform's versions cannot give (it gives such a record
+    open, or none)."""
+    return set(conn.execute(
+        """SELECT d.address, d.deposed, d.first_detected_serial FROM drift_records d
+           WHERE d.state_id = %s AND EXISTS (
+               SELECT 1 FROM state_versions v
+               WHERE v.id IN (d.first_detected_version_id, d.detected_version_id, d.resolved_version_id)
+                 AND v.kind = 'observation')""",
+        (state_id,),
+    ).fetchall())
+
+
 def reindex_mismatches(db_url: str, state: str) -> list[str]:
     """Differences between the stored lifecycle rows of STATE and a re-index from scratch: every
     stored version replayed in serial order into a scratch state by kl's own writes.store_document (the full,
-    unscoped index), in a transaction that is rolled back. [] when they agree."""
+    unscoped index), in a transaction that is rolled back. [] when they agree. Terraform's versions
+    only: the lifecycle index is theirs, an observation changes none of it."""
     from kilolock import tfstate
     from kilolock.store import states, writes
 
@@ -60,7 +79,8 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
         sid = states.state_id(conn, state)
         stored = _lifecycle_rows(conn, sid)
         rows = conn.execute(
-            "SELECT serial, source, actor, kl_version_document(id)::text, encrypted FROM state_versions WHERE state_id = %s ORDER BY serial",
+            "SELECT serial, source, actor, kl_version_document(id)::text, encrypted FROM state_versions"
+            " WHERE state_id = %s AND kind = 'terraform' ORDER BY serial",
             (sid,),
         ).fetchall()
         scratch = f"kl-reindex-{uuid.uuid4().hex}"
@@ -70,7 +90,9 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
             writes.store_document(conn, scratch, tfstate.parse_state(text, origin=f"v{serial}"), text.encode(),
                                   source=source, actor=actor, force=True)
         rebuilt = _lifecycle_rows(conn, states.state_id(conn, scratch))
-        drift_stored, drift_rebuilt = _drift_rows(conn, sid), _drift_rows(conn, states.state_id(conn, scratch))
+        observed = _observed_drift(conn, sid)
+        drift_stored, drift_rebuilt = ([r for r in _drift_rows(conn, s) if (r[0], r[1], r[4]) not in observed]
+                                       for s in (sid, states.state_id(conn, scratch)))
         conn.rollback()
     out = []
     stored_set, rebuilt_set = set(map(repr, stored)), set(map(repr, rebuilt))
@@ -86,30 +108,44 @@ def reindex_mismatches(db_url: str, state: str) -> list[str]:
 
 
 def version_problems(db_url: str, state: str) -> list[str]:
-    """Serials strictly increasing (by creation order), and every version parsing as a state."""
+    """Terraform's serials strictly increasing (in the order written), every observation carrying
+    its base's serial and lineage and numbered after the base's earlier ones, and every version
+    parsing as a state (an observation without a document of its own, as its base's)."""
     from kilolock import tfstate
 
     out = []
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
-            """SELECT v.serial, kl_version_document(v.id)::text, v.encrypted FROM state_versions v JOIN states s ON s.id = v.state_id
-               WHERE s.name = %s ORDER BY v.created_at, v.serial""",
+            """SELECT v.kind, v.serial, v.lineage, v.observation_number, b.serial, b.lineage, b.kind,
+                      kl_version_document(kl_document_version(v.id))::text, v.encrypted
+               FROM state_versions v JOIN states s ON s.id = v.state_id
+               LEFT JOIN state_versions b ON b.id = v.base_version_id
+               WHERE s.name = %s ORDER BY v.seq""",
             (state,),
         ).fetchall()
     last = None
-    for serial, text, encrypted in rows:
-        if last is not None and serial <= last:
-            out.append(f"serial {serial} stored after serial {last}")
-        last = serial
+    numbers: dict[int, int] = {}
+    for kind, serial, lineage, number, base_serial, base_lineage, base_kind, text, encrypted in rows:
+        name = f"v{serial}" if kind == "terraform" else f"v{serial}.{number}"
+        if kind == "terraform":
+            if last is not None and serial <= last:
+                out.append(f"serial {serial} stored after serial {last}")
+            last = serial
+        else:
+            if (base_kind, base_serial, base_lineage) != ("terraform", serial, lineage):
+                out.append(f"{name} is based on {base_kind} v{base_serial} ({base_lineage}), not on its own serial and lineage")
+            if number <= numbers.get(serial, 0):
+                out.append(f"{name} recorded after v{serial}.{numbers[serial]}")
+            numbers[serial] = number
         if encrypted:
             continue
         try:
-            parsed = tfstate.parse_state(text, origin=f"v{serial}")
+            parsed = tfstate.parse_state(text, origin=name)
         except Exception as exc:  # noqa: BLE001 - any failure to parse is the finding
-            out.append(f"v{serial} does not parse: {exc}")
+            out.append(f"{name} does not parse: {exc}")
             continue
         if parsed.serial != serial:
-            out.append(f"v{serial} holds serial {parsed.serial}")
+            out.append(f"{name} holds serial {parsed.serial}")
     return out
 
 

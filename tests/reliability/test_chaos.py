@@ -50,6 +50,11 @@ def test_invariant_checks_catch_what_they_guard(run_kl, db_url):
         v = one_row(c, "SELECT id FROM state_versions WHERE serial = 2")[0]
         c.execute("INSERT INTO refresh_runs (state_id, from_version_id) VALUES (%s, %s)", (sid, v))
         c.execute("INSERT INTO state_locks (state_id, lock_id, operation, who, info) VALUES (%s, 'l', 'OperationTypeRefresh', 'w', '{}')", (sid,))
+        # An observation that does not carry its base's serial (its document is its base's).
+        c.execute("""INSERT INTO state_versions (state_id, serial, lineage, source, content_hash, kind, base_version_id,
+                                                 observation_number)
+                     VALUES (%s, 7, 'fake-lineage', 'refresh', 'h', 'observation', %s, 1)""", (sid, v))
     vp = version_problems(db_url, "prod")
     assert any("serial 0 stored after serial 2" in p for p in vp) and any("v0 does not parse" in p for p in vp), vp
+    assert any("v7.1 is based on terraform v2" in p for p in vp) and any("v7.1 holds serial 2" in p for p in vp), vp
     assert len(running_runs(db_url)) == 1 and len(state_locks(db_url)) == 1
