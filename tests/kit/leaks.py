@@ -19,8 +19,10 @@ from kit.pg import one_row
 LOUD = {"KL_LOG": "debug", "TF_LOG": "trace"}  # kl's own debug logs and the providers' logs on stderr
 # These hold the state itself (attributes, secrets included) by design, like a .tfstate file; the
 # drift views show their attributes to SQL users (drift_records itself holds attribute names only);
-# version_pieces holds each version's text in pieces (migration 0014), what state_versions held whole.
-STATE_TABLES = frozenset({"state_versions", "version_pieces", "resources", "current_resource_drift", "resource_drift"})
+# version_pieces holds each version's text in pieces (migration 0014), what state_versions held whole;
+# observed_objects holds the objects an observation found different (migration 0022), as resources does.
+STATE_TABLES = frozenset({"state_versions", "version_pieces", "resources", "observed_objects", "current_resource_drift",
+                          "resource_drift"})
 
 Channels = dict[str, bytes]
 

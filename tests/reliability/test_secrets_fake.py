@@ -66,8 +66,9 @@ def test_provider_echoes_of_token_and_sensitive_values_are_masked_in_logs_and_ou
     assert leaks({"env token": s["env token"]}, db_rows(db_url, exclude=frozenset())) == []
     channels |= db_rows(db_url)
     assert leaks(s, channels) == []
-    pulled = run_kl("state", "pull", "prod").stdout.decode()  # the state itself holds them, by design
-    assert s["schema-sensitive secret"] in pulled and s["marked value"] in pulled and s["env token"] not in pulled
+    for pull in (("state", "pull", "prod"), ("state", "pull", "prod", "--observed")):
+        pulled = run_kl(*pull).stdout.decode()  # the state itself, and what was observed of it, hold them by design
+        assert s["schema-sensitive secret"] in pulled and s["marked value"] in pulled and s["env token"] not in pulled, pull
 
 
 def test_a_literal_schema_sensitive_config_token_is_masked_when_echoed(run_kl, db_url, fake_cache):
@@ -128,8 +129,8 @@ def test_drift_of_sensitive_values_shows_only_that_they_changed(run_kl, db_url, 
     api_drift = json.loads(api["GET /api/v1/states/prod/drift"])["drift"][0]["changes"]
     assert {c["path"]: (c["before"], c["after"]) for c in api_drift} == changes
     assert leaks(s | new, channels | api) == []
-    pulled = json.loads(run_kl("state", "pull", "prod").stdout)["resources"][0]["instances"][0]
-    assert pulled["attributes"]["secret"] == new["new secret"]  # it did change, in the state itself
+    pulled = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)["resources"][0]["instances"][0]
+    assert pulled["attributes"]["secret"] == new["new secret"]  # it did change, in what the refresh observed
     assert sorted(p[0]["value"] for p in pulled["sensitive_attributes"]) == ["secret", "value"]
     assert not set(STATE_TABLES) & {k.removeprefix("table ") for k in channels}
 

@@ -91,7 +91,7 @@ def test_secrets_from_real_providers_reach_no_output_channel(run_kl, db_url, app
         assert r.returncode == 0, r.stdout + r.stderr
         channels[f"kl refresh --format {fmt}"] = r.stdout + r.stderr
         assert b"DEBUG kilolock.provider.random" in r.stderr  # the providers' own logs were on
-    state = json.loads(run_kl("state", "pull", "prod").stdout)
+    state = json.loads(run_kl("state", "pull", "prod", "--observed").stdout)  # what the refresh read
     upgraded = instance(state, "random_password")
     assert upgraded["schema_version"] == 3 and upgraded["attributes"]["result"] == secrets["random_password.result"]
     secrets = {**secrets, "bcrypt_hash made by the upgrade": upgraded["attributes"]["bcrypt_hash"]}
