@@ -9,9 +9,11 @@ Two states on a PostgreSQL cluster of the run's own (or --database-url):
   each run as an apply would, with crashes, errors, deletions, slow reads past --timeout, kills and
   cuts.
 Every run is checked on its own (exit code allowed for its fault, one `kl:` line and no traceback
-on failure, serial +1 only when it succeeded, no provider left), and at the end, after
-`kl runs --stale`: serials strictly increase, every version parses, the lifecycle rows equal a
-re-index from scratch, no audit row left running, no state lock left, no process left.
+on failure; when it succeeded, one observation of the version it read and Terraform's serial
+unmoved, or with --commit, which some runs add, serial +1 only; no provider left), and at the end,
+after `kl runs --stale`: Terraform's serials strictly increase, observations keep their base's,
+every version parses, the lifecycle rows equal a re-index from scratch, no audit row left running,
+no state lock left, no process left.
 Exit 0 when everything held, 1 on any violation, 2 when something needed is missing.
 
 Test-kit code: scripts/chaos.sh runs it as `python -m kit.chaos` with tests/ on PYTHONPATH.
@@ -64,15 +66,16 @@ resource "local_file" "f" {{
 resource "random_password" "p" {{ length = 12 }}
 """
 
-# fault -> (weight, exit codes allowed). Kills may land after the run finished, hence 0 with them.
+# fault -> (weight, exit codes allowed). Kills may land after the run finished, hence 0 with them;
+# a SIGTERM that lands during the run cancels it, 143 (README: 130 after Ctrl-C, 143 after SIGTERM).
 FAKE_FAULTS = {
     "none": (2, {0}), "crash": (1, {1}), "timeout": (1, {1}), "error": (1, {1}), "gone": (1, {0}),
-    "sigkill": (2, {0, -9}), "sigterm": (2, {0, 1, -15}), "sigint": (2, {0, 130, -2}), "dbcut": (2, {0, 1}),
+    "sigkill": (2, {0, -9}), "sigterm": (2, {0, 1, 143, -15}), "sigint": (2, {0, 130, -2}), "dbcut": (2, {0, 1}),
     "pgrestart": (1, {0, 1}),
 }
 REAL_FAULTS = {
     "none": (2, {0}), "drift": (2, {0}),
-    "sigkill": (1, {0, -9}), "sigterm": (1, {0, 1, -15}), "sigint": (1, {0, 130, -2}), "dbcut": (1, {0, 1}),
+    "sigkill": (1, {0, -9}), "sigterm": (1, {0, 1, 143, -15}), "sigint": (1, {0, 130, -2}), "dbcut": (1, {0, 1}),
     "pgrestart": (1, {0, 1}),
 }
 FAKE_TYPES = {
@@ -118,18 +121,28 @@ class Chaos:
         return r
 
     def serials(self, state: str) -> list[int]:
+        """Terraform's serials (an observation keeps its base's)."""
         import psycopg
 
         with psycopg.connect(self.url) as c:
             return [r[0] for r in c.execute("SELECT v.serial FROM state_versions v JOIN states s ON s.id = v.state_id"
-                                            " WHERE s.name = %s ORDER BY v.serial", (state,))]
+                                            " WHERE s.name = %s AND v.kind = 'terraform' ORDER BY v.serial", (state,))]
+
+    def observations(self, state: str) -> list[tuple[int, int]]:
+        """(serial, number) of every observation, in the order recorded."""
+        import psycopg
+
+        with psycopg.connect(self.url) as c:
+            return c.execute("SELECT v.serial, v.observation_number FROM state_versions v JOIN states s ON s.id = v.state_id"
+                             " WHERE s.name = %s AND v.kind = 'observation' ORDER BY v.seq", (state,)).fetchall()
 
     def runs(self, state: str) -> list[tuple]:
+        """(status, from serial, to serial, to kind) of every run."""
         import psycopg
 
         with psycopg.connect(self.url) as c:
             return c.execute(
-                """SELECT rr.status, f.serial, t.serial FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
+                """SELECT rr.status, f.serial, t.serial, t.kind FROM refresh_runs rr JOIN states s ON s.id = rr.state_id
                    JOIN state_versions f ON f.id = rr.from_version_id LEFT JOIN state_versions t ON t.id = rr.to_version_id
                    WHERE s.name = %s ORDER BY rr.started_at""", (state,)).fetchall()
 
@@ -191,7 +204,9 @@ class Chaos:
             faults = {k: v for k, v in faults.items() if k != "pgrestart"}
         fault = self.rng.choices(list(faults), weights=[w for w, _ in faults.values()])[0]
         allowed = faults[fault][1]
-        args = ["refresh", target, "--format", "json"]
+        # Most runs record an observation, as a refresh does by default; some write serial+1 (--commit).
+        commit = self.rng.random() < 0.3
+        args = ["refresh", target, "--format", "json", *(["--commit"] if commit else [])]
         env: dict[str, str] = {}
         cwd = self.work
         if target == "fake":
@@ -211,7 +226,7 @@ class Chaos:
                 victim.write_text(f"edited behind Terraform's back in run {n}\n")
             args += ["--provider-search-path", str(PLUGIN_CACHE)]
             cwd = self.tf_dir
-        before, runs_before = self.serials(target), len(self.runs(target))
+        before, runs_before, observed_before = self.serials(target), len(self.runs(target)), self.observations(target)
         orphans_before = procs.marked_pids(self.mark, names=(b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock"))
 
         # default_signals: the kill faults must land even when chaos.sh runs in the background (`&`
@@ -242,16 +257,23 @@ class Chaos:
         if timer:
             timer.join()
         code, text = proc.returncode, err.decode()
-        where = f"run {n} {target}:{fault} (delay {delay:.2f}s, exit {code})"
+        where = f"run {n} {target}:{fault}{' --commit' if commit else ''} (delay {delay:.2f}s, exit {code})"
 
         new_runs = self.runs(target)[runs_before:]
-        after = self.serials(target)
+        after, observed = self.serials(target), self.observations(target)
         status = new_runs[0][0] if new_runs else "no-run"
         self.outcomes[f"{target}:{fault}"][status if code >= 0 else f"{status} (killed)"] += 1
+        new_observations = observed[len(observed_before):]
+        if observed[:len(observed_before)] != observed_before:
+            bad_early = f"observations changed under the run: {observed_before[-3:]} -> {observed[-3:]}"
+        else:
+            bad_early = None
 
         def bad(what: str) -> None:
             self.violations.append(f"{where}: {what}")
 
+        if bad_early:
+            bad(bad_early)
         if code not in allowed:
             bad(f"exit code not one of {sorted(allowed)}; stderr: {text.strip()[:300]}")
         if "Traceback" in text or "internal error" in text:
@@ -268,14 +290,19 @@ class Chaos:
             bad(f"a cut connection not reported as such: {text.strip()[:300]}")
         if len(new_runs) > 1:
             bad(f"{len(new_runs)} audit rows for one run")
-        if status == "succeeded":
-            if after != before + [before[-1] + 1] or new_runs[0][2] != before[-1] + 1:
-                bad(f"succeeded but serials went {before[-3:]} -> {after[-3:]}")
+        if status == "succeeded" and commit:
+            if after != before + [before[-1] + 1] or new_runs[0][2:] != (before[-1] + 1, "terraform") or new_observations:
+                bad(f"succeeded but serials went {before[-3:]} -> {after[-3:]}, observations {new_observations}")
+        elif status == "succeeded":
+            if after != before or len(new_observations) != 1 or new_observations[0][0] != before[-1] \
+                    or new_runs[0][2:] != (before[-1], "observation"):
+                bad(f"succeeded but serials went {before[-3:]} -> {after[-3:]}, observations {new_observations}")
         elif status == "running":
-            if after not in (before, before + [before[-1] + 1]):
-                bad(f"killed run moved serials {before[-3:]} -> {after[-3:]}")
-        elif after != before:
-            bad(f"status {status} yet serials went {before[-3:]} -> {after[-3:]}")
+            if after not in ((before, before + [before[-1] + 1]) if commit else (before,)) or len(new_observations) > (
+                    0 if commit else 1):
+                bad(f"killed run moved serials {before[-3:]} -> {after[-3:]}, observations {new_observations}")
+        elif after != before or new_observations:
+            bad(f"status {status} yet serials went {before[-3:]} -> {after[-3:]}, observations {new_observations}")
         if status == "running" and code >= 0 and "--stale" not in text:
             bad("kl exited by itself, left its audit row running, and did not say to run `kl runs --stale`")
         if status == "running":
@@ -316,11 +343,18 @@ class Chaos:
         for state in ("fake", "real"):
             stale = self.kl("runs", state, "--stale", check=False)
             found[f"{state}: kl runs --stale"] = [] if stale.returncode == 0 else [stale.stderr.decode().strip()]
-            found[f"{state}: serials increase, versions parse"] = invariants.version_problems(self.url, state)
+            found[f"{state}: serials increase, observations keep theirs, versions parse"] = \
+                invariants.version_problems(self.url, state)
             found[f"{state}: lifecycles = re-index"] = invariants.reindex_mismatches(self.url, state)
             pulled = self.kl("state", "pull", state, check=False)
             ok = pulled.returncode == 0 and json.loads(pulled.stdout)["serial"] == self.serials(state)[-1]
             found[f"{state}: kl state pull"] = [] if ok else [pulled.stderr.decode().strip() or "wrong serial"]
+            observed = self.observations(state)
+            if observed:  # the latest observation is what `kl state pull --observed` prints
+                pulled = self.kl("state", "pull", state, "--observed", check=False)
+                ok = pulled.returncode == 0 and json.loads(pulled.stdout)["serial"] == observed[-1][0]
+                found[f"{state}: kl state pull --observed"] = [] if ok else [
+                    pulled.stderr.decode().strip() or "wrong serial"]
         found["audit rows finished"] = [f"run {r[0]} still running" for r in invariants.running_runs(self.url)]
         found["no state lock left"] = [f"{s} locked by {w} ({o})" for s, o, w in invariants.state_locks(self.url)]
         names = (b"terraform-provider-", b"fake_provider.py", b"-m\0kilolock")
