@@ -86,7 +86,7 @@ def test_a_refresh_whose_commit_lock_breaks_is_one_line_and_recorded_failed(boun
     the version), says nothing was committed, and finishes its audit row."""
     pooled = _pooled(bouncer, db_url)
     add_states(db_url, ["brk/a"], instances=3)
-    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/a", at="locks.acquire")
+    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/a", "--commit", at="locks.acquire")
     _terminate(db_url, pid)
     code, err = _finish(proc, go)
     assert code == 1, err
@@ -100,7 +100,7 @@ def test_a_refresh_whose_commit_lock_breaks_is_one_line_and_recorded_failed(boun
 
 
 def test_a_refresh_whose_audit_row_breaks_finishes_it_on_a_new_connection(bouncer, db_url, tmp_path):
-    """The break on COMMIT of the run's finish (after v2 was committed): the row is finished again
+    """The break on COMMIT of the run's finish (after v1.1 was recorded): the row is finished again
     on a fresh connection (the lost attempt did not land; had it, finishing is a no-op), and the
     refresh reports what it did."""
     pooled = _pooled(bouncer, db_url)
@@ -109,9 +109,33 @@ def test_a_refresh_whose_audit_row_breaks_finishes_it_on_a_new_connection(bounce
     _terminate(db_url, pid)
     code, err = _finish(proc, go)
     assert code == 0 and "internal error" not in err, err
-    assert q(db_url, "SELECT v.serial, v.source FROM state_versions v ORDER BY v.serial") == [(1, "import"), (2, "refresh")]
+    assert _versions(db_url) == [(1, "import", "terraform"), (1, "refresh", "observation")]
     [(status, _started, finished, _summary)] = runs_of(db_url, "brk/f")
     assert status == "succeeded" and finished is not None
+
+
+def _versions(db_url: str) -> list[tuple]:
+    """(serial, source, kind) of every version, in the order written: a refresh records an observation."""
+    return q(db_url, "SELECT v.serial, v.source, v.kind FROM state_versions v ORDER BY v.seq")
+
+
+def test_a_refresh_whose_observation_breaks_is_one_line_and_recorded_failed(bouncer, db_url, tmp_path):
+    """The break on COMMIT of the observation the refresh records (no lock taken): a fresh
+    connection looks for it, finds it did not land, and the run says nothing was recorded and
+    finishes its audit row failed."""
+    pooled = _pooled(bouncer, db_url)
+    add_states(db_url, ["brk/o"], instances=3)
+    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/o", at="writes.record_observation")
+    _terminate(db_url, pid)
+    code, err = _finish(proc, go)
+    assert code == 1, err
+    _assert_one_line(err)
+    assert err.startswith("kl: refresh failed: lost the database connection while recording the observation "
+                          "(received 2 results from command 'COMMIT'); nothing recorded"), err
+    assert _versions(db_url) == [(1, "import", "terraform")]
+    assert q(db_url, "SELECT count(*) FROM state_locks") == [(0,)]
+    [(status, _started, finished, summary)] = runs_of(db_url, "brk/o")
+    assert status == "failed" and finished is not None and "nothing recorded" in summary, summary
 
 
 def _break_again(db_url: str, tmp_path: Path, proc: subprocess.Popen[bytes], pid: int) -> int:
@@ -132,7 +156,7 @@ def test_a_refresh_whose_commit_breaks_and_its_settling_breaks_too_says_the_outc
     refresh could no longer know) nor an internal error."""
     pooled = _pooled(bouncer, db_url)
     add_states(db_url, ["brk/s2"], instances=3)
-    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/s2", at="locks.acquire,locks.release")
+    proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/s2", "--commit", at="locks.acquire,locks.release")
     pid = _break_again(db_url, tmp_path, proc, pid)
     _terminate(db_url, pid)
     code, err = _finish(proc, go)
@@ -161,7 +185,7 @@ def test_a_refresh_whose_audit_row_breaks_twice_says_what_to_run(bouncer, db_url
     assert err.startswith("kl: refresh succeeded"), err
     assert ("could not be finished (received 2 results from command 'COMMIT'): run `kl runs brk/f2 --stale` "
             "once the database is back") in err, err
-    assert q(db_url, "SELECT v.serial, v.source FROM state_versions v ORDER BY v.serial") == [(1, "import"), (2, "refresh")]
+    assert _versions(db_url) == [(1, "import", "terraform"), (1, "refresh", "observation")]
     [(status, _started, finished, _summary)] = runs_of(db_url, "brk/f2")
     assert status == "running" and finished is None  # what `kl runs --stale` finishes
 
@@ -194,7 +218,7 @@ def test_a_refresh_whose_commit_meets_a_postgresql_restart_leaves_nothing_runnin
     add_states(url, ["brk/r"], instances=3)
     with pgbouncer.pgbouncer(url) as template:
         pooled = template.format(dbname="fleet") + " kl_pooler=transaction"
-        proc, _pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/r", at="locks.acquire")
+        proc, _pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/r", "--commit", at="locks.acquire")
         cluster.stop()
         # A client that needs a server meanwhile: PgBouncer's server login fails, and it refuses
         # every new client for server_login_retry from then on (what busy pooled fleets meet).
