@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.faults import fake_state, last_run, newest_run, serials
+from kit.faults import fake_state, last_run, newest_run, observations, serials
 from kit.invariants import (
     event_count,
     kl_backends,
@@ -82,7 +82,7 @@ def test_connection_cut_between_reads(run_kl, db_url, fake_cache):
     status, summary, to_version, finished = last_run(db_url)
     assert (status, to_version) == ("failed", None) and finished is not None and "database" in summary, summary
     _assert_consistent(db_url, before)
-    assert serials(db_url) == before
+    assert serials(db_url) == before and observations(db_url) == []
 
 
 def _wait_blocked(db_url: str) -> str:
@@ -106,6 +106,7 @@ BLOCKERS = {
 
 @pytest.mark.parametrize("where", sorted(BLOCKERS))
 def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
+    """`kl refresh --commit`: the write of serial+1 under the state lock, cut while it waits."""
     blocker, blocked_on = BLOCKERS[where]
     make, events = fake_cache
     cache = make(FAKE_SLOW_SECONDS="2")
@@ -113,7 +114,7 @@ def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_gone"])).returncode == 0
     assert run_kl("state", "set", "prod", "--workdir", str(cache)).returncode == 0  # a deletion commits only with one
     before = serials(db_url)
-    proc = _start_refresh(cache)
+    proc = _start_refresh(cache, "--commit")
     wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
     with psycopg.connect(db_url) as holder:  # one open transaction holding the lock
         holder.execute(blocker)
@@ -134,11 +135,61 @@ def test_connection_cut_inside_the_commit(run_kl, db_url, fake_cache, where):
     # The lock kl took for the commit was released on a fresh connection, as the audit trail shows.
     with psycopg.connect(db_url) as c:
         assert [e for (e,) in c.execute("SELECT event FROM lock_events ORDER BY created_at")] == ["lock", "unlock"]
+    assert observations(db_url) == []
     # And the state is writable again: the next refresh commits.
     make(FAKE_SLOW_SECONDS="0")
-    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--allow-mass-removal")
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--allow-mass-removal", "--commit")
     assert r.returncode == 0, r.stderr
     assert serials(db_url) == before + [before[-1] + 1]
+    assert reindex_mismatches(db_url, "prod") == []
+
+
+# Where recording an observation is held: the state row it locks FOR UPDATE to read Terraform's
+# current version and number the observation, and the observed objects it writes once its row is in.
+OBSERVATION_BLOCKERS = {
+    "before-observation-row": ("SELECT 1 FROM states WHERE name = 'prod' FOR NO KEY UPDATE", "FOR UPDATE"),
+    "after-observation-row": ("LOCK TABLE observed_objects IN SHARE MODE", "observed_objects"),
+}
+
+
+@pytest.mark.parametrize("where", sorted(OBSERVATION_BLOCKERS))
+def test_connection_cut_while_recording_the_observation(run_kl, db_url, fake_cache, where):
+    """A refresh records an observation without the state lock; cut while it waits, nothing is
+    recorded (a fresh connection looks), the run ends failed, and the next run records one."""
+    blocker, blocked_on = OBSERVATION_BLOCKERS[where]
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="2")
+    # fake_gone changes the state, so the observation has observed objects to write.
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow", "fake_gone"])).returncode == 0
+    assert run_kl("state", "set", "prod", "--workdir", str(cache)).returncode == 0  # a deletion is recorded only with one
+    before = serials(db_url)
+    proc = _start_refresh(cache, "--allow-mass-removal")
+    wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
+    with psycopg.connect(db_url) as holder:
+        holder.execute(blocker)
+        query = _wait_blocked(db_url)
+        assert blocked_on in query, query
+        with psycopg.connect(db_url, autocommit=True) as c:  # an observation takes no state lock
+            assert c.execute("SELECT operation FROM state_locks").fetchall() == []
+        assert terminate_kl_backends(db_url) >= 1
+        code, doc, err = _finish(proc)
+        holder.rollback()
+    line = _one_clear_line(err)
+    assert code == 1 and "lost the database connection while recording the observation" in line, line
+    assert "nothing recorded" in line, line
+    assert doc is not None and doc["status"] == "failed" and (doc["to_serial"], doc["observation"]) == (None, None), doc
+    status, summary, to_version, finished = last_run(db_url)
+    assert (status, to_version) == ("failed", None) and finished is not None, summary
+    _assert_consistent(db_url, before)
+    assert serials(db_url) == before and observations(db_url) == []
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM drift_records").fetchone() == (0,)
+    make(FAKE_SLOW_SECONDS="0")
+    r = run_kl("refresh", "prod", "--provider-search-path", str(cache), "--allow-mass-removal", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["observation"] == f"v{before[-1]}.1"
+    assert serials(db_url) == before and observations(db_url) == [f"v{before[-1]}.1"]
     assert reindex_mismatches(db_url, "prod") == []
 
 
@@ -207,11 +258,12 @@ def test_server_restarted_during_the_reads(restart_db, fake_cache):
     status, summary, to_version, finished = last_run(url)
     assert (status, to_version) == ("failed", None) and finished is not None, summary
     _assert_consistent(url, before)
-    assert serials(url) == before
+    assert serials(url) == before and observations(url) == []
     # The restarted server serves the next refresh as if nothing happened.
     make(FAKE_SLOW_SECONDS="0")
     assert _kl(url, "refresh", "prod", "--provider-search-path", str(cache)).returncode == 0
-    assert serials(url) == before + [before[-1] + 1] and reindex_mismatches(url, "prod") == []
+    assert serials(url) == before and observations(url) == [f"v{before[-1]}.1"]
+    assert reindex_mismatches(url, "prod") == [] and version_problems(url, "prod") == []
 
 
 def test_server_down_at_the_end_leaves_a_running_row_that_runs_stale_finishes(restart_db, fake_cache):
@@ -241,15 +293,15 @@ def test_server_down_at_the_end_leaves_a_running_row_that_runs_stale_finishes(re
 
 
 def test_refresh_killed_inside_the_commit_is_recovered_by_runs_stale(run_kl, db_url, fake_cache):
-    """SIGKILL while the commit waits: the process cannot clean up, so its lock row and its
-    `running` audit row stay; `kl runs --stale` finishes the row and releases that run's lock."""
+    """SIGKILL while the commit (`--commit`) waits: the process cannot clean up, so its lock row and
+    its `running` audit row stay; `kl runs --stale` finishes the row and releases that run's lock."""
     import signal
 
     make, events = fake_cache
     cache = make(FAKE_SLOW_SECONDS="1")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"])).returncode == 0
     before = serials(db_url)
-    proc = _start_refresh(cache)
+    proc = _start_refresh(cache, "--commit")
     wait_for(lambda: event_count(events, "read") >= 1, 30, "the reads to be in flight")
     with psycopg.connect(db_url) as holder:
         holder.execute(BLOCKERS["before-version-row"][0])
@@ -268,7 +320,7 @@ def test_refresh_killed_inside_the_commit_is_recovered_by_runs_stale(run_kl, db_
     _assert_consistent(db_url, before)
     assert serials(db_url) == before
     make(FAKE_SLOW_SECONDS="0")
-    assert run_kl("refresh", "prod", "--provider-search-path", str(cache)).returncode == 0
+    assert run_kl("refresh", "prod", "--provider-search-path", str(cache), "--commit").returncode == 0
     assert serials(db_url) == before + [before[-1] + 1]
 
 
