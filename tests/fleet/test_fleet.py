@@ -38,10 +38,12 @@ def test_refresh_all_runs_each_state_as_refresh_does_and_combines_exit_codes(run
     assert (doc["version"], doc["states"], doc["succeeded"], doc["failed"]) == (1, 4, 3, 1)
     by_state = {x["state"]: x for x in doc["results"]}
     assert sorted(by_state) == ["team/a", "team/b", "team/c", "team/lost"]  # other/x not matched
-    for name in ("team/a", "team/b", "team/c"):  # each with its own audit row and version
-        assert (by_state[name]["status"], by_state[name]["from_serial"], by_state[name]["to_serial"]) == ("succeeded", 1, 2)
+    for name in ("team/a", "team/b", "team/c"):  # each with its own audit row and observation
+        assert (by_state[name]["status"], by_state[name]["from_serial"], by_state[name]["to_serial"],
+                by_state[name]["observation"]) == ("succeeded", 1, None, "v1.1")
         assert by_state[name]["resources_checked"] == 3 and by_state[name]["run_id"]
     assert by_state["team/lost"]["status"] == "failed" and by_state["team/lost"]["to_serial"] is None
+    assert by_state["team/lost"]["observation"] is None
     assert "did not succeed" in r.stderr.decode() and "team/lost" in r.stderr.decode()
     assert len(q(db_url, "SELECT 1 FROM refresh_runs")) == 4
 
@@ -51,7 +53,10 @@ def test_refresh_all_runs_each_state_as_refresh_does_and_combines_exit_codes(run
     assert r.returncode == 0 and r.stdout == b"", r.stderr  # three states, no drift
     r = run_kl("refresh", "--all", "--states", "team/?", env=env, cwd=tmp_path)
     text = r.stdout.decode()
-    assert r.returncode == 0 and "team/a  succeeded  v3 → v4" in text and "3 state(s): 3 succeeded, 0 not" in text
+    # Terraform's v1 still, observed a third time (after the JSON run and the -q one).
+    assert r.returncode == 0 and "team/a  succeeded  v1 → v1.3" in text and "3 state(s): 3 succeeded, 0 not" in text, text
+    assert q(db_url, "SELECT max(v.serial) FROM state_versions v JOIN states s ON s.id = v.state_id"
+                     " WHERE s.name = 'team/a' AND v.kind = 'terraform'") == [(1,)]
     r = run_kl("refresh", "prod", "--all")
     assert r.returncode == 2 and "not both" in r.stderr.decode()
     r = run_kl("refresh")
@@ -131,7 +136,8 @@ def test_manual_refresh_waits_for_or_refuses_a_workers_run(run_kl, db_url, tmp_p
         assert r.returncode == 1 and "is being refreshed now by worker w1" in err and "--lock-timeout" in err, err
         r = run_kl("refresh", "slow/x", "--lock-timeout", "30s", "--format", "json")
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["to_serial"] == 3  # after the worker's v2
+        # Observed after the worker's run, the next observation of the same Terraform version.
+        assert (json.loads(r.stdout)["to_serial"], json.loads(r.stdout)["observation"]) == (None, "v1.2")
     finally:
         code, out = stop(worker)
     assert code == 0, out
@@ -152,7 +158,8 @@ def test_a_second_manual_refresh_waits_for_or_refuses_the_first(run_kl, db_url, 
         assert r.returncode == 1 and "is being refreshed now by run" in err and "--lock-timeout" in err, err
         r = run_kl("refresh", "slow/y", "--lock-timeout", "30s", "--format", "json")
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["to_serial"] == 3  # after the first run's v2
+        # Observed after the first run's v1.1, the next observation of the same Terraform version.
+        assert (json.loads(r.stdout)["to_serial"], json.loads(r.stdout)["observation"]) == (None, "v1.2")
     finally:
         _, err_first = first.communicate(timeout=60)
     assert first.returncode == 0, err_first

@@ -11,7 +11,7 @@ import pytest
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.fleet.worker import next_run
-from kilolock.refresh.commit import commit_refresh
+from kilolock.refresh.commit import commit_refresh, record_observation
 from kilolock.store import fleet, locks, refresh_runs, states, versions, writes
 from kit.states import build_state
 
@@ -150,6 +150,34 @@ def test_a_taken_over_run_does_not_commit(conn):
         commit_refresh(conn, "s", sid, tfstate.parse_state(doc), parser, current, "zombie", run_id, set())
     assert [v.serial for v in versions.list_versions(conn, "s")] == [1]
     assert locks.current(conn, sid) is None
+
+
+@pytest.mark.parametrize("same_as_base", [True, False], ids=["confirmation", "difference"])
+def test_a_taken_over_run_records_no_observation(conn, same_as_base):
+    """Fencing, for what a refresh writes by default: a worker cut off past its lease comes back and
+    tries to record its observation (one that found nothing different, or one that did)."""
+    sid = _state(conn, "s")
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    run_id = refresh_runs.begin(conn, sid, current.id, "zombie")
+    conn.execute("UPDATE refresh_runs SET status = 'failed', finished_at = now() WHERE id = %s", (run_id,))
+    parser = tfstate.ExactJSON()
+    doc = parser.loads(versions.raw_state_text(conn, "s"))
+    touched = set()
+    if not same_as_base:
+        doc["resources"][0]["instances"][0]["attributes"]["triggers"] = {"changed": "out of band"}
+        touched = {("null_resource.a", "")}
+    with pytest.raises(KlError, match="finished meanwhile .*; observation not recorded"):
+        record_observation(conn, "s", sid, tfstate.parse_state(doc), parser, current, "zombie", run_id, touched,
+                           same_as_base=same_as_base)
+    assert [(v.serial, v.kind) for v in versions.list_versions(conn, "s")] == [(1, "terraform")]
+    assert conn.execute("SELECT count(*) FROM observed_objects").fetchone() == (0,)
+    assert locks.current(conn, sid) is None
+    # The run that is still its own records it.
+    live = refresh_runs.begin(conn, sid, current.id, "alive")
+    observed = record_observation(conn, "s", sid, tfstate.parse_state(doc), parser, current, "alive", live, touched,
+                                  same_as_base=same_as_base)
+    assert (observed.version.kind, observed.version.label) == ("observation", "v1.1")
 
 
 def test_a_schedule_missed_many_times_fires_once_and_keeps_its_grid(conn, db_url):
