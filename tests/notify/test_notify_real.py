@@ -77,7 +77,10 @@ def test_one_new_across_three_refreshes_then_resolved_by_an_apply_through_kl_ser
     [new] = receiver.events()
     assert new.json["event"] == "drift.new" and new.signed_by(SECRET)
     assert [a["address"] for a in new.json["addresses"]] == ['local_file.f["two"]']
-    assert new.json["run_id"] == outs[0]["run_id"] and new.json["serial"] == outs[0]["to_serial"]
+    # Found by the first run's observation: the serial is the Terraform version it observed.
+    assert [(o["to_serial"], o["observation"]) for o in outs] == [
+        (None, f"v{outs[0]['from_serial']}.{n}") for n in (1, 2, 3)], outs
+    assert new.json["run_id"] == outs[0]["run_id"] and new.json["serial"] == outs[0]["from_serial"]
 
     terraform(ws, "apply", "-auto-approve")  # through kl serve: its sender thread delivers
     got = receiver.wait_for(2)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kit.faults import fake_state, last_run, serials
+from kit.faults import fake_state, last_run, observations, serials
 from kit.kl import kl_cmd, kl_env
 from kit.procs import provider_pids
 
@@ -23,7 +23,7 @@ def refresh_json(run_kl, cache, *flags: str, env: dict | None = None) -> tuple[i
 def assert_nothing_committed(db_url: str, status: str = "failed") -> None:
     run_status, summary, to_version, finished = last_run(db_url)
     assert (run_status, to_version) == (status, None) and finished is not None and summary, (run_status, summary)
-    assert serials(db_url) == [1]
+    assert serials(db_url) == [1] and observations(db_url) == [], "a failed run recorded an observation"
 
 
 @pytest.mark.parametrize("bad, expected", [
@@ -82,7 +82,8 @@ def test_a_stderr_flood_neither_blocks_the_provider_nor_reaches_the_terminal(run
     cache = make(FAKE_FLOOD_MB="32")
     assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_flood", "fake_echo"])).returncode == 0
     code, out, err = refresh_json(run_kl, cache, "--rpc-timeout", "90s")
-    assert code == 0 and out["status"] == "succeeded" and out["to_serial"] == 2, out
+    assert code == 0 and out["status"] == "succeeded" and (out["to_serial"], out["observation"]) == (None, "v1.1"), out
+    assert serials(db_url) == [1] and observations(db_url) == ["v1.1"]
     assert len(err) < 4096, err[:300]  # provider stderr is logging at debug, off by default
 
 
