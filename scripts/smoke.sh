@@ -38,11 +38,12 @@ kl refresh "$name" --provider-search-path "$cache/plugin-cache" >/dev/null || fa
 kl runs "$name" --format json | "$py" -c '
 import json, sys
 r = json.load(sys.stdin)["runs"][0]
-assert r["status"] == "succeeded" and r["to_serial"] == int(sys.argv[1]) + 1, r
+assert r["status"] == "succeeded" and r["to_serial"] is None and r["observation"] == "v%s.1" % sys.argv[1], r
 ' "$serial" || fail "refresh: refresh_runs row not as expected"
 kl state versions "$name" --format json | "$py" -c '
 import json, sys
 v = json.load(sys.stdin)["versions"]
-assert [x["source"] for x in v] == ["apply", "refresh"] and v[1]["serial"] == v[0]["serial"] + 1, v
-' || fail "refresh: no state_versions row with source=refresh"
-echo "smoke: OK (import, refresh --dry-run, refresh; refresh_runs and state_versions as expected)"
+assert [(x["source"], x["kind"]) for x in v] == [("apply", "terraform"), ("refresh", "observation")], v
+assert v[1]["serial"] == v[0]["serial"], v
+' || fail "refresh: no observation (state_versions row of kind observation, source=refresh)"
+echo "smoke: OK (import, refresh --dry-run, refresh; refresh_runs and its observation as expected)"

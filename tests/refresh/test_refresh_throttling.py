@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.faults import fake_state, install_fake, last_run, serials
+from kit.faults import fake_state, install_fake, last_run, observations, serials
 
 pytestmark = pytest.mark.usefixtures("read_path")  # both read paths (tests/refresh/conftest.py)
 
@@ -38,7 +38,7 @@ def test_throttled_reads_are_retried_and_a_fixed_limit_stays_fixed(run_kl, db_ur
     assert throttled >= 9 and used == {"provider": "registry.terraform.io/hashicorp/fake", "alias": None, "mode": "fixed",
                                        "start": 12, "max": 12, "final": 12, "throttled": throttled,
                                        **reads_report(read_path)}
-    assert out["observation"] == "v1.1" and serials(db_url) == [1, 1]  # Terraform's v1 and what the refresh observed of it
+    assert out["observation"] == "v1.1" and serials(db_url) == [1] and observations(db_url) == ["v1.1"]
     runs = json.loads(run_kl("runs", "prod", "--format", "json").stdout)["runs"]
     assert runs[0]["concurrency"] == [used]
     table = run_kl("runs", "prod").stdout.decode()
