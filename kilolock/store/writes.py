@@ -20,7 +20,7 @@ import psycopg
 from psycopg.adapt import Dumper
 
 from kilolock import tfstate
-from kilolock.store import drift_records, lifecycles, locks, pieces, states, versions
+from kilolock.store import drift_records, lifecycles, locks, observations, pieces, states, versions
 from kilolock.store.errors import VersionConflict
 from kilolock.store.versions import VERSION_COLS, VersionRow
 
@@ -115,10 +115,7 @@ def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate
         if index is None:
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
             return WriteResult(state_id=sid, version=version, created=True)
-        rows = _jsonb_rows(conn)
-        with _as_json(origin):
-            rows.execute(_DOC_TABLE)
-            rows.execute(_DOC_INSERT, (_JsonbText(index.text),))
+        _put_document(conn, index.text, origin)
         opened, closed, relabelled = lifecycles.index(conn, sid, version, index.state, None, False)
         conn.execute("DROP TABLE kl_descriptors, kl_doc")
         if accepted is not None:  # as in _store
@@ -177,10 +174,6 @@ class Observation:
     locked_by: dict[str, Any] | None = None
 
 
-_NEXT_OBSERVATION = """
-SELECT COALESCE(max(observation_number), 0) + 1 FROM state_versions WHERE base_version_id = %s AND kind = 'observation'
-"""
-
 _INSERT_SEALED_OBSERVATION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted,
                             kind, base_version_id, observation_number)
@@ -220,9 +213,7 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
         holder = locks.current(conn, sid)
         locked_by = holder if locks.may_change_objects(holder) else None
         on_current = cur is not None and cur.id == base.id and locked_by is None
-        number_row = conn.execute(_NEXT_OBSERVATION, (base.id,)).fetchone()
-        assert number_row is not None
-        number = int(number_row[0])
+        number = observations.last_number(conn, base.id) + 1
         found = 0
         if same_as_base:
             version = versions.version_rows(conn).execute(_INSERT_CONFIRMATION, (actor, number, base.id)).fetchone()
@@ -234,21 +225,11 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
                     sid, base.serial, base.lineage, sealed.state.terraform_version or None, _JsonbText(raw), new_hash,
                     actor, base.id, number)).fetchone()
             assert version is not None
-            rows = _jsonb_rows(conn)
-            rows.execute(_DOC_TABLE)
-            rows.execute(_DOC_INSERT, (_JsonbText(sealed.text),))
+            _put_document(conn, sealed.text, "state")
             found = lifecycles.observe(conn, sid, version, sealed.state, touched if on_current else set(), False)
             conn.execute("DROP TABLE kl_descriptors, kl_doc")
         else:
-            rows = _jsonb_rows(conn)
-            with _as_json("state"):
-                rows.execute(_DOC_TABLE)
-                if isinstance(raw, str):
-                    with rows.copy("COPY kl_doc (doc) FROM STDIN") as copy:
-                        for chunk in versions.utf8_chunks(raw):
-                            copy.write(_copy_text(chunk))
-                else:
-                    rows.execute(_DOC_INSERT, (_JsonbText(raw),))
+            _put_document(conn, raw, "state")
             version, pieced, has_resources = pieces.insert_version(
                 conn, sid, base.serial, base.lineage, state.terraform_version or None, "refresh", new_hash, actor,
                 observation=(base.id, number))
@@ -424,11 +405,9 @@ def _copy_text(chunk: bytes) -> bytes:
     return chunk
 
 
-def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes | str, new_hash: str, *, source: str,
-           actor: str | None, origin: str, touched: set[tuple[str, str]] | None,
-           accepted: set[tuple[str, str]] | None = None) -> WriteResult:
-    """The document's version row, its lifecycle index (of the TOUCHED objects only, when given)
-    and its pieces, inside the caller's transaction, which holds the state's row lock."""
+def _put_document(conn: psycopg.Connection, raw: bytes | str, origin: str) -> None:
+    """RAW in the transaction's temporary table kl_doc, where the index and the pieces read it; a
+    str is sent as UTF-8 a slice at a time (COPY), never whole."""
     rows = _jsonb_rows(conn)
     with _as_json(origin):
         rows.execute(_DOC_TABLE)
@@ -438,6 +417,14 @@ def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes 
                     copy.write(_copy_text(chunk))
         else:
             rows.execute(_DOC_INSERT, (_JsonbText(raw),))
+
+
+def _store(conn: psycopg.Connection, sid: str, state: tfstate.State, raw: bytes | str, new_hash: str, *, source: str,
+           actor: str | None, origin: str, touched: set[tuple[str, str]] | None,
+           accepted: set[tuple[str, str]] | None = None) -> WriteResult:
+    """The document's version row, its lifecycle index (of the TOUCHED objects only, when given)
+    and its pieces, inside the caller's transaction, which holds the state's row lock."""
+    _put_document(conn, raw, origin)
     version, pieced, has_resources = pieces.insert_version(conn, sid, state.serial, state.lineage,
                                                            state.terraform_version or None, source, new_hash, actor)
     opened, closed, relabelled = lifecycles.index(conn, sid, version, state, touched, pieced)
