@@ -25,8 +25,7 @@ from typing import Any
 from kit.fleet import q, start_worker, stop, wait_for
 from kit.kl import run_kl
 from kit.klserve import KlServe
-from kit.paths import LOCAL_V
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, local_tf, tool_binary
 from kit.webhook import Receiver
 
 TOOL = "terraform-1.8.5"
@@ -37,18 +36,7 @@ DRIFT_EVENTS = "drift.new,drift.updated,drift.resolved"
 
 
 def _config(url: str, out: Path) -> str:
-    return f"""
-terraform {{
-  required_providers {{
-    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-}}
-variable "round" {{
+    return local_tf(url, f"""variable "round" {{
   default = "0"
 }}
 resource "local_file" "changing" {{
@@ -59,7 +47,7 @@ resource "local_file" "steady" {{
   filename = "{out / 'steady.txt'}"
   content  = "steady"
 }}
-"""
+""")
 
 
 def _ok(r: Any) -> Any:

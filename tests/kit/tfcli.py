@@ -50,6 +50,24 @@ terraform {{
 """
 
 
+def local_tf(url: str, body: str) -> str:
+    """A configuration with the local provider (offline mirror) and kl serve's backend at URL, then BODY."""
+    from kit.paths import LOCAL_V
+
+    return f"""
+terraform {{
+  required_providers {{
+    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
+  }}
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+  }}
+}}
+{body}"""
+
+
 @dataclass
 class Workspace:
     tool: str

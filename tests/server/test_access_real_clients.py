@@ -11,8 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.paths import LOCAL_V
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, local_tf, tool_binary
 
 TOOLS = ("terraform-1.8.5", "tofu-1.6.3")
 
@@ -110,18 +109,7 @@ LOCK_TOOLS = ("terraform-1.0.3", "terraform-1.12.2", "tofu-1.8.5")
 def _local_files(url: str, out: Path, names: tuple[str, ...]) -> str:
     files = "".join(f'resource "local_file" "{n}" {{\n  filename = "{out / n}.txt"\n  content  = "{n}"\n}}\n'
                     for n in names)
-    return f"""
-terraform {{
-  required_providers {{
-    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-}}
-{files}"""
+    return local_tf(url, f"""{files}""")
 
 
 @pytest.mark.parametrize("tool", LOCK_TOOLS)

@@ -12,25 +12,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kit.paths import LOCAL_V
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, local_tf, tool_binary
 
 TOOLS = ("terraform-1.8.5", "terraform-1.12.2", "tofu-1.8.5")
 
 
 def _config(url: str, out: Path) -> str:
-    return f"""
-terraform {{
-  required_providers {{
-    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-}}
-variable "v" {{
+    return local_tf(url, f"""variable "v" {{
   default = "1"
 }}
 resource "local_file" "a" {{
@@ -41,7 +29,7 @@ resource "local_file" "b" {{
   filename = "{out / 'b.txt'}"
   content  = "b"
 }}
-"""
+""")
 
 
 def _served_serial(client, state: str) -> int:
