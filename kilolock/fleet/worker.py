@@ -26,9 +26,8 @@ from kilolock.refresh.factory import ProviderFactory
 from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
 from kilolock.refresh.orchestrator import Cancellation
 from kilolock.refresh.service import refresh_or_fail
-from kilolock.store import db, fleet, refresh_runs
+from kilolock.store import db, fleet, locks, refresh_runs
 from kilolock.store.db import first_line
-from kilolock.store.refresh_runs import StateBusy
 
 log = logging.getLogger("kilolock.fleet")
 
@@ -294,7 +293,7 @@ class Worker:
             # No wait: the claimed job is the run a plain kl refresh would wait for.
             result = refresh_or_fail(conn, job.state, self.overrides, state_id=job.state_id, factories=self._warm_factory,
                                      provider_slots=self._slots, wait=False, cancel=flight.cancel)
-        except StateBusy as busy:  # never two runs of one state: try again shortly
+        except locks.StateLocked as busy:  # another run of the state, or an apply: try again shortly
             fleet.requeue(conn, job.id, self.worker_id, max(self.config.poll_s, 5.0), f"{busy}; retried later")
             self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
             return

@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 
 def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate.State, parser: tfstate.ExactJSON,
                    start: versions.VersionRow, actor: str, run_id: str | None,
-                   touched: set[tuple[str, str]], *, same_resources: bool = False, lock_timeout: float = 0.0,
+                   touched: set[tuple[str, str]], *, lock_timeout: float = 0.0,
                    sleep: SleepFn | None = None, on_lock_wait: LockWaitFn | None = None,
                    keys: Keys | None = None) -> tuple[str, int]:
     """Write serial+1 on the same lineage under the state lock, if the state did not move meanwhile.
     A lock held by someone else is waited for up to ``lock_timeout`` seconds (lockwait).
-    ``touched`` and ``same_resources``: how the state differs from ``start`` (writes.commit_delta,
-    writes.commit_unchanged). ``keys``: an OpenTofu-encrypted state's, to write it encrypted as
+    ``touched``: the objects that may differ from ``start`` (writes.commit_delta). ``keys``: an OpenTofu-encrypted state's, to write it encrypted as
     OpenTofu would, with what kl may index of it.
     Returns the new version's (id, serial)."""
     info = locks.lock_info("OperationTypeRefresh", actor, f"kl {kilolock.__version__}", info=refresh_runs.lock_note(run_id))
@@ -61,9 +60,6 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
                 written = writes.store_envelope(conn, name, sealed[0], tfstate.EnvelopeIds(state.serial, state.lineage),
                                                 source="refresh", actor=actor, index=sealed[1],
                                                 expect=(start.serial, start.lineage))
-            elif same_resources:
-                written = writes.commit_unchanged(conn, name, state, raw, expect_serial=start.serial,
-                                                  expect_lineage=start.lineage, actor=actor)
             else:
                 written = writes.commit_delta(conn, name, state, raw, expect_serial=start.serial,
                                               expect_lineage=start.lineage, touched=touched, actor=actor)

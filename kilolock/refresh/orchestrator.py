@@ -36,14 +36,14 @@ from kilolock.refresh.findings import drift_of, judge_drift, with_read_back
 from kilolock.refresh.instance import Entry
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
 from kilolock.refresh.options import RefreshOptions
-from kilolock.refresh.policy import check_workdir, commit_decision, mass_removal, unplaced_removal
+from kilolock.refresh.policy import check_workdir, commit_decision, mass_removal, refuse_if_locked, unplaced_removal
 from kilolock.refresh.reads import ASYNC_MIN_INSTANCES as ASYNC_MIN_INSTANCES  # noqa: PLC0414
 from kilolock.refresh.reads import GroupReads, group_instances, read_path
 from kilolock.refresh.reads import ProgressFn as ProgressFn  # noqa: PLC0414
 from kilolock.refresh.result import Failure as Failure  # noqa: PLC0414 - run() returns them: its callers know them from here
 from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 from kilolock.refresh.splice import build_refreshed_state
-from kilolock.store import db, history, locks, refresh_runs, states, versions
+from kilolock.store import db, history, refresh_runs, states, versions
 from kilolock.store.db import first_line
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def run(
         state = tfstate.parse_state(doc, origin=f"state {name!r} v{current.serial}")
         check_workdir(name, options)  # before any provider starts
         if not options.dry_run:  # a dry run writes nothing, so no lock concerns it
-            wait_for_lock(lambda: _refuse_if_locked(conn, sid, name, options.commit), options.lock_timeout,
+            wait_for_lock(lambda: refuse_if_locked(conn, sid, name, options.commit), options.lock_timeout,
                           sleep=cancel.wait, on_wait=on_lock_wait)
 
         # An encrypted state's index may hold its sensitive values masked: its document is the prior.
@@ -187,18 +187,20 @@ def run(
                     for i in state.instances])
             # In place: drift is computed, and nothing reads the prior document after the commit.
             # An observation keeps its base's serial: Terraform's serial moves only with a version of its own.
-            spliced = build_refreshed_state(state, updates, serial=current.serial + 1 if options.commit else current.serial,
-                                            parser=parser, in_place=True)
+            spliced = build_refreshed_state(state, updates, serial=current.serial, parser=parser, in_place=True)
             new_state = spliced.state
             by_position = {(i.resource_index, i.instance_index): (i.address, i.deposed) for i in state.instances}
             touched = {by_position[p] for p in spliced.touched | rewritten}
             same_resources = spliced.same_resources and not result.provider_addresses  # a rewrite may touch no object
             # The reads' bookkeeping is done with: free it before the commit serialises the document.
             del updates, by_position, entries, groups, state, doc, modern_doc, spliced
-            if options.commit:
+            # --commit writes Terraform's next version only where what was read differs from it: a
+            # version that repeats its predecessor would still make every saved plan stale.
+            if options.commit and not same_resources:
+                new_state.raw["serial"] = current.serial + 1
                 to_version_id, result.to_serial = commit_refresh(
                     conn, name, sid, new_state, parser, current, options.actor, result.run_id, touched,
-                    same_resources=same_resources, lock_timeout=options.lock_timeout, sleep=cancel.wait,
+                    lock_timeout=options.lock_timeout, sleep=cancel.wait,
                     on_lock_wait=on_lock_wait, keys=keys)
             else:
                 observed = record_observation(conn, name, sid, new_state, parser, current, options.actor, result.run_id,
@@ -247,14 +249,6 @@ def _decrypted(name: str, current: versions.VersionRow, doc: dict[str, Any], par
     keys = encryption.keys_for(dict(options.encryption), options.store_decrypted_attributes, f"state {name!r}", secrets)
     opened = encryption.open_envelope(doc, keys, f"state {name!r} v{current.serial}")
     return parser.loads(opened.plaintext), keys
-
-
-def _refuse_if_locked(conn: psycopg.Connection, sid: str, name: str, commit: bool) -> None:
-    """An observation writes nothing Terraform reads, so a plan's lock does not stop it; any other
-    operation (an apply, an import) may be changing what it would read. A commit needs the state."""
-    holder = locks.current(conn, sid)
-    if holder is not None and (commit or locks.may_change_objects(holder)):
-        raise locks.StateLocked(name, holder, "--lock-timeout DURATION waits for it; --dry-run does not need it")
 
 
 def _finish(conn: psycopg.Connection, result: Result, to_version_id: str | None) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import os
 
+import psycopg
+
 from kilolock.errors import KlError
 from kilolock.refresh import whyfailed
 from kilolock.refresh.options import RefreshOptions
 from kilolock.refresh.result import Failure as Failure  # noqa: PLC0414 - run() returns them: its callers know them from here
 from kilolock.refresh.result import Result as Result  # noqa: PLC0414
+from kilolock.store import locks
 
 log = logging.getLogger("kilolock.refresh")
 
@@ -64,3 +67,12 @@ def check_workdir(name: str, options: RefreshOptions) -> None:
                       f"(`kl state set {name} --workdir DIR` changes it, --workdir DIR overrides it for one run)")
 
 
+
+
+def refuse_if_locked(conn: psycopg.Connection, sid: str, name: str, commit: bool,
+                     hint: str | None = "--lock-timeout DURATION waits for it; --dry-run does not need it") -> None:
+    """An observation writes nothing Terraform reads, so a plan's lock does not stop it; any other
+    operation (an apply, an import) may be changing what it would read. A commit needs the state."""
+    holder = locks.current(conn, sid)
+    if holder is not None and (commit or locks.may_change_objects(holder)):
+        raise locks.StateLocked(name, holder, hint)

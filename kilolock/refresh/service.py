@@ -24,9 +24,10 @@ from kilolock.refresh.lockwait import LockWaitFn, wait_for_lock
 from kilolock.refresh.options import FleetSlotSource, RefreshOptions, RefreshOverrides
 from kilolock.refresh.orchestrator import Cancellation, ProgressFn, Result
 from kilolock.refresh.orchestrator import run as run_refresh
+from kilolock.refresh.policy import refuse_if_locked
 from kilolock.refresh.slots import fleet_slots
 from kilolock.refresh.sources import Launch, Prelaunch
-from kilolock.store import db, fleet, refresh_runs, settings, states
+from kilolock.store import db, fleet, locks, refresh_runs, settings, states
 from kilolock.store.db import first_line
 from kilolock.store.refresh_runs import StateBusy
 
@@ -104,12 +105,17 @@ def refresh_one(
     """Refresh state NAME as ``kl refresh NAME`` does. ``state_id``: its id, when the caller has it;
     ``factories``: where its providers come from (launched for it unless given); ``wait``: for
     another run of the state to end first (False for a fleet worker, whose claimed job counts as
-    one). An error before the run began is raised: StateNotFound, StateBusy, a bad stored setting."""
+    one; such a caller also hears of an apply's lock held at the start as StateLocked, and no run
+    begins). An error before the run began is raised: StateNotFound, StateBusy, a bad stored setting."""
     cancel = cancel or Cancellation()
     sid = state_id or states.state_id(conn, name)
     options = RefreshOptions.resolve(overrides, settings.get(conn, sid))
     if wait:
         wait_until_not_running(conn, sid, name, options.lock_timeout, cancel)
+    elif not options.dry_run:
+        # A fleet job that meets an apply's lock came early rather than failed: no run begins, and
+        # the worker queues it again, instead of a failed run that channels hear of at every apply.
+        refuse_if_locked(conn, sid, name, options.commit, hint=None)
     factory = (factories or Launching())(conn, sid, options)
     with _leased(conn, provider_slots) as slots:
         if slots is not None:
@@ -137,12 +143,12 @@ def refresh_or_fail(conn: psycopg.Connection, name: str, overrides: RefreshOverr
                     provider_slots: FleetSlotSource | None | _Slots = OWN_SLOTS, wait: bool = True,
                     cancel: Cancellation | None = None) -> Result:
     """refresh_one, for callers that report state by state: an error before the run began (or a
-    lost database) is a failed Result. StateBusy is still raised: no run began, and the caller
-    waits, retries or reports it."""
+    lost database) is a failed Result. StateLocked (StateBusy among them) is still raised: no run
+    began, and the caller waits, retries or reports it."""
     try:
         return refresh_one(conn, name, overrides, state_id=state_id, factories=factories,
                            provider_slots=provider_slots, wait=wait, cancel=cancel)
-    except StateBusy:
+    except locks.StateLocked:
         raise
     except KlError as exc:
         return failed(name, str(exc))

@@ -9,7 +9,6 @@ from typing import Any
 
 import psycopg
 
-from kilolock import tfstate
 from kilolock.store.versions import VERSION_COLS, VersionRow, version_rows
 
 # What the pieces can rebuild: an object whose resources (if any) are all objects with an
@@ -118,15 +117,7 @@ ON CONFLICT (state_id, hash) DO NOTHING
 _HEAD_PIECE = "SELECT p.id FROM kl_parts k JOIN version_pieces p ON p.state_id = %(sid)s AND p.hash = k.hash WHERE k.kind = 'd'"
 _SET_LAYOUT = "UPDATE state_versions SET layout = %(layout)s WHERE id = %(vid)s"
 
-# A version whose resources another version holds (insert_sharing_layout): that version's layout,
-# if it is pieced with the serial out of its head, and the head piece of the new top level, hashed
-# as _PARTS_TABLE hashes kind 'd' (jsonb's text of the body, which does not depend on key order).
-_SHARED_LAYOUT = "SELECT layout FROM state_versions WHERE id = %s AND head_piece IS NOT NULL AND head_serial AND layout IS NOT NULL"
-_HEAD_HASH = "sha256(convert_to('d' || %(head)s::jsonb::text, 'UTF8'))"
-_FIND_HEAD = f"SELECT id FROM version_pieces WHERE state_id = %(sid)s AND hash = {_HEAD_HASH}"
-_ADD_HEAD = f"INSERT INTO version_pieces (state_id, hash, body) VALUES (%(sid)s, {_HEAD_HASH}, %(head)s::jsonb) RETURNING id"
-
-# An observation (migration 0019) is a version row of its own kind, numbered per base.
+# An observation is a version row of its own kind, numbered per base.
 _INSERT_PIECED_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
                             content_hash, actor, encrypted, kind, base_version_id, observation_number)
@@ -176,28 +167,6 @@ def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str
          *_kind(observation))).fetchone()
     assert version is not None
     return version, True, bool(has_resources)
-
-
-def insert_sharing_layout(conn: psycopg.Connection, sid: str, prior: VersionRow, state: tfstate.State, serial: int,
-                          lineage: str, terraform_version: str | None, source: str, new_hash: str,
-                          actor: str | None) -> VersionRow | None:
-    """The version row of a document whose resources are exactly ``prior``'s (the caller's word):
-    prior's layout under the document's own head piece, as insert_version and store_pieces would
-    have stored them from the whole text. None when prior is not stored that way (whole, or with the
-    serial left in its head): the caller then stores the document."""
-    doc = state.raw
-    if type(doc.get("serial")) is not int or doc["serial"] != serial:  # a head that must keep it (insert_version)
-        return None
-    layout = conn.execute(_SHARED_LAYOUT, (prior.id,)).fetchone()
-    if layout is None:
-        return None
-    params = {"sid": sid, "head": tfstate.dumps_compact({k: v for k, v in doc.items() if k not in ("resources", "serial")})}
-    head = conn.execute(_FIND_HEAD, params).fetchone() or conn.execute(_ADD_HEAD, params).fetchone()
-    assert head is not None
-    return version_rows(conn).execute(
-        _INSERT_PIECED_VERSION,
-        (sid, serial, lineage, terraform_version, source, head[0], True, layout[0], new_hash, actor,
-         *_kind(None))).fetchone()
 
 
 def store_pieces(conn: psycopg.Connection, sid: str, version: VersionRow) -> None:

@@ -136,7 +136,7 @@ def commit_delta(conn: psycopg.Connection, name: str, state: tfstate.State, raw:
     object is unchanged, so the lifecycle index looks at the touched ones only and a refresh commit
     costs what drifted, not what exists (None: any object may differ, all are indexed)."""
     return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source=source, actor=actor,
-                   touched=touched, share_layout=False)
+                   touched=touched)
 
 
 def accept_observation(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
@@ -146,19 +146,7 @@ def accept_observation(conn: psycopg.Connection, name: str, state: tfstate.State
     The open drift at the ``accepted`` (address, deposed) objects is resolved as `accepted`; the rest
     stays open, its baseline still what Terraform's version holds."""
     return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source="refresh", actor=actor, touched=None,
-                   share_layout=False, accepted=accepted)
-
-
-def commit_unchanged(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, *, expect_serial: int,
-                     expect_lineage: str, actor: str | None, source: str = "refresh") -> WriteResult:
-    """commit_delta of a document whose resources are exactly those of the version the caller
-    started from, byte for byte (the caller's word: a refresh that changed no object, the common
-    case). The new version shares that version's layout and stores only its top level, so such a
-    commit costs a few statements whatever the state's size; when that version is not stored so it
-    can be shared (whole, or with the serial in its head), the document is stored as commit_delta
-    stores it."""
-    return _commit(conn, name, state, raw, (expect_serial, expect_lineage), source=source, actor=actor,
-                   touched=set(), share_layout=True)
+                   accepted=accepted)
 
 
 @dataclass(frozen=True)
@@ -371,24 +359,15 @@ def _check_advance(conn: psycopg.Connection, sid: str, name: str, cur: VersionRo
 
 
 def _commit(conn: psycopg.Connection, name: str, state: tfstate.State, raw: bytes | str, expect: tuple[int, str], *,
-            source: str, actor: str | None, touched: set[tuple[str, str]] | None, share_layout: bool,
+            source: str, actor: str | None, touched: set[tuple[str, str]] | None,
             accepted: set[tuple[str, str]] | None = None) -> WriteResult:
-    """commit_delta, or commit_unchanged when SHARE_LAYOUT (TOUCHED then empty)."""
+    """commit_delta, or accept_observation when ACCEPTED."""
     new_hash = _checked_hash(raw, source, "state")
     with conn.transaction():
         sid, cur = _lock_current(conn, name, expect)
         assert cur is not None  # the compare-and-swap found it
         if _check_advance(conn, sid, name, cur, state, new_hash, False):
             return WriteResult(state_id=sid, version=cur, created=False)
-        if share_layout:
-            version = pieces.insert_sharing_layout(conn, sid, cur, state, state.serial, state.lineage,
-                                                   state.terraform_version or None, source, new_hash, actor)
-            if version is not None:
-                log.debug("%s serial %d: no object differs from serial %d, stored as its top level on that version's "
-                          "layout", name, version.serial, cur.serial)
-                if source != "refresh":  # as in _store: a refresh that closed nothing has no drift to record
-                    drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
-                return WriteResult(state_id=sid, version=version, created=True, unchanged=len(state.instances))
         return _store(conn, sid, state, raw, new_hash, source=source, actor=actor, origin="state", touched=touched,
                       accepted=accepted)
 

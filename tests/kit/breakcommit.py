@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ARM, HELD, GO, AT = "KL_TEST_BREAK_ARM", "KL_TEST_BREAK_HELD", "KL_TEST_BREAK_GO", "KL_TEST_BREAK_AT"
-WRITES = "writes.store_document,writes.store_envelope,writes.commit_delta,writes.commit_unchanged"
+WRITES = "writes.store_document,writes.store_envelope,writes.commit_delta"
 
 
 def _hold(conn: Any) -> None:

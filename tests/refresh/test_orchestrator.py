@@ -71,27 +71,18 @@ def test_a_refresh_records_an_observation_and_leaves_terraforms_version_as_it_is
     assert conn.execute("SELECT count(*) FROM resources WHERE delete_serial IS NULL").fetchone()[0] == 3
 
 
-def test_a_refresh_that_changes_no_object_commits_with_the_same_resources(conn, make_state, monkeypatch):
-    # The first run rewrites every object's private data (the fake provider's own), so it stores
-    # the document; the second reads them all back as they are, and says so to the store, which
-    # then writes the top level alone (tests/store/test_version_pieces.py).
+def test_commit_writes_a_version_only_when_what_was_read_differs_from_terraforms(conn, make_state):
+    # The first run rewrites every object's private data (the fake provider's own), so it writes
+    # serial 2; the second reads them all back as they are: serial+1 would make every saved plan
+    # stale for nothing, so it records a confirmation instead.
     seed(conn, make_state, attrs(3))
-    said: list[bool] = []
-
-    def spying(real, same: bool):
-        def spy(*args, **kwargs):
-            said.append(same)
-            return real(*args, **kwargs)
-        return spy
-
-    monkeypatch.setattr(writes, "commit_delta", spying(writes.commit_delta, False))
-    monkeypatch.setattr(writes, "commit_unchanged", spying(writes.commit_unchanged, True))
-    docs = []
-    for _ in range(2):
-        assert run(conn, FakeFactory(), commit=True).status == "succeeded"
-        docs.append(current(conn))
-    assert said == [False, True]
-    assert docs[1][2] == {**docs[0][2], "serial": 3}
+    first = run(conn, FakeFactory(), commit=True)
+    assert (first.status, first.to_serial, first.observation) == ("succeeded", 2, None)
+    after_first = current(conn)
+    second = run(conn, FakeFactory(), commit=True)
+    assert (second.status, second.to_serial, second.observation) == ("succeeded", None, "v2.1")
+    assert current(conn) == after_first
+    assert conn.execute("SELECT count(*) FROM state_versions WHERE kind = 'terraform'").fetchone() == (2,)
 
 
 def test_an_observation_that_finds_everything_as_terraform_has_it_stores_no_document(conn, make_state, monkeypatch):
@@ -829,7 +820,34 @@ def test_an_accept_of_what_is_not_drift_writes_it_and_one_of_nothing_writes_noth
     assert written is not None and written.serial == 2
     assert [r["provider"] for r in current(conn)[2]["resources"]] == [f'provider["{NULL}"]'] * 2
     # Observed again against v2: the same objects, the same addresses; nothing to accept.
-    assert run(conn, FakeFactory(), commit=True).to_serial == 3  # the fake provider's private data, taken once
-    assert run(conn, FakeFactory()).observation == "v3.1"
+    again = run(conn, FakeFactory(), commit=True)  # the accept took the provider's private data too
+    assert (again.to_serial, again.observation) == (None, "v2.1")
+    assert run(conn, FakeFactory()).observation == "v2.2"
     nothing = accept.plan(conn, "prod")
-    assert not nothing.writes and accept.accept(conn, nothing, "tester") is None and current(conn)[0] == 3
+    assert not nothing.writes and accept.accept(conn, nothing, "tester") is None and current(conn)[0] == 2
+
+
+def test_drift_names_the_observations_that_found_and_confirmed_it(conn, make_state):
+    # An observation carries its base's serial, so the serials alone say v1 three times: the
+    # versions say which observation found the drift and which last saw it.
+    from kilolock import drift
+    from kilolock.store import drift as drift_store
+
+    seed(conn, make_state, attrs(3))
+    world = {"id1": {"id": "id1", "triggers": {"k": "drifted"}}}
+    labels = [run(conn, FakeFactory(world=world)).observation for _ in range(2)]
+    assert labels == ["v1.1", "v1.2"]
+
+    def entries(**kw):
+        return [drift.entry(r) for r in drift_store.list_drift(conn, "prod", **kw)]
+
+    [e] = entries()
+    assert (e["detected_serial"], e["first_detected"]["serial"], e["last_confirmed_serial"]) == (1, 1, 1)
+    assert (e["first_detected"]["version"], e["last_confirmed_version"]) == ("v1.1", "v1.2")
+    assert e["detected_version"] == "v1.1"  # the one that found the current value: v1.2 found it again
+    # An apply resolves it; the record keeps the last observation before that.
+    raw = make_state(2, {f"r{i}": {"id": f"id{i}", "triggers": {"k": "drifted"} if i == 1 else None} for i in range(3)})
+    writes.store_document(conn, "prod", tfstate.parse_state(raw), raw, source="apply", actor="t")
+    assert run(conn, FakeFactory(world=world)).observation == "v2.1"
+    [resolved] = entries(include_resolved=True)
+    assert (resolved["status"], resolved["last_confirmed_version"]) == ("resolved", "v1.2")

@@ -119,8 +119,8 @@ def _all_same(state: tfstate.State) -> dict[tuple[int, int], InstanceUpdate]:
 
 
 def test_same_resources_only_when_no_object_differs_in_any_field():
-    # What lets the commit store the top level alone (writes.commit_unchanged):
-    # private data is no indexed field, but it is in the document.
+    # What lets an observation store no document and --commit write no version: private data is
+    # no indexed field, but it is in the document.
     state = _state()
     assert build_refreshed_state(state, _all_same(state), serial=4).same_resources
     cases = {

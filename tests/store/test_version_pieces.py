@@ -14,7 +14,7 @@ import pytest
 
 from kilolock import tfstate
 from kilolock.store import states, versions, writes
-from kit.pg import one_row, record_statements
+from kit.pg import one_row
 
 STATES = Path(__file__).resolve().parents[1] / "fixtures" / "states"
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
@@ -191,63 +191,4 @@ def _rows_of(conn: psycopg.Connection, name: str) -> list[tuple[Any, ...]]:
            LEFT JOIN version_pieces h ON h.id = v.head_piece LEFT JOIN version_lists l ON l.id = v.layout
            WHERE s.name = %s ORDER BY v.serial""", (name,)).fetchall()
 
-
-def _refresh_write(conn: psycopg.Connection, name: str, raw: bytes, *, same: bool) -> writes.WriteResult:
-    cur = versions.current_version(conn, states.state_id(conn, name))
-    assert cur is not None
-    if same:
-        return writes.commit_unchanged(conn, name, tfstate.parse_state(raw), raw, expect_serial=cur.serial,
-                                       expect_lineage=cur.lineage, actor="test")
-    return writes.commit_delta(conn, name, tfstate.parse_state(raw), raw, expect_serial=cur.serial,
-                               expect_lineage=cur.lineage, touched=set(), actor="test")
-
-
-@pytest.mark.parametrize("top", [{}, {"outputs": {"o": {"value": 2.50, "type": "number"}}}], ids=["serial only", "new top level"])
-def test_a_commit_with_the_same_resources_stores_what_the_whole_document_would(conn, top):
-    # Two states with one history: one stores its no-change refreshes through the shortcut, the
-    # other as the whole text. Same pieces, same layout, same text, serial after serial.
-    ids = {f"r{n}": f"id-{n}" for n in range(5)}
-    for name in ("short", "whole"):
-        _write(conn, _doc(1, ids), name)
-    pieces = _pieces(conn)
-    for serial in (2, 3):
-        raw = _doc(serial, ids, **top)
-        short = _refresh_write(conn, "short", raw, same=True)
-        _refresh_write(conn, "whole", raw, same=False)
-        assert (short.created, short.version.serial, short.unchanged, short.opened, short.closed) == (True, serial, 5, 0, 0)
-        assert _pull(conn, "short") == _pull(conn, "whole") == tfstate.pretty_state(raw.decode())
-        assert _loaded(conn, "short") == _loaded(conn, "whole")
-    assert _rows_of(conn, "short") == _rows_of(conn, "whole")
-    # Nothing new but the changed top level's head, once per state.
-    assert _pieces(conn) == (pieces[0] + (2 if top else 0), pieces[1])
-
-
-def test_a_commit_with_the_same_resources_sends_no_document(conn, monkeypatch):
-    # The point of the shortcut: a few statements, none over the document (no temporary tables,
-    # no COPY), whatever the state's size.
-    ids = {f"r{n}": f"id-{n}" for n in range(50)}
-    _write(conn, _doc(1, ids))
-    raw = _doc(2, ids)
-    state = tfstate.parse_state(raw)
-    sent = record_statements(monkeypatch)
-    monkeypatch.setattr(psycopg.Cursor, "copy", lambda *a, **k: pytest.fail("COPY of a document with the same resources"))
-    writes.commit_unchanged(conn, "prod", state, raw, expect_serial=1, expect_lineage="l", actor="test")
-    assert not [q for q in sent if "TEMP TABLE" in q]
-    # The state row (made if missing, then locked), the current version, the layout to share, the
-    # head piece, the version row.
-    assert len(sent) == 6, sent
-    assert _pull(conn, "prod") == tfstate.pretty_state(_doc(2, ids).decode())
-
-
-def test_a_commit_with_the_same_resources_after_a_whole_version_stores_the_document(conn):
-    # The prior version is stored whole (before migration 0014): it has no layout to share, so
-    # the write stores the text as ever, and reads back exactly.
-    ids = {f"r{n}": f"id-{n}" for n in range(3)}
-    _write(conn, _doc(1, ids))
-    conn.execute("UPDATE state_versions SET raw_state = kl_version_document(id), head_piece = NULL, layout = NULL")
-    conn.execute("DELETE FROM version_lists; DELETE FROM version_pieces")
-    written = _refresh_write(conn, "prod", _doc(2, ids), same=True)
-    assert one_row(conn, "SELECT layout IS NOT NULL FROM state_versions WHERE id = %s", (written.version.id,)) == (True,)
-    assert _pull(conn, "prod", 2) == tfstate.pretty_state(_doc(2, ids).decode())
-    assert _pull(conn, "prod", 1) == tfstate.pretty_state(_doc(1, ids).decode())
 
