@@ -129,18 +129,34 @@ def state_header(conn: psycopg.Connection, name: str) -> dict[str, Any]:
 # version): opened and closed at one address by one version is a change; opened alone, added;
 # closed alone, removed. The page of versions is cut first, so the cost is what the page's
 # versions changed, not the history's.
+# Each run of observations that confirmed their base unchanged (no document of their own) is one
+# row, as `kl state versions` folds them: a 30 s schedule writes thousands of them, and a page of
+# "confirmed" rows would push every version that changed something off the page. A run is the
+# confirmations between two other rows (nothing else interrupts them, so they share a base).
 _VERSIONS = """
-SELECT v.serial, CASE WHEN v.kind = 'observation' THEN 'v' || v.serial || '.' || v.observation_number
-                      ELSE 'v' || v.serial END AS label,
+WITH marked AS (
+    SELECT id, seq, serial, kind, observation_number, source, actor, created_at, encrypted, terraform_version,
+           kind = 'observation' AND raw_state IS NULL AND head_piece IS NULL AS confirms
+    FROM state_versions WHERE state_id = %(sid)s),
+grouped AS (
+    SELECT *, sum(CASE WHEN confirms THEN 0 ELSE 1 END) OVER (ORDER BY seq) AS run FROM marked),
+folded AS (
+    SELECT (array_agg(id ORDER BY seq DESC))[1] AS id, max(seq) AS seq, count(*) AS confirmed,
+           (array_agg(observation_number ORDER BY seq))[1] AS first_number,
+           count(*) OVER () AS total
+    FROM grouped GROUP BY run, confirms
+    ORDER BY max(seq) DESC
+    LIMIT %(limit)s OFFSET %(offset)s)
+SELECT v.serial,
+       CASE WHEN v.kind = 'terraform' THEN 'v' || v.serial
+            WHEN f.confirmed > 1 THEN 'v' || v.serial || '.' || f.first_number || '-v' || v.serial || '.' || v.observation_number
+            ELSE 'v' || v.serial || '.' || v.observation_number END AS label,
        v.kind, v.source, v.actor, v.created_at, v.encrypted, v.terraform_version,
+       CASE WHEN m.confirms THEN f.confirmed ELSE 0 END AS confirmed,
        CASE WHEN v.kind = 'observation' THEN 0 ELSE o.n - b.n END AS added,
        CASE WHEN v.kind = 'observation' THEN ob.changed ELSE b.n END AS changed,
-       CASE WHEN v.kind = 'observation' THEN ob.gone ELSE c.n - b.n END AS removed, v.total
-FROM (SELECT id, serial, kind, observation_number, seq, source, actor, created_at, encrypted, terraform_version,
-             count(*) OVER () AS total
-      FROM state_versions WHERE state_id = %(sid)s
-      ORDER BY seq DESC
-      LIMIT %(limit)s OFFSET %(offset)s) v
+       CASE WHEN v.kind = 'observation' THEN ob.gone ELSE c.n - b.n END AS removed, f.total
+FROM folded f JOIN state_versions v ON v.id = f.id JOIN marked m ON m.id = f.id
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.opened_by_version_id = v.id) o ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r WHERE r.closed_by_version_id = v.id) c ON true
 LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r JOIN resources p
@@ -149,12 +165,13 @@ LEFT JOIN LATERAL (SELECT count(*) AS n FROM resources r JOIN resources p
 -- An observation's counts are what it found different from its base.
 LEFT JOIN LATERAL (SELECT count(*) FILTER (WHERE NOT x.gone) AS changed, count(*) FILTER (WHERE x.gone) AS gone
                    FROM observed_objects x WHERE x.observation_id = v.id) ob ON true
-ORDER BY v.seq DESC
+ORDER BY f.seq DESC
 """
 
 
 def versions_page(conn: psycopg.Connection, sid: str, limit: int, offset: int) -> Page:
-    """Newest first, each with what it added, changed and removed."""
+    """Newest first, each with what it added, changed and removed; runs of confirmations folded
+    (``confirmed``: how many a row stands for, 0 for a row that is no confirmation)."""
     params = {"sid": sid}
     rows = _dicts(conn).execute(_VERSIONS, {**params, "limit": limit, "offset": offset}).fetchall()
     return _paged(rows, conn, _VERSIONS, params, offset)

@@ -2,6 +2,7 @@
 What a browser does with the pages is tests/server/test_ui_browser.py."""
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import quote, urlencode
 
@@ -294,18 +295,19 @@ def test_a_dry_run_is_labelled_in_the_runs_list(ui: Client, run_kl, make_state, 
     dry = run_kl("refresh", "nulls", *search, "--dry-run")  # the real null provider
     assert dry.returncode == 0, dry.stderr.decode()
     assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → dry run"]
-    # A refresh records an observation of v9 (Terraform's serial stays 9); --commit writes v10.
+    # A refresh records an observation of v9 (Terraform's serial stays 9), and so does --commit
+    # when it finds nothing different from v9.
     real = run_kl("refresh", "nulls", *search)
     assert real.returncode == 0, real.stderr.decode()
     assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → v9.1 (observed)", "9 → dry run"]
     committed = run_kl("refresh", "nulls", *search, "--commit")
     assert committed.returncode == 0, committed.stderr.decode()
-    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → 10", "9 → v9.1 (observed)", "9 → dry run"]
+    assert runs_serials(page(ui, "/ui/state", name="nulls")) == ["9 → v9.2 (observed)", "9 → v9.1 (observed)", "9 → dry run"]
     # A run that fails commits nothing either, and is not a dry run.
     failed = run_kl("refresh", "nulls", "--provider-search-path", str(tmp_path))  # no provider there
     assert failed.returncode != 0
     assert runs_serials(page(ui, "/ui/state", name="nulls")) == [
-        "10 → (not committed)", "9 → 10", "9 → v9.1 (observed)", "9 → dry run"]
+        "9 → (not committed)", "9 → v9.2 (observed)", "9 → v9.1 (observed)", "9 → dry run"]
 
 
 def test_provider_addresses_are_shown_as_users_write_them(ui: Client) -> None:
@@ -335,3 +337,33 @@ def test_attribute_paths_wrap_between_steps_not_inside_names(ui: Client, conn) -
     assert css is not None
     rules = [r for r in css.decode().split("}") if "overflow-wrap: anywhere" in r]
     assert not any("path" in r or ".changes" in r for r in rules), rules
+
+
+def versions_rows(html: str) -> list[tuple[str, str]]:
+    """(label, changes) of each row of a state page's versions table, newest first."""
+    table = html.split('<table class="versions">', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'<th scope="row">([^<]+)</th>.*?</td><td>.*?</td><td>.*?</td>\s*<td>(.*?)</td>', table, re.DOTALL)
+    return [(label, re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", changes)).strip()) for label, changes in rows]
+
+
+def test_confirmations_are_folded_into_one_row_as_kl_state_versions_folds_them(ui: Client, run_kl, make_state) -> None:
+    from kit.paths import PLUGIN_CACHE
+
+    search = ("--provider-search-path", str(PLUGIN_CACHE))
+    for serial in (3, 4):
+        r = run_kl("state", "import", "quiet", "-", "--source", "apply",
+                   input=make_state(serial, {"a": {"id": "1", "triggers": None}}))
+        assert r.returncode == 0, r.stderr.decode()
+        for _ in range(3 if serial == 3 else 1):
+            refreshed = run_kl("refresh", "quiet", *search)  # the real null provider: nothing differs
+            assert refreshed.returncode == 0, refreshed.stderr.decode()
+    cli = run_kl("state", "versions", "quiet", "--format", "json")
+    assert cli.returncode == 0, cli.stderr.decode()
+    assert [v["confirms"] for v in json.loads(cli.stdout)["versions"]] == [False, True, True, True, False, True]
+    rows = versions_rows(page(ui, "/ui/state", name="quiet"))
+    # A run of confirmations never spans a Terraform version: v4's one is a row of its own.
+    assert rows == [("v4.1", "confirmed unchanged"), ("v4", "+0 ~0 -0"),
+                    ("v3.1-v3.3", "confirmed unchanged ×3"), ("v3", "+1 ~0 -0")]
+    assert "Versions (4)" in page(ui, "/ui/state", name="quiet")
+    second = page(ui, "/ui/state", name="quiet", per=2, vpage=2)
+    assert versions_rows(second) == rows[2:]
