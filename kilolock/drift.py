@@ -442,9 +442,13 @@ def entry(r: Mapping[str, Any], schemas: Schemas | None = None) -> dict[str, Any
     return {
         "address": r["address"], "deposed": r["deposed"] or None, "kind": r["drift_kind"], "type": r["type"],
         "status": status,
-        "detected_serial": r["detected_serial"], "detected_at": r["detected_at"],
-        "first_detected": {"serial": r["first_detected_serial"], "at": r["first_detected_at"]},
+        # serials are Terraform's; an observation (v7.3) carries its base's, so the versions are named too
+        "detected_serial": r["detected_serial"], "detected_version": r.get("detected_version"),
+        "detected_at": r["detected_at"],
+        "first_detected": {"serial": r["first_detected_serial"], "version": r.get("first_detected_version"),
+                           "at": r["first_detected_at"]},
         "last_confirmed_serial": r["last_confirmed_serial"],
+        "last_confirmed_version": r.get("last_confirmed_version"),
         "open_for_s": int(open_for.total_seconds()),
         "resolved": resolved,
         # the ignore rules that hide this open record (kl drift ignore): the oldest, and all of them

@@ -61,14 +61,14 @@ def ignored_by(rules: list[dict[str, Any]]) -> str:
 
 def _headline(e: dict[str, Any]) -> str:
     first = e["first_detected"]
-    since = f"first detected v{first['serial']}, {render.when(first['at'])}"
+    since = f"first detected {first.get('version') or 'v' + str(first['serial'])}, {render.when(first['at'])}"
+    at = f"{e['kind']} at {e.get('detected_version') or 'v' + str(e['detected_serial'])}"
     if e["ignored_by"] is not None:
-        return (f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])}), "
-                f"{ignored_by(e['ignored_by']['rules'])}")
+        return f"{at} ({since}, open {drift.duration(e['open_for_s'])}), {ignored_by(e['ignored_by']['rules'])}"
     if e["resolved"] is None:
-        return f"{e['kind']} at v{e['detected_serial']} ({since}, open {drift.duration(e['open_for_s'])})"
+        return f"{at} ({since}, open {drift.duration(e['open_for_s'])})"
     r = e["resolved"]
-    return (f"{e['kind']} at v{e['detected_serial']} ({since}), resolved at v{r['serial']} by {r['how']}, "
+    return (f"{at} ({since}), resolved at v{r['serial']} by {r['how']}, "
             f"{render.when(r['at'])} (was open {drift.duration(e['open_for_s'])})")
 
 

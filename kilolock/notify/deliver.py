@@ -222,7 +222,7 @@ def send_test(channel: outbox.Channel, post_fn: PostFn = post) -> tuple[bool, st
 
     event = {"kind": "drift.new", "event_id": f"test-{uuid.uuid4()}", "delivery_id": "test",
              "created_at": datetime.now(timezone.utc), "state_name": "kl-notify-test", "serial": None,
-             "version_source": None, "run_id": None, "channel": channel.name, "ui_url": channel.ui_url,
+             "observation": None, "version_source": None, "run_id": None, "channel": channel.name, "ui_url": channel.ui_url,
              "detail": {}}
     doc = payload.document(event, [{"address": "null_resource.example", "deposed": None, "kind": "changed",
                                     "paths": ["triggers"], "resolved_how": None,

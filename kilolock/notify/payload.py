@@ -70,6 +70,8 @@ def document(event: Mapping[str, Any], found: list[dict[str, Any]]) -> dict[str,
         "occurred_at": created.isoformat(),
         "state": state,
         "serial": event["serial"],
+        # The observation that found it (v7.3: the third of Terraform's v7); serial is its base's.
+        "observation": event.get("observation"),
         "source": event.get("version_source"),
         "run_id": event["run_id"],
         "channel": event["channel"],
@@ -101,7 +103,8 @@ MAX_SLACK_CHANGES = 5
 def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
     """An incoming-webhook message a person can read: what, where, and the command to paste."""
     kind, state = doc["event"], doc["state"]
-    where = f"{state}" + (f" v{doc['serial']}" if doc.get("serial") is not None else "")
+    where = f"{state} {doc['observation']}" if doc.get("observation") else \
+        f"{state}" + (f" v{doc['serial']}" if doc.get("serial") is not None else "")
     title = f"{_TITLES[kind]}: {len(doc['addresses'])} address(es) in {where}" if kind.startswith("drift.") \
         else f"{_TITLES[kind]}: {where}"
     lines: list[str] = []

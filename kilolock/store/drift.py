@@ -14,12 +14,26 @@ from psycopg.rows import dict_row
 
 from kilolock.store.states import state_id
 
-_COLS = """address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
+# A version's label as `kl state versions` writes it: v7 (Terraform's), v7.3 (its third observation).
+_LABEL = "SELECT 'v' || v.serial || COALESCE('.' || v.observation_number, '') FROM state_versions v WHERE v.id = {}"
+# The latest observation before the record's resolution (any, while it is open) that was of the
+# version the drift is against: it saw the drift still there, or it would have resolved it.
+_LAST_CONFIRMED = """SELECT 'v' || c.serial || '.' || c.observation_number FROM state_versions c
+       WHERE c.state_id = {table}.state_id AND c.kind = 'observation' AND c.serial = {table}.detected_serial
+         AND c.seq <= COALESCE((SELECT r.seq FROM state_versions r WHERE r.id = {resolved}), 9223372036854775807)
+       ORDER BY c.seq DESC LIMIT 1"""
+
+
+def _cols(table: str, resolved: str) -> str:
+    return f"""address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
        previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
-       first_detected_at, last_confirmed_serial, open_for, changed_attributes"""
+       first_detected_at, last_confirmed_serial, open_for, changed_attributes,
+       ({_LABEL.format("detected_version_id")}) AS detected_version,
+       ({_LABEL.format("first_detected_version_id")}) AS first_detected_version,
+       ({_LAST_CONFIRMED.format(table=table, resolved=resolved)}) AS last_confirmed_version"""
 
 _LIST_OPEN = f"""
-SELECT {_COLS}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how,
+SELECT {_cols("current_resource_drift", "NULL")}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how,
        NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason, NULL::jsonb AS ignore_rules
 FROM current_resource_drift WHERE state_id = %s
 ORDER BY address, deposed
@@ -28,7 +42,7 @@ LIMIT %s
 
 # Open ones first, then the ignored ones, then the resolved ones, latest first.
 _LIST_ALL = f"""
-SELECT {_COLS}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason,
+SELECT {_cols("resource_drift", "resolved_version_id")}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason,
        (SELECT jsonb_agg(jsonb_build_object('rule', r.id, 'reason', r.reason) ORDER BY r.id)
         FROM drift_ignore_rules r WHERE r.id = ANY(ignore_rule_ids)) AS ignore_rules
 FROM resource_drift WHERE state_id = %s

@@ -381,6 +381,8 @@ SELECT d.id AS delivery_id, d.attempts, e.id::text AS event_id, e.kind, e.state_
        e.version_id::text AS version_id,
        COALESCE(e.run_id, (SELECT rr.id FROM refresh_runs rr WHERE rr.to_version_id = e.version_id LIMIT 1))::text AS run_id,
        (SELECT v.source FROM state_versions v WHERE v.id = e.version_id) AS version_source,
+       (SELECT 'v' || v.serial || '.' || v.observation_number FROM state_versions v
+        WHERE v.id = e.version_id AND v.kind = 'observation') AS observation,
        e.detail, e.created_at, c.name AS channel, c.format, c.webhook, c.secret, c.ui_url
 FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id JOIN notify_channels c ON c.id = d.channel_id
 WHERE d.id = ANY(%s) ORDER BY d.id

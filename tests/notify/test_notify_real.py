@@ -81,13 +81,14 @@ def test_one_new_across_three_refreshes_then_resolved_by_an_apply_through_kl_ser
     assert [(o["to_serial"], o["observation"]) for o in outs] == [
         (None, f"v{outs[0]['from_serial']}.{n}") for n in (1, 2, 3)], outs
     assert new.json["run_id"] == outs[0]["run_id"] and new.json["serial"] == outs[0]["from_serial"]
+    assert new.json["observation"] == outs[0]["observation"]  # which of v7's observations found it
 
     terraform(ws, "apply", "-auto-approve")  # through kl serve: its sender thread delivers
     got = receiver.wait_for(2)
     assert [r.json["event"] for r in got] == ["drift.new", "drift.resolved"], [r.json for r in got]
     resolved = got[1].json
     assert [(a["address"], a["resolved_how"]) for a in resolved["addresses"]] == [('local_file.f["two"]', "recreated")]
-    assert resolved["source"] == "apply" and got[1].signed_by(SECRET)
+    assert (resolved["source"], resolved["observation"]) == ("apply", None) and got[1].signed_by(SECRET)
     assert len({r.headers["Idempotency-Key"] for r in got}) == 2
     refresh(run_kl, ws)
     assert len(receiver.events()) == 2

@@ -95,19 +95,22 @@ def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_reso
     assert out["status"] == "succeeded" and out["changed_addresses"] == [TWO] and out["observation"] == f"v{serial}.3", out
     second = drift_doc(run_kl)
     at = observation_time(db_url, serial, 2)
-    assert first["drift"][0]["first_detected"] == second["drift"][0]["first_detected"] == {"serial": detected, "at": at.isoformat()}
+    found = f"v{serial}.2"  # the observation that found it; serials are Terraform's (an observation's, its base's)
+    assert first["drift"][0]["first_detected"] == second["drift"][0]["first_detected"] == {
+        "serial": detected, "version": found, "at": at.isoformat()}
     [entry] = second["drift"]
     assert datetime.fromisoformat(entry["first_detected"]["at"]).utcoffset() is not None  # a time with its zone
     assert entry["open_for_s"] >= 0 and entry["refresh_run_id"]
     assert {k: v for k, v in entry.items() if k not in ("open_for_s", "refresh_run_id")} == {
         "address": TWO, "deposed": None, "kind": "deleted", "type": "local_file", "status": "open",
-        "detected_serial": detected, "detected_at": at.isoformat(),
-        "first_detected": {"serial": detected, "at": at.isoformat()}, "last_confirmed_serial": detected,
+        "detected_serial": detected, "detected_version": found, "detected_at": at.isoformat(),
+        "first_detected": {"serial": detected, "version": found, "at": at.isoformat()}, "last_confirmed_serial": detected,
+        "last_confirmed_version": f"v{serial}.3",
         "resolved": None, "ignored_by": None, "changed_attributes": None, "changes": []}
     assert (second["total"], second["open"], second["all"]) == (1, 1, False)
     assert open_drift(run_kl) == second["total"] == 1
     text = run_kl("drift", "prod").stdout.decode()
-    assert text.startswith(f"{TWO}: deleted at v{detected} (first detected v{detected}, ") and text.count(TWO) == 1, text
+    assert text.startswith(f"{TWO}: deleted at {found} (first detected {found}, ") and text.count(TWO) == 1, text
 
     # 3. Terraform applies from what kl holds and recreates the file: the drift is resolved.
     pulled = run_kl("state", "pull", "prod")

@@ -97,7 +97,8 @@ def test_a_drift_stays_one_record_while_open_first_detection_fixed(conn):
     write(conn, state(4, {"a": {**A, "triggers": {"k": "3"}}, "b": B}), "refresh")
     assert records(conn) == [("null_resource.a", "changed", 2, 3, None, None, ["triggers"])]
     [e] = doc(conn)["drift"]
-    assert e["first_detected"] == {"serial": 2, "at": v2.created_at} and e["last_confirmed_serial"] == 4
+    assert e["first_detected"] == {"serial": 2, "version": "v2", "at": v2.created_at} and e["last_confirmed_serial"] == 4
+    assert (e["detected_version"], e["last_confirmed_version"]) == ("v3", None)  # refresh versions of old: no observation
     # measured against what the apply wrote, not against the previous refresh
     assert e["changes"] == [{"path": 'triggers["k"]', "before": "1", "after": "3"}]
     assert e["changes"] and e["open_for_s"] >= 0 and e["resolved"] is None
