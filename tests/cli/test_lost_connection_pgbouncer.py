@@ -93,7 +93,7 @@ def test_a_refresh_whose_commit_lock_breaks_is_one_line_and_recorded_failed(boun
     own): the refresh settles on a fresh connection (releases the lock if it landed, looks for
     the version), says nothing was committed, and finishes its audit row."""
     pooled = _pooled(bouncer, db_url)
-    add_states(db_url, ["brk/a"], instances=3)
+    add_states(db_url, ["brk/a"], instances=3, legacy_address=True)  # so --commit has a version to write
     proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/a", "--commit", at="locks.acquire")
     _terminate(db_url, pid)
     code, err = _finish(proc, go)
@@ -163,7 +163,7 @@ def test_a_refresh_whose_commit_breaks_and_its_settling_breaks_too_says_the_outc
     line saying the outcome is unknown and what to look at, not "nothing committed" (which the
     refresh could no longer know) nor an internal error."""
     pooled = _pooled(bouncer, db_url)
-    add_states(db_url, ["brk/s2"], instances=3)
+    add_states(db_url, ["brk/s2"], instances=3, legacy_address=True)
     proc, pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/s2", "--commit", at="locks.acquire,locks.release")
     pid = _break_again(db_url, tmp_path, proc, pid)
     _terminate(db_url, pid)
@@ -223,7 +223,7 @@ def test_a_refresh_whose_commit_meets_a_postgresql_restart_leaves_nothing_runnin
 
     cluster, url = restartable
     pgbouncer.require()
-    add_states(url, ["brk/r"], instances=3)
+    add_states(url, ["brk/r"], instances=3, legacy_address=True)
     with pgbouncer.pgbouncer(url) as template:
         pooled = template.format(dbname="fleet") + " kl_pooler=transaction"
         proc, _pid, go = _start_broken(pooled, tmp_path, "refresh", "brk/r", "--commit", at="locks.acquire")

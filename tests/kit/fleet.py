@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import shutil
 import signal
 import subprocess
@@ -25,8 +26,11 @@ LEASE = 3.0  # seconds: short, so a killed worker's job is taken over quickly
 POLL = "200ms"
 
 
-def add_states(db_url: str, names: list[str], instances: int = 5, search_path: Path = PLUGIN_CACHE) -> None:
-    """States of INSTANCES null_resources each, stored with their provider search path (kl state set)."""
+def add_states(db_url: str, names: list[str], instances: int = 5, search_path: Path = PLUGIN_CACHE,
+               legacy_address: bool = False) -> None:
+    """States of INSTANCES null_resources each, stored with their provider search path (kl state set).
+    LEGACY_ADDRESS: the provider written as Terraform 0.12 wrote it (`provider.null`), which a
+    refresh rewrites, so that `kl refresh --commit` has a version to write."""
     from kilolock import tfstate
     from kilolock.store import settings, states, writes
 
@@ -34,6 +38,11 @@ def add_states(db_url: str, names: list[str], instances: int = 5, search_path: P
         for name in names:
             raw = build_state(1, {f"n{i}": {"id": f"{name}-{i}", "triggers": None} for i in range(instances)},
                               lineage=f"lineage-{name}")
+            if legacy_address:
+                doc = json.loads(raw)
+                for r in doc["resources"]:
+                    r["provider"] = "provider.null"
+                raw = json.dumps(doc).encode()
             writes.store_document(conn, name, tfstate.parse_state(raw), raw, source="import", actor="test")
             settings.update(conn, states.state_id(conn, name),
                             settings.Changes({"provider_search_paths": [str(search_path)]}), "test")
