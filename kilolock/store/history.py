@@ -27,7 +27,8 @@ from kilolock.store.states import state_id
 # Terraform's versions: an observation carries its base's serial (migration 0022).
 _LAST_TWO = ("SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND kind = 'terraform' "
              "ORDER BY serial DESC LIMIT 2")
-_SERIALS = "SELECT serial, encrypted FROM state_versions WHERE state_id = %s AND serial = ANY(%s) AND kind = 'terraform'"
+# unindexed: why kl holds no index of an (OpenTofu-encrypted) version; NULL: its resources are indexed.
+_SERIALS = "SELECT serial, unindexed FROM state_versions WHERE state_id = %s AND serial = ANY(%s) AND kind = 'terraform'"
 
 _OPEN_AT = "(r.create_serial <= {n} AND (r.delete_serial IS NULL OR r.delete_serial > {n}))"
 _AT_FROM = _OPEN_AT.format(n="%(from)s")
@@ -55,8 +56,10 @@ ORDER BY address, deposed, at_to
 """
 
 
-def _encrypted(name: str, serial: int) -> KlError:
-    return KlError(f"state {name!r} version {serial} is OpenTofu-encrypted: kl cannot see its resources, so it cannot diff it")
+def _unindexed(name: str, label: str, why: str) -> KlError:
+    why = "" if why == "OpenTofu-encrypted" else f" ({why})"  # the reason a version stored sealed gives
+    return KlError(f"state {name!r} {label} is OpenTofu-encrypted and not indexed{why}, so kl cannot diff it: "
+                   f"`kl state set {name} --encryption-config FILE` indexes the versions written after it")
 
 
 def endpoints(conn: psycopg.Connection, name: str, serial_from: int | None, serial_to: int | None) -> tuple[str, int | None, int]:
@@ -80,12 +83,13 @@ def endpoints(conn: psycopg.Connection, name: str, serial_from: int | None, seri
 
 
 def _check(conn: psycopg.Connection, sid: str, name: str, serials: list[int]) -> None:
-    found: dict[int, bool] = {int(s): bool(e) for s, e in conn.execute(_SERIALS, (sid, serials)).fetchall()}
+    found: dict[int, str | None] = {int(s): why for s, why in conn.execute(_SERIALS, (sid, serials)).fetchall()}
     for serial in serials:
         if serial not in found:
             raise KlError(f"state {name!r} has no version with serial {serial} (see `kl state versions {name}`)")
-        if found[serial]:
-            raise _encrypted(name, serial)
+        why = found[serial]
+        if why is not None:
+            raise _unindexed(name, f"version {serial}", why)
 
 
 def differing_objects(conn: psycopg.Connection, sid: str, serial_from: int, serial_to: int) -> list[dict[str, Any]]:
@@ -109,7 +113,7 @@ class Endpoint:
 
 
 _OBSERVATION = """
-SELECT o.id::text, o.encrypted FROM state_versions o JOIN state_versions b ON b.id = o.base_version_id
+SELECT o.id::text, o.unindexed FROM state_versions o JOIN state_versions b ON b.id = o.base_version_id
 WHERE o.state_id = %s AND o.kind = 'observation' AND b.kind = 'terraform' AND b.serial = %s AND o.observation_number = %s
 """
 
@@ -144,9 +148,8 @@ def _endpoint(conn: psycopg.Connection, sid: str, name: str, ref: tuple[int, int
     row = conn.execute(_OBSERVATION, (sid, serial, number)).fetchone()
     if row is None:
         raise KlError(f"state {name!r} has no observation v{serial}.{number} (see `kl state versions {name}`)")
-    if row[1]:
-        raise KlError(f"state {name!r} observation v{serial}.{number} is OpenTofu-encrypted: kl cannot see its "
-                      "resources, so it cannot diff it")
+    if row[1] is not None:
+        raise _unindexed(name, f"observation v{serial}.{number}", row[1])
     return Endpoint(serial, number, str(row[0]))
 
 

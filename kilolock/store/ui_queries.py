@@ -104,7 +104,7 @@ def _paged(rows: list[dict[str, Any]], conn: psycopg.Connection, query: sql.Comp
 
 _HEADER = sql.SQL("""
 SELECT s.id::text AS id, s.name, v.serial, v.lineage, v.terraform_version, v.created_at AS updated_at,
-       COALESCE(v.encrypted, false) AS encrypted,
+       COALESCE(v.encrypted, false) AS encrypted, v.unindexed,
        (SELECT count(*) FROM state_versions x WHERE x.state_id = s.id) AS versions,
        (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources,
        (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = s.id) AS open_drift,
@@ -135,7 +135,7 @@ def state_header(conn: psycopg.Connection, name: str) -> dict[str, Any]:
 # confirmations between two other rows (nothing else interrupts them, so they share a base).
 _VERSIONS = """
 WITH marked AS (
-    SELECT id, seq, serial, kind, observation_number, source, actor, created_at, encrypted, terraform_version,
+    SELECT id, seq, serial, kind, observation_number, source, actor, created_at, encrypted, unindexed, terraform_version,
            kind = 'observation' AND raw_state IS NULL AND head_piece IS NULL AS confirms
     FROM state_versions WHERE state_id = %(sid)s),
 grouped AS (
@@ -151,7 +151,7 @@ SELECT v.serial,
        CASE WHEN v.kind = 'terraform' THEN 'v' || v.serial
             WHEN f.confirmed > 1 THEN 'v' || v.serial || '.' || f.first_number || '-v' || v.serial || '.' || v.observation_number
             ELSE 'v' || v.serial || '.' || v.observation_number END AS label,
-       v.kind, v.source, v.actor, v.created_at, v.encrypted, v.terraform_version,
+       v.kind, v.source, v.actor, v.created_at, v.encrypted, v.unindexed, v.terraform_version,
        CASE WHEN m.confirms THEN f.confirmed ELSE 0 END AS confirmed,
        CASE WHEN v.kind = 'observation' THEN 0 ELSE o.n - b.n END AS added,
        CASE WHEN v.kind = 'observation' THEN ob.changed ELSE b.n END AS changed,

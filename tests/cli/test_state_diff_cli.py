@@ -161,8 +161,9 @@ def test_refusals_are_one_line(history, db_url):
     _write(db_url, "tofu", _doc(1, {"a": [_obj({"id": "a"})]}))
     _write(db_url, "tofu", json.dumps({"meta": {}, "encrypted_data": "QUJD", "encryption_version": "v0"}).encode())
     code, _, err = _kl("state", "diff", "tofu")
-    assert code == 1 and err == ("kl: state 'tofu' version 2 is OpenTofu-encrypted: kl cannot see its resources, "
-                                 "so it cannot diff it\n"), err
+    assert code == 1 and err == ("kl: state 'tofu' version 2 is OpenTofu-encrypted and not indexed, so kl "
+                                 "cannot diff it: `kl state set tofu --encryption-config FILE` indexes the "
+                                 "versions written after it\n"), err
 
 
 def test_masking_does_not_depend_on_guessing_attribute_from_map_key():

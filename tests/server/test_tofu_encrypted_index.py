@@ -118,6 +118,9 @@ def test_serve_indexes_what_opentofu_sends_and_stores_an_unreadable_write_as_sen
     tofu(TOOL, work, "apply", "-auto-approve", "-input=false")
     assert _open_rows(db_url, name)["local_file.a"]["sensitive_content"] == "(sensitive)"
     assert all(unindexed is None for _, _, unindexed, _ in _versions(db_url, name))
+    page = server.request("GET", f"/ui/state?name={name}").text
+    assert "indexed from its decrypted content" in page and "cannot see its resources" not in page
+    assert "local_file.a" in page and SECRET not in page
 
     # kl serve's key goes stale (rotated in OpenTofu's configuration, not in kl's environment): the
     # write is still taken as sent, and the version says why kl has no index of it.
@@ -131,5 +134,7 @@ def test_serve_indexes_what_opentofu_sends_and_stores_an_unreadable_write_as_sen
     assert warned and all(WRONG not in w and PASSPHRASE not in w for w in warned), warned
     status = run_kl("status", name)
     assert b"not indexed" in status.stdout and b"do not decrypt it" in status.stdout, status.stdout
+    page = server.request("GET", f"/ui/state?name={name}").text
+    assert "kl cannot see its resources" in page and "do not decrypt it" in page
     # OpenTofu reads back what kl serves and plans clean.
     assert tofu(TOOL, work, "plan", "-detailed-exitcode", "-input=false", check=False).returncode == 0

@@ -118,6 +118,12 @@ def test_imported_encrypted_file_refreshes_and_the_pulled_file_is_read_by_opento
     assert r.returncode == 0, r.stderr
 
     serial = _deleted_is_drift_and_accepted_encrypted(run_kl, db_url, name, tmp_path)
+    # Both versions are indexed from their decrypted content: kl diffs them, sensitive values masked.
+    diff = run_kl("state", "diff", name, "--format", "json")
+    assert diff.returncode == 0, diff.stderr
+    found = json.loads(diff.stdout)
+    assert (found["to"], found["removed"], [i["address"] for i in found["instances"]]) == (serial, 1, ["local_file.a"]), found
+    assert SECRET.encode() not in diff.stdout
     # refresh --all (and a worker's schedules) take a configured encrypted state like any other.
     many = run_kl("refresh", "--all", "--states", name, "--format", "json", env=PASS)
     assert many.returncode == 0, many.stderr
