@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
-import psycopg.conninfo
 
 from kilolock.errors import KlError
 from kilolock.store import db, provider_limits
@@ -109,9 +108,7 @@ class FleetSlots:
         self.lease_s = lease_s
         self.renew_s = min(renew_s, lease_s / 4)
         # Kept as text: the connection it came from may be closed and replaced (a worker reconnects).
-        self._dsn = conn.info.dsn
-        if conn.info.password:
-            self._dsn = psycopg.conninfo.make_conninfo(self._dsn, password=conn.info.password)
+        self._dsn = db.url_of(conn)
         self._conn: psycopg.Connection | None = None
         self._limits = dict(limits)
         self._limits_at = time.monotonic()

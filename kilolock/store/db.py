@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,6 +115,7 @@ def connect(url: str) -> psycopg.Connection:
         else:
             conn = psycopg.connect(_with_liveness(url), application_name="kilolock", autocommit=True)
         _opened_connections.add(conn)
+        _urls[conn] = url
         return conn
     except psycopg.OperationalError as exc:
         raise DatabaseError(f"cannot connect to the database {_redact(url)}: {first_line(exc)}") from None
@@ -183,23 +185,73 @@ def commit_outcome_unknown(exc: BaseException) -> bool:
     return False
 
 
-def reconnect(conn: psycopg.Connection) -> psycopg.Connection:
-    """A new connection to the database CONN was connected to (CONN may be dead). psycopg's dsn
-    leaves the password out, so it is put back: a server that asks for one would refuse otherwise."""
+# The connection string each connection was opened with. libpq's account of a connection
+# (conn.info.dsn) names the one server it reached, so a reconnect from it would go back to a
+# primary that died rather than on to the next host of a multi-host URL (`host=a,b` with
+# target_session_attrs=read-write): after a failover that is the promoted standby.
+_urls: weakref.WeakKeyDictionary[psycopg.Connection, str] = weakref.WeakKeyDictionary()
+
+# How long recovery after a lost connection (settling a cut commit, finishing an audit row or a
+# fleet job) keeps trying to connect again: a failover leaves no primary until the standby is
+# promoted, and giving up at once would leave an outcome unknown that a minute later can be known.
+RECONNECT_WAIT_ENV = "KL_DATABASE_RECONNECT_WAIT"
+RECONNECT_WAIT_S = 60.0
+_RECONNECT_BACKOFF_MAX_S = 2.0
+
+
+def url_of(conn: psycopg.Connection) -> str:
+    """The connection string to open another connection to CONN's database (CONN may be dead): the
+    one it was opened with, every host of it; for a connection kl did not open, psycopg's dsn with
+    the password it leaves out put back (a server that asks for one would refuse otherwise)."""
+    known = _urls.get(conn)
+    if known is not None:
+        return known
     dsn, password = conn.info.dsn, conn.info.password
     if password:
         dsn = psycopg.conninfo.make_conninfo(dsn, password=password)
-    return connect(dsn)
+    return dsn
+
+
+def reconnect_wait() -> float:
+    """Seconds recovery keeps trying to connect (RECONNECT_WAIT_ENV, a duration; 0: one attempt)."""
+    from kilolock.durations import parse_duration
+
+    text = os.environ.get(RECONNECT_WAIT_ENV, "")
+    if not text:
+        return RECONNECT_WAIT_S
+    try:
+        return parse_duration(text, allow_zero=True)
+    except KlError as exc:
+        raise DatabaseError(f"${RECONNECT_WAIT_ENV}: {exc}") from None
+
+
+def reconnect(conn: psycopg.Connection, wait: float = 0.0) -> psycopg.Connection:
+    """A new connection to the database CONN was connected to (CONN may be dead), trying again
+    with backoff for up to WAIT seconds while none can be had (a primary down, its standby not yet
+    promoted); the last failure is raised after that."""
+    url = url_of(conn)
+    deadline = time.monotonic() + wait
+    pause = 0.2
+    while True:
+        try:
+            return connect(url)
+        except DatabaseError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _RECONNECT_BACKOFF_MAX_S)
 
 
 @contextmanager
 def reconnected(conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
-    """reconnect(CONN) for recovering from its break, closed after the block. When the new
+    """reconnect(CONN) for recovering from its break, closed after the block, trying to connect
+    for up to reconnect_wait() (a failover may have no primary for a while). When the new
     connection breaks too, in whatever shape psycopg reports it (lost(): an InternalError without
     SQLSTATE behind PgBouncer as well as an OperationalError), the block raises ConnectionLost: a
     KlError like failing to connect, so recovery code catches KlError alone and says one line.
     Judged inside the block: once closed, any connection looks lost."""
-    with reconnect(conn) as fresh:
+    with reconnect(conn, reconnect_wait()) as fresh:
         try:
             yield fresh
         except psycopg.Error as exc:

@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-import psycopg.conninfo
 from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
@@ -152,9 +151,7 @@ class _Heartbeats:
         with self._lock:
             self._runs.add(run_id)
             if self._thread is None or not self._thread.is_alive():
-                self._dsn = conn.info.dsn
-                if conn.info.password:
-                    self._dsn = psycopg.conninfo.make_conninfo(self._dsn, password=conn.info.password)
+                self._dsn = db.url_of(conn)
                 self._thread = threading.Thread(target=self._run, name="kl-run-heartbeat", daemon=True)
                 self._thread.start()
 
