@@ -20,8 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.klserve import free_port
+
+if TYPE_CHECKING:
+    from kilolock.store.embedded import EmbeddedCluster
 
 USER = "kilolock"
 _FAST = ("fsync = off\nfull_page_writes = off\nshared_buffers = 16MB\nmax_connections = 100\n"
@@ -110,12 +114,9 @@ class Replicated:
 
     def stop(self) -> None:
         for node in (self.standby, self.primary):
-            if node.pids():
-                try:
-                    _cluster(node)._run([str(_bin("pg_ctl")), "-D", str(node.data_dir), "-m", "immediate", "-w", "stop"],
-                                        "stop")
-                except Exception:  # noqa: BLE001 - a killed node has nothing to stop; clean-up goes on
-                    pass
+            if node.pids() and _alive(node.pids()[0]):
+                _cluster(node)._run([str(_bin("pg_ctl")), "-D", str(node.data_dir), "-m", "immediate", "-w", "stop"],
+                                    "stop")
 
 
 def _alive(pid: int) -> bool:
@@ -137,7 +138,7 @@ def _bin(name: str) -> Path:
     return find_pg_bin() / name
 
 
-def _cluster(node: Node):  # noqa: ANN202 - kilolock.store.embedded.EmbeddedCluster, imported lazily
+def _cluster(node: Node) -> EmbeddedCluster:
     from kilolock.store.embedded import EmbeddedCluster
 
     return EmbeddedCluster(node.data_dir)

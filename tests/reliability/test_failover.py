@@ -85,3 +85,142 @@ def test_a_multi_host_url_is_said_without_its_password_and_every_host_kept(url):
 
     said = Target(url=url, embedded=False).describe()
     assert "s3cret" not in said and "10.0.0.1" in said and "10.0.0.2" in said, said
+
+
+# ---------------------------------------------------------------- the whole system across a failover
+
+TOOL = "terraform-1.8.5"
+# Terraform's http backend retries a 503 after the Retry-After kl serve sends (10 s): five retries
+# cover a 30 s failover with room to spare (its default, 2, covers 20 s).
+TF_RETRIES = {"TF_HTTP_RETRY_MAX": "5", "TF_HTTP_RETRY_WAIT_MAX": "30"}
+# A null_resource whose creation waits for the test to say the primary is dead: Terraform holds
+# the lock meanwhile and writes its state after, into the outage.
+_HELD_APPLY = """
+resource "null_resource" "app" {{
+  triggers = {{ v = "{v}" }}
+  provisioner "local-exec" {{
+    command = "touch {started}; while [ ! -e {go} ]; do sleep 0.1; done"
+  }}
+}}
+"""
+
+
+def test_workers_serve_terraform_and_the_outbox_go_on_after_the_primary_dies_and_the_standby_is_promoted(pair, tmp_path):
+    """Three workers on a 5 s schedule, kl serve with Terraform 1.8.5 applying through it, and a
+    webhook receiver; the primary is killed (SIGKILL) in the middle of the apply and its synchronous
+    standby promoted. Every component goes on against the new primary with no restart: every
+    scheduled state gets a succeeded run, no run is left running, no acknowledged version is missing
+    or stored twice, Terraform's apply completes (503 with Retry-After, then 200), and every event
+    reaches the receiver with its idempotency key."""
+    import time
+
+    from kilolock.server.auth import hash_password
+    from kit.fleet import add_states, q, start_worker, stop, wait_for
+    from kit.invariants import version_problems
+    from kit.kl import run_kl
+    from kit.klserve import KlServe
+    from kit.tfcli import Workspace, tool_binary, wait_for_lock_holder
+    from kit.webhook import Receiver
+
+    url = pair.url("kl")
+    env = {"KL_DATABASE_URL": url}
+    assert run_kl("db", "migrate", env=env).returncode == 0
+    names = [f"fo/s{n}" for n in range(4)]
+    add_states(url, names, instances=2)
+    nowhere = tmp_path / "no-providers"
+    nowhere.mkdir()
+    add_states(url, ["fo/broken"], instances=1, search_path=nowhere)  # fails every run: outbox events
+    receiver = Receiver()
+    users = tmp_path / "users"
+    users.write_text(f"alice:{hash_password('alice-pw', n=2**10)}\n")
+    workers = []
+    serve = None
+    apply = None
+    try:
+        r = run_kl("notify", "add", "ops", "--webhook", receiver.url, "--events", "refresh.failed", env=env)
+        assert r.returncode == 0, r.stderr
+        r = run_kl("schedule", "set", "--states", "fo/*", "--every", "5s", env=env)
+        assert r.returncode == 0, r.stderr
+        workers = [start_worker(url, f"w{n}", log=tmp_path / f"w{n}.log") for n in (1, 2, 3)]
+        serve = KlServe(url, "--users-file", str(users), env={"KL_SERVE_TOKEN": ""})
+        ws = Workspace(TOOL, tool_binary(TOOL), tmp_path / "ws", f"{serve.http}/states/fo-tf/app", "alice", "alice-pw")
+        ws.dir.mkdir()
+        started, go = tmp_path / "apply-started", tmp_path / "primary-killed"
+        ws.write(_HELD_APPLY.format(v="1", started=started, go=go))
+        ws.run("init", "-input=false", "-no-color")
+
+        def succeeded_since(since: object) -> set[str]:
+            return {n for (n,) in q(url, "SELECT DISTINCT s.name FROM refresh_runs rr JOIN states s ON s.id = rr.state_id "
+                                         "WHERE rr.status = 'succeeded' AND rr.started_at > %s", (since,))}
+        wait_for("a first round of every scheduled state", lambda: succeeded_since("-infinity") == set(names), timeout=90)
+        receiver.wait_for(1, timeout=60)
+
+        apply = ws.start("apply", "-auto-approve", "-input=false", "-no-color", env=ws.env(**TF_RETRIES))
+        wait_for_lock_holder(url, "fo-tf/app", apply)
+        wait_for("Terraform to run the provisioner", started.exists, timeout=60)
+        # What the primary acknowledged before it died: every one must be on the new primary.
+        acknowledged = {v for (v,) in q(url, "SELECT id FROM state_versions")}
+        serve_mark = len(serve.lines)
+        pair.kill_primary()
+        killed = time.monotonic()
+        go.touch()
+        # The outage, before the promotion: Terraform's state write is answered 503 and every
+        # worker has found the database gone (a failover manager takes this long or longer).
+        serve.wait_for(lambda line: line.split()[5:7] == ["/states/fo-tf/app", "503"], timeout=60, start=serve_mark)
+        wait_for("every worker to lose the database",
+                 lambda: all("database error" in (tmp_path / f"w{n}.log").read_text(errors="replace") for n in (1, 2, 3)),
+                 timeout=60)
+        pair.promote()
+        [(promoted_at,)] = q(url, "SELECT now()")
+        out, err = apply.communicate(timeout=180)
+        assert apply.returncode == 0 and "Apply complete" in out, out + err + "\n".join(serve.lines)
+        wait_for("every scheduled state refreshed on the new primary",
+                 lambda: succeeded_since(promoted_at) == set(names), timeout=60, every=0.3)
+        recovered_s = time.monotonic() - killed
+        print(f"failover: every component working again {recovered_s:.1f}s after the primary was killed")
+        assert all(w.poll() is None for w in workers), "a worker exited on the failover"
+        assert serve.proc.poll() is None, "kl serve exited on the failover"
+        # Everything delivered (the outbox's own record), each event under its own key.
+        wait_for("every outbox delivery sent", lambda: q(url, "SELECT count(*) FROM notify_deliveries "
+                                                              "WHERE status <> 'delivered'") == [(0,)], timeout=150, every=0.5)
+        pulled = ws.run("state", "pull").stdout
+    finally:
+        if apply is not None and apply.poll() is None:
+            apply.kill()
+            apply.communicate()
+        outputs = [stop(w)[1] for w in workers]
+        if serve is not None:
+            serve.stop()
+        receiver.close()
+    logs = [(tmp_path / f"w{n}.log").read_text(errors="replace") for n in (1, 2, 3)]
+    assert all(w.returncode == 0 for w in workers), outputs + logs
+    assert not any("Traceback" in text or "internal error" in text for text in logs), logs
+    # No run left running, no job either.
+    assert q(url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'") == [(0,)], logs
+    assert q(url, "SELECT count(*) FROM fleet_jobs WHERE status = 'running'") == [(0,)], logs
+    # Nothing acknowledged lost; nothing stored twice (serials increasing, observations numbered once).
+    assert acknowledged <= {v for (v,) in q(url, "SELECT id FROM state_versions")}
+    for name in [*names, "fo/broken", "fo-tf/app"]:
+        assert version_problems(url, name) == [], name
+    assert q(url, "SELECT count(*) FROM (SELECT state_id, serial, observation_number FROM state_versions "
+                  "GROUP BY 1, 2, 3 HAVING count(*) > 1) d") == [(0,)]
+    # Terraform's apply met the outage (503 with Retry-After, never a 500), then its write landed once.
+    lines = serve.lines[serve_mark:]
+    calls = [(p[4], p[6]) for p in (line.split() for line in lines) if p[5:6] == ["/states/fo-tf/app"]]
+    assert calls[0][1] == "503" and ("POST", "200") in calls, "\n".join(lines)
+    assert calls.index(("UNLOCK", "200")) > calls.index(("POST", "200")), "\n".join(lines)
+    assert {status for _, status in calls} <= {"503", "200", "204"}, lines
+    assert not any(" 500 " in line or "Traceback" in line for line in serve.lines), serve.lines
+    assert q(url, "SELECT v.serial FROM state_versions v JOIN states s ON s.id = v.state_id "
+                  "WHERE s.name = 'fo-tf/app' AND v.kind = 'terraform'") == [(1,)]
+    assert q(url, "SELECT count(*) FROM state_locks") == [(0,)]
+    ours = run_kl("state", "pull", "fo-tf/app", env=env).stdout.decode()
+    assert pulled.rstrip("\n") == ours.rstrip("\n")
+    # Every event reached the receiver, told apart by its idempotency key; a repeat (sent, then
+    # the database died before it was marked delivered) carries the same key and body.
+    events = {str(e) for (e,) in q(url, "SELECT id FROM notify_events")}
+    got: dict[str, bytes] = {}
+    for request in receiver.events():
+        key = request.headers["Idempotency-Key"]
+        assert got.setdefault(key, request.body) == request.body, key
+    assert events and set(got) == events, (events, got.keys())
