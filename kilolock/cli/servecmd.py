@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -11,6 +12,9 @@ from typing import TYPE_CHECKING
 from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 from kilolock.server.options import ADMIN_TOKEN_ENV, TOKEN_ENV, check_exposure, parse_listen, parse_size
+
+# The read replica for UI and API pages, when --read-url is not given.
+READ_URL_ENV = "KL_READ_DATABASE_URL"
 
 if TYPE_CHECKING:
     import ssl
@@ -45,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a request's headers must arrive within this (default 10); else 408 and closed")
     parser.add_argument("--pool-size", type=int, default=16, metavar="N", help="database connections (default 16)")
+    parser.add_argument("--read-url", metavar="URL", default=None,
+                        help=f"a read replica (libpq URL) for the web UI and API pages; writes and Terraform's "
+                             f"state reads stay on the primary (default ${READ_URL_ENV})")
     parser.add_argument("--metrics-open-on-loopback", action="store_true",
                         help="serve /metrics without credentials to clients on this host (a local Prometheus); "
                              "other clients and every other path still authenticate")
@@ -155,12 +162,36 @@ def build_server(args: argparse.Namespace, context: CommandContext) -> tuple[Kil
                           max_connections=args.max_connections, workers=args.workers,
                           header_timeout=args.header_timeout, metrics_open_on_loopback=args.metrics_open_on_loopback,
                           policy=BackendPolicy(allow_empty_force_unlock=args.allow_force_unlock))
+    read_url = replica_url(args)
     try:
-        server = KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls)
+        server = KilolockHTTPServer((listen.host, listen.port), config, authenticator, lambda: db.connect(url), tls,
+                                    read_connect=(lambda: db.connect(read_url)) if read_url else None)
         server.tls_files = tls_files
+        if read_url:
+            server.replica_said = db.Target(url=read_url, embedded=False).describe()
     except OSError as exc:  # the port is taken, a low port without the right, an address not on this host
         raise _cannot_listen(args.listen, exc) from None
     return server, kl_tokens, trusts
+
+
+def replica_url(args: argparse.Namespace) -> str | None:
+    """--read-url (or $KL_READ_DATABASE_URL), checked now: it must reach a database with kl's schema."""
+    from kilolock.store import db
+    from kilolock.store.migrate import pending_migrations
+
+    url = args.read_url or os.environ.get(READ_URL_ENV) or None
+    if url is None:
+        return None
+    where = "--read-url" if args.read_url else f"${READ_URL_ENV}"
+    try:
+        with db.connect(url) as conn:
+            pending = pending_migrations(conn)
+    except KlError as exc:
+        raise KlError(f"{where}: {exc}") from None
+    if pending:
+        raise KlError(f"{where}: the replica's schema is not current ({len(pending)} pending migration(s)): "
+                      "is it a replica of this database?")
+    return url
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
@@ -179,6 +210,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     print(f"kl serve: Terraform http backend at {server.url}/states/<name>, web UI at {server.url}/ui/, "
           f"Prometheus metrics at {server.url}/metrics", file=sys.stderr, flush=True)
     print(f"kl serve: {auth_banner(server.auth, kl_tokens, parse_listen(args.listen), trusts)}", file=sys.stderr, flush=True)
+    if server.replica:
+        print(f"kl serve: web UI and API pages read from the replica {server.replica_said}, each saying "
+              "how far behind the primary it was; writes and Terraform's state reads go to the primary",
+              file=sys.stderr, flush=True)
     from kilolock.notify.deliver import Background
     from kilolock.server.tokenwatch import TokenWatch
     from kilolock.store import db, notify

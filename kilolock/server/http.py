@@ -40,6 +40,9 @@ from kilolock.store.db import DatabaseError
 
 log = logging.getLogger("kilolock.server")
 
+# An API answer read from a read replica: seconds the replica was behind its primary.
+REPLICA_LAG_HEADER = "X-Kilolock-Replica-Lag"
+
 # Retry-After of a 503 for a database that is unavailable (a restart, a lost connection). Terraform's
 # http backend (go-retryablehttp) sleeps exactly that long between its retries, 2 by default
 # (TF_HTTP_RETRY_MAX): 2 x 10 s spans PgBouncer's default server_login_retry (15 s), during which it
@@ -97,17 +100,24 @@ class KilolockHTTPServer(TCPServer):
     request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], config: ServerConfig, auth: Authenticator,
-                 connect: Callable[[], psycopg.Connection], tls: ssl.SSLContext | None = None) -> None:
+                 connect: Callable[[], psycopg.Connection], tls: ssl.SSLContext | None = None,
+                 read_connect: Callable[[], psycopg.Connection] | None = None) -> None:
         self.config = config
         self.auth = auth
         self.access = Access()
         self.oidc = Verifier(config.oidc_refetch_every)
         self.pool = ConnectionPool(connect, config.pool_size, config.pool_wait)
+        # UI and API pages only (read_connect: a read replica); every write, and Terraform's state
+        # reads (it must read what it wrote), stay on the primary's pool.
+        self.replica = read_connect is not None
+        self.replica_said = ""  # the replica's URL without its password, for the start-up line
+        self.read_pool = ConnectionPool(read_connect, config.pool_size, config.pool_wait) if read_connect else self.pool
         self.metrics = ServerMetrics(self.pool.connection)
         self.tls = tls  # swapped whole by a reload (kl serve's SIGHUP); read once per accepted connection
         self.tls_files: TlsFiles | None = None  # where tls came from, for that reload
-        fd_limit = raise_open_files_limit(config.max_connections + config.pool_size + _FD_RESERVE)
-        self.max_connections = max(1, min(config.max_connections, fd_limit - config.pool_size - _FD_RESERVE))
+        pools = config.pool_size * (2 if self.replica else 1)
+        fd_limit = raise_open_files_limit(config.max_connections + pools + _FD_RESERVE)
+        self.max_connections = max(1, min(config.max_connections, fd_limit - pools - _FD_RESERVE))
         if self.max_connections < config.max_connections:
             log.warning("open-files limit %d allows %d client connections, not %d (--max-connections)",
                         fd_limit, self.max_connections, config.max_connections)
@@ -137,6 +147,7 @@ class KilolockHTTPServer(TCPServer):
         super().server_close()
         self.connections.close()
         self.pool.close()
+        self.read_pool.close()
 
     @property
     def url(self) -> str:
@@ -362,8 +373,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/ui" or path.startswith("/ui/"):
             from kilolock.server import ui
 
-            return ui.handle(self.server.pool.connection, principal, self.grants, method, path,
-                             parse_qs(url.query, keep_blank_values=True))
+            return ui.handle(self.server.read_pool.connection, principal, self.grants, method, path,
+                             parse_qs(url.query, keep_blank_values=True), replica=self.server.replica)
         if path == "/metrics":
             return text(405, f"{method} is not allowed on /metrics", Allow="GET")
         return text(404, f"no such endpoint {path!r}: the backend is at /states/<name>, the API at /api/v1/, the web UI at /ui/, metrics at /metrics")
@@ -514,8 +525,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _api(self, rest: str, params: dict[str, list[str]]) -> Response:
         if rest == "states":
-            with self.server.pool.connection() as conn:
-                return api.states(conn, self.grants.may_read)
+            with self.server.read_pool.connection() as conn:
+                return self._lag_said(conn, api.states(conn, self.grants.may_read))
         if rest.startswith("states/"):
             inner = rest[len("states/"):]
             for suffix in ("/drift", "/versions"):
@@ -524,13 +535,23 @@ class _Handler(BaseHTTPRequestHandler):
                     decision = self.grants.allows("read", name)
                     if not decision:
                         return self._refuse(decision, name)
-                    with self.server.pool.connection() as conn:
+                    with self.server.read_pool.connection() as conn:
                         if suffix == "/versions":
-                            return api.versions(conn, name)
+                            return self._lag_said(conn, api.versions(conn, name))
                         include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")  # as kl drift --all
-                        return api.drift_report(conn, name, include_resolved)
+                        return self._lag_said(conn, api.drift_report(conn, name, include_resolved))
         return text(404, f"no such API endpoint /api/v1/{rest}: the API offers GET /api/v1/states, "
                          "/api/v1/states/<name>/versions and /api/v1/states/<name>/drift")
+
+    def _lag_said(self, conn: psycopg.Connection, resp: Response) -> Response:
+        """RESP, read on CONN, with how far behind the primary it may be when CONN is a replica's."""
+        if self.server.replica and resp.status == 200:
+            from kilolock.store.ui_queries import replica_lag
+
+            lag = replica_lag(conn)
+            if lag is not None:
+                resp.headers[REPLICA_LAG_HEADER] = f"{lag:.3f}"
+        return resp
 
 
 def serve_in_thread(server: KilolockHTTPServer) -> threading.Thread:

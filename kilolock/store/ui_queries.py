@@ -30,6 +30,22 @@ def _dicts(conn: psycopg.Connection) -> psycopg.Cursor[dict[str, Any]]:
     return conn.cursor(row_factory=dict_row)
 
 
+# How far a read replica is behind its primary, as it knows it: 0 when it has replayed all the WAL
+# it received (an idle primary sends none, and the age of the last replayed commit would then grow
+# with no write missing), else the age of the last commit it replayed. None on a primary.
+_REPLICA_LAG = """
+SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0.0
+            ELSE greatest(0.0, extract(epoch FROM now() - pg_last_xact_replay_timestamp()))::float8 END
+"""
+
+
+def replica_lag(conn: psycopg.Connection) -> float | None:
+    """Seconds a read replica's data is behind its primary; None when CONN is not a replica."""
+    row = conn.execute(_REPLICA_LAG).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
 def read_only_snapshot(conn: psycopg.Connection) -> None:
     """Make the caller's open transaction one read-only snapshot: a page's lists agree with each
     other, and nothing a page runs can write. Without JIT: a page's statements read a page of

@@ -43,8 +43,9 @@ def _response(status: int, body: bytes, content_type: str, **extra: str) -> Resp
 
 
 def handle(connection: Callable[[], AbstractContextManager[psycopg.Connection]], principal: Principal, grants: Grants,
-           method: str, path: str, params: dict[str, list[str]]) -> Response:
-    """Answer one request under /ui/ for an authenticated PRINCIPAL holding GRANTS."""
+           method: str, path: str, params: dict[str, list[str]], replica: bool = False) -> Response:
+    """Answer one request under /ui/ for an authenticated PRINCIPAL holding GRANTS. ``replica``:
+    CONNECTION reaches a read replica, and the page says how far behind the primary it was."""
     from kilolock.server.ui import pages, render
     from kilolock.store import ui_queries
 
@@ -68,6 +69,7 @@ def handle(connection: Callable[[], AbstractContextManager[psycopg.Connection]],
         with connection() as conn, conn.transaction():
             ui_queries.read_only_snapshot(conn)
             view = route(conn, request)
+            lag = ui_queries.replica_lag(conn) if replica else None
     except pages.PageError as exc:
         return _error(exc.status, str(exc), principal)
     except StateNotFound as exc:
@@ -76,7 +78,7 @@ def handle(connection: Callable[[], AbstractContextManager[psycopg.Connection]],
         raise  # the server's own answer: 503, retry
     except KlError as exc:  # a bad glob or path in a query: the user's input, said on the page
         return _error(400, str(exc), principal)
-    body = render.page(view.template, principal=principal, **view.context)
+    body = render.page(view.template, principal=principal, replica_lag=lag, **view.context)
     return _response(view.status, body, _HTML, **{"Cache-Control": "no-store"})
 
 
