@@ -421,7 +421,7 @@ def _run_one(args: argparse.Namespace, context: CommandContext, overrides: Refre
                     raise factory.unavailable  # the provider stack cannot load here: one line about that, not a provider failure
                 counts = None
                 if result.status == "succeeded" and counts_used(args):
-                    if conn.broken:  # it broke after the commit, and the run finished its row on a new one
+                    if conn.closed:  # lost (during the reads, or after the commit): the run went on on a new one
                         with db.reconnect(conn) as fresh:
                             counts = drift_counts(result, fresh)
                     else:

@@ -298,10 +298,11 @@ class Worker:
             self.say(f"kl worker {self.name}: {job.state}: {busy}; queued again")
             return
         if flight.shutdown and result.status == "cancelled":
-            fleet.requeue(conn, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run")
+            _on_live(conn, lambda c: fleet.requeue(c, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run"))
             self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")
             return
-        kept = fleet.finish_job(conn, job.id, self.worker_id, result.status, result.run_id, result.error)
+        kept = _on_live(conn, lambda c: fleet.finish_job(c, job.id, self.worker_id, result.status, result.run_id,
+                                                         result.error))
         if result.status == "succeeded":
             self.completed += 1
         else:
@@ -382,6 +383,21 @@ class Worker:
                 self._running()
                 return
             time.sleep(0.05)
+
+
+def _on_live(conn: psycopg.Connection, write: Callable[[psycopg.Connection], _T]) -> _T:
+    """WRITE (one transaction on a job's row, conditioned on its lease) on CONN, or on a new
+    connection when CONN was lost: a run goes on on a new connection after a failover during its
+    reads, and its job's outcome must follow it there rather than wait for the lease to run out
+    (and the job to be run again). The new one waits for a primary (db.reconnected)."""
+    if not conn.closed:
+        try:
+            return write(conn)
+        except psycopg.Error as exc:
+            if not db.lost(exc, conn):
+                raise
+    with db.reconnected(conn) as fresh:
+        return write(fresh)
 
 
 def _lag(due: datetime) -> str:

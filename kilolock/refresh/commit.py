@@ -73,6 +73,29 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
     return landed
 
 
+def resumed_after_reads(conn: psycopg.Connection, run_id: str | None) -> psycopg.Connection | None:
+    """None when CONN is still there after the reads; else a new connection the run goes on with,
+    CONN closed. Nothing was sent on CONN since the run began, so nothing of it is uncertain: a
+    failover or a restart during the reads costs the run nothing but the wait for a primary
+    (db.reconnect_wait). The run's liveness is taken on the new connection, unless the run was
+    finished meanwhile (refresh_runs.resume)."""
+    if not db.dropped_while_idle(conn):
+        return None  # or gone without a word (a host lost): the next statement says so, nothing committed
+    conn.close()  # ends its session, the run's liveness lock with it, should the server still hold it
+    try:
+        fresh = db.reconnect(conn, db.reconnect_wait())
+    except KlError as exc:
+        raise KlError(f"lost the database connection during the reads, and no new one could be had "
+                      f"({first_line(exc)}); nothing committed") from None
+    try:
+        if run_id is not None:
+            refresh_runs.resume(fresh, run_id)
+    except BaseException:
+        fresh.close()
+        raise
+    return fresh
+
+
 def _sealed(name: str, state: tfstate.State, text: str, keys: Keys) -> tuple[bytes, writes.DecryptedIndex]:
     """The refreshed document encrypted with the state's primary key, and what kl indexes of it.
     Done before the lock is taken: the key derivation takes a moment."""

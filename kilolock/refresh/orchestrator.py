@@ -31,7 +31,7 @@ from kilolock.refresh.cancel import STOP_GRACE_S as STOP_GRACE_S  # noqa: PLC041
 from kilolock.refresh.cancel import Cancellation as Cancellation  # noqa: PLC0414
 from kilolock.refresh.cancel import stop_grace
 from kilolock.refresh.client import ClientFactory
-from kilolock.refresh.commit import commit_refresh, finish_audit, record_observation
+from kilolock.refresh.commit import commit_refresh, finish_audit, record_observation, resumed_after_reads
 from kilolock.refresh.findings import drift_of, judge_drift, with_read_back
 from kilolock.refresh.instance import Entry
 from kilolock.refresh.lockwait import LockWaitCancelled, LockWaitFn, wait_for_lock
@@ -97,6 +97,7 @@ def run(
 
     to_version_id: str | None = None
     keys: Keys | None = None
+    own: psycopg.Connection | None = None  # the run's new connection when CONN was lost during the reads
     try:
         if isinstance(doc, dict) and tfstate.is_encrypted_envelope(doc):
             doc, keys = _decrypted(name, current, doc, parser, options, secrets)
@@ -141,6 +142,10 @@ def run(
         finally:
             if timer:
                 timer.cancel()
+        own = resumed_after_reads(conn, result.run_id)
+        if own is not None:
+            log.info("%s: the database connection was lost during the reads; the run goes on on a new one", name)
+            conn = own
 
         entries = [e for es in groups.values() for e in es]
         result.checked = sum(1 for e in entries if e.read)
@@ -233,7 +238,11 @@ def run(
             raise
     finally:
         result.duration_s = round(time.monotonic() - started, 3)
-        _finish(conn, result, to_version_id)
+        try:
+            _finish(conn, result, to_version_id)
+        finally:
+            if own is not None:
+                own.close()
     return result
 
 

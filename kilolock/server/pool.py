@@ -3,7 +3,6 @@ request, so no psycopg connection is ever used by two threads at once."""
 from __future__ import annotations
 
 import queue
-import select
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,7 +67,7 @@ class ConnectionPool:
                 conn = self._idle.get_nowait()
             except queue.Empty:
                 return None
-            if not _dropped_while_idle(conn):
+            if not db.dropped_while_idle(conn):
                 return conn
             conn.close()
 
@@ -82,19 +81,3 @@ class ConnectionPool:
                 self._idle.get_nowait().close()
             except queue.Empty:
                 return
-
-
-def _dropped_while_idle(conn: psycopg.Connection) -> bool:
-    """Whether an idle connection is gone, without a round trip: nothing is sent to an idle
-    connection unasked (kl LISTENs on none), so a readable socket is the server's goodbye (the FATAL
-    of a shutdown or pg_terminate_backend) or the end of the stream (PgBouncer restarted). A rare
-    unasked message (a NOTICE, a changed reported setting) only costs a new connection."""
-    if conn.closed or conn.broken:
-        return True
-    fd = conn.fileno()
-    if hasattr(select, "poll"):  # select() cannot watch a descriptor past 1023, which a busy server has
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import time
 import weakref
 from collections.abc import Iterator
@@ -290,6 +291,23 @@ def open_store(migrate: bool | None = None, target: Target | None = None) -> psy
         conn.close()
         raise DatabaseError(f"lost the database connection to {target.describe()} ({first_line(exc)})") from None
     return conn
+
+
+def dropped_while_idle(conn: psycopg.Connection) -> bool:
+    """Whether an idle connection is gone, without a round trip: nothing is sent to an idle
+    connection unasked (kl LISTENs on none), so a readable socket is the server's goodbye (the FATAL
+    of a shutdown or pg_terminate_backend) or the end of the stream (PgBouncer restarted, a server
+    killed). A rare unasked message (a NOTICE, a changed reported setting) only costs a new
+    connection. A host lost without a word is not seen here: the next query finds it."""
+    if conn.closed or conn.broken:
+        return True
+    fd = conn.fileno()
+    if hasattr(select, "poll"):  # select() cannot watch a descriptor past 1023, which a busy server has
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
 
 
 def ping(conn: psycopg.Connection) -> None:

@@ -234,6 +234,22 @@ def begin(conn: psycopg.Connection, state_id: str, from_version_id: str, actor: 
     return run_id
 
 
+def resume(conn: psycopg.Connection, run_id: str) -> None:
+    """Carry run RUN_ID on CONN, a new connection after the one it began on was lost (the database
+    failed over or restarted while the run read): its liveness lock is taken again (behind a pooler
+    it beats on as it did). KlError when the run was finished meanwhile: with its lock gone it
+    looked dead, and `kl runs --stale` or a worker's take-over may have finished it."""
+    if not db.transaction_pooled():
+        # Before the check: a probe that found the run dead holds this lock until it has finished
+        # the run, so once it is ours, the row says for good whether the run may go on.
+        conn.execute(_RUN_LOCK.format(fn="pg_advisory_lock"), (run_id,)).fetchone()
+    if not still_running(conn, run_id):
+        if not db.transaction_pooled():
+            conn.execute(_RUN_LOCK.format(fn="pg_advisory_unlock"), (run_id,)).fetchone()
+        raise KlError(f"run {run_id} was finished meanwhile by someone else (its database connection was lost, so it "
+                      "looked dead to `kl runs --stale` or a fleet worker's take-over)")
+
+
 def dead_runs(conn: psycopg.Connection, state_id: str) -> list[str]:
     """The `running` runs of the state whose process is gone (what ``finish_stale`` would finish);
     read-only: the probe's lock ends with its transaction."""

@@ -3,6 +3,7 @@ primary killed with SIGKILL and its synchronous standby promoted (kit.replicatio
 addresses, with real servers and real kl processes."""
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 
@@ -85,6 +86,70 @@ def test_a_multi_host_url_is_said_without_its_password_and_every_host_kept(url):
 
     said = Target(url=url, embedded=False).describe()
     assert "s3cret" not in said and "10.0.0.1" in said and "10.0.0.2" in said, said
+
+
+# ---------------------------------------------------------------- a run whose reads span the failover
+
+def test_a_refresh_reading_when_the_primary_dies_commits_on_the_promoted_standby(pair, fake_cache):
+    """`kl refresh --commit` is in its reads (a slow provider) when the primary is killed and the
+    standby promoted: nothing was sent since the run began, so it goes on on a new connection to
+    the new primary and commits there, its audit row finished, no lock left."""
+    import subprocess
+
+    from kit.faults import fake_state, serials
+    from kit.invariants import event_count, running_runs, state_locks, version_problems, wait_for
+    from kit.kl import kl_cmd, kl_env, run_kl
+
+    url = pair.url("kl")
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="3")
+    assert run_kl("db", "migrate", env={"KL_DATABASE_URL": url}).returncode == 0
+    r = run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"]), env={"KL_DATABASE_URL": url})
+    assert r.returncode == 0, r.stderr
+    proc = subprocess.Popen(kl_cmd("refresh", "prod", "--commit", "--provider-search-path", str(cache), "--format", "json"),
+                            env=kl_env(KL_DATABASE_URL=url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: event_count(events, "read") >= 2, 30, "the reads to be in flight")
+    pair.kill_primary()
+    pair.promote()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    doc = json.loads(out)
+    assert doc["status"] == "succeeded" and (doc["from_serial"], doc["to_serial"]) == (1, 2), doc
+    assert serials(url) == [1, 2] and version_problems(url, "prod") == []
+    assert running_runs(url) == [] and state_locks(url) == []
+
+
+def test_a_worker_s_job_whose_run_spans_the_failover_is_finished_by_that_worker_once(pair, fake_cache, tmp_path):
+    """A worker's run is reading when the primary dies: it goes on on the new primary, and the
+    job's outcome follows it there (not left to its lease, which would have the job taken over
+    and run again)."""
+    from kit.fleet import add_fake_state, q, start_worker, stop, wait_for
+    from kit.invariants import event_count
+    from kit.kl import run_kl
+
+    url = pair.url("kl")
+    make, events = fake_cache
+    cache = make(FAKE_SLOW_SECONDS="3")
+    env = {"KL_DATABASE_URL": url}
+    assert run_kl("db", "migrate", env=env).returncode == 0
+    add_fake_state(url, "prod", cache)
+    log = tmp_path / "w1.log"
+    worker = start_worker(url, "w1", "--lease", "30s", log=log)
+    try:
+        r = run_kl("schedule", "run-now", "--states", "prod", env=env)
+        assert r.returncode == 0, r.stderr
+        wait_for("the run's reads to be in flight", lambda: event_count(events, "read") >= 1, timeout=60)
+        pair.kill_primary()
+        pair.promote()
+        wait_for("the job to be finished", lambda: q(url, "SELECT count(*) FROM fleet_jobs WHERE status IN "
+                                                          "('succeeded', 'failed')") == [(1,)], timeout=90, every=0.3)
+    finally:
+        code, _ = stop(worker)
+    text = log.read_text(errors="replace")
+    assert code == 0, text
+    assert q(url, "SELECT status, attempts FROM fleet_jobs") == [("succeeded", 1)], text
+    assert q(url, "SELECT status FROM refresh_runs") == [("succeeded",)], text
+    assert "took over" not in text and "lease had been taken over" not in text and "Traceback" not in text, text
 
 
 # ---------------------------------------------------------------- the whole system across a failover
