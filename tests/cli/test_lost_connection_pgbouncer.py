@@ -270,7 +270,10 @@ def test_a_heartbeat_outage_is_said_once_not_at_every_beat(monkeypatch, caplog):
     monkeypatch.setattr(refresh_runs, "HEARTBEAT_S", 0.02)
     beats = refresh_runs._Heartbeats()
     caplog.set_level(logging.WARNING, logger="kilolock.store.refresh_runs")
-    beats.add(SimpleNamespace(info=SimpleNamespace(dsn=NO_DATABASE, password=None)), "run-1")  # type: ignore[arg-type]
+    class Unopened:  # a connection kl did not open (db.url_of falls back to its dsn); weakly referable, as one is
+        info = SimpleNamespace(dsn=NO_DATABASE, password=None)
+
+    beats.add(Unopened(), "run-1")  # type: ignore[arg-type]
     time.sleep(0.5)  # some 25 beats, each failing
     beats.remove("run-1")
     wait_for("the heartbeat thread to stop", lambda: beats._thread is None, timeout=5)

@@ -4,6 +4,7 @@ addresses, with real servers and real kl processes."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 
@@ -260,6 +261,9 @@ def test_workers_serve_terraform_and_the_outbox_go_on_after_the_primary_dies_and
     logs = [(tmp_path / f"w{n}.log").read_text(errors="replace") for n in (1, 2, 3)]
     assert all(w.returncode == 0 for w in workers), outputs + logs
     assert not any("Traceback" in text or "internal error" in text for text in logs), logs
+    # A lease that ran out during the outage is taken over by one worker, once.
+    taken = re.findall(r"took over job (\d+) ", "".join(logs))
+    assert len(taken) == len(set(taken)), logs
     # No run left running, no job either.
     assert q(url, "SELECT count(*) FROM refresh_runs WHERE status = 'running'") == [(0,)], logs
     assert q(url, "SELECT count(*) FROM fleet_jobs WHERE status = 'running'") == [(0,)], logs
