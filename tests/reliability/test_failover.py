@@ -120,6 +120,45 @@ def test_a_refresh_reading_when_the_primary_dies_commits_on_the_promoted_standby
     assert running_runs(url) == [] and state_locks(url) == []
 
 
+def test_a_refresh_whose_commit_is_cut_by_the_failover_settles_it_on_the_promoted_standby(pair, tmp_path):
+    """The primary dies while a refresh's commit is open (held before its COMMIT): the refresh asks
+    the new primary, once promoted, whether its version landed, releases its state lock there and
+    says what happened, rather than leaving it unknown (its reconnect went to the dead primary)."""
+    import os
+    import subprocess
+    import sys
+
+    from kit import breakcommit
+    from kit.faults import serials
+    from kit.fleet import add_states
+    from kit.invariants import running_runs, state_locks
+    from kit.kl import run_kl
+    from kit.paths import REPO
+
+    url = pair.url("kl")
+    assert run_kl("db", "migrate", env={"KL_DATABASE_URL": url}).returncode == 0
+    add_states(url, ["prod"], instances=2)
+    arm, held, go = tmp_path / "arm", tmp_path / "held", tmp_path / "go"
+    arm.touch()
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "KL_DATABASE_URL": url,
+           breakcommit.ARM: str(arm), breakcommit.HELD: str(held), breakcommit.GO: str(go)}
+    env.pop("KL_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "kit.breakcommit", "refresh", "prod", "--commit"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    breakcommit.wait_held(held, proc)
+    pair.kill_primary()
+    go.touch()
+    pair.promote()
+    _out, err = proc.communicate(timeout=180)
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith("kl: refresh failed: lost the database connection during the commit (") \
+        and lines[0].endswith("; nothing committed"), lines
+    assert serials(url, "prod") == [1] and state_locks(url) == [] and running_runs(url) == []
+    assert run_kl("refresh", "prod", "--commit", env={"KL_DATABASE_URL": url}).returncode == 0
+    assert serials(url, "prod") == [1, 2]
+
+
 def test_a_worker_s_job_whose_run_spans_the_failover_is_finished_by_that_worker_once(pair, fake_cache, tmp_path):
     """A worker's run is reading when the primary dies: it goes on on the new primary, and the
     job's outcome follows it there (not left to its lease, which would have the job taken over
