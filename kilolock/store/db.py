@@ -272,6 +272,7 @@ def open_store(migrate: bool | None = None, target: Target | None = None) -> psy
     from kilolock.store.migrate import apply_migrations, pending_migrations
 
     target = target or resolve_target()
+    reconnect_wait()  # a mistyped setting is said now, not first in the middle of a recovery
     conn = connect(target.url)
     try:
         if migrate or (migrate is None and target.embedded):

@@ -86,6 +86,31 @@ def test_connection_cut_between_reads_is_carried_on_a_new_one(run_kl, db_url, fa
     assert serials(db_url) == before and observations(db_url) == [f"v{before[-1]}.1"]
 
 
+def test_a_run_finished_as_stale_while_its_connection_was_lost_does_not_go_on(run_kl, db_url, fake_cache):
+    """The run's connection is cut during its reads and, its liveness lock gone with it, `kl runs
+    --stale` finishes it meanwhile: the run must not go on on a new connection and record on top
+    of that (the state would have two outcomes of one run); it says why, in one line."""
+    make, events = fake_cache
+    # Reads long enough for the cut and `kl runs --stale` to come first on a loaded machine.
+    cache = make(FAKE_SLOW_SECONDS="10")
+    assert run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"])).returncode == 0
+    before = serials(db_url)
+    proc = _start_refresh(cache)
+    wait_for(lambda: event_count(events, "read") >= 2, 30, "the reads to be in flight")
+    assert terminate_kl_backends(db_url) >= 1
+    wait_for(lambda: not kl_backends(db_url), 30, "the run's connection to end")
+    r = run_kl("runs", "prod", "--stale")
+    assert r.returncode == 0 and "1 stale run(s)" in r.stderr.decode(), r.stderr
+    code, doc, err = _finish(proc)
+    line = _one_clear_line(err)
+    assert code == 1 and "was finished meanwhile by someone else" in line, line
+    assert doc is not None and doc["status"] == "failed", doc
+    status, summary, to_version, _ = last_run(db_url)
+    assert (status, to_version) == ("failed", None) and summary.startswith("stale:"), summary  # the stale finish stands
+    _assert_consistent(db_url, before)
+    assert serials(db_url) == before and observations(db_url) == []
+
+
 def _wait_blocked(db_url: str) -> str:
     """The statement kl's backend is waiting on a lock with (the commit blocked by the test)."""
     def blocked():
