@@ -130,3 +130,24 @@ def test_embedded_default_database_from_the_pyz(run_pyz, monkeypatch):
         stop = run_pyz("db", "stop", env=env)
         shutil.rmtree(base, ignore_errors=True)
     assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
+
+
+def test_a_multi_host_url_follows_a_failover(run_pyz):
+    """kl.pyz's bundled libpq takes the multi-host URL as given (`target_session_attrs=read-write`):
+    migrated on the primary, then, with the primary killed and the standby promoted, the same URL
+    reaches the new primary, which holds what the primary acknowledged."""
+    from kit.replication import replicated
+
+    with replicated("kl-pyzfo-", databases=("kl",)) as pair:
+        env = {"KL_DATABASE_URL": pair.url("kl")}
+        r = run_pyz("db", "migrate", env=env)
+        assert r.returncode == 0, r.stderr
+        r = run_pyz("state", "import", "app", "-", env=env,
+                    input='{"version": 4, "serial": 1, "lineage": "l", "terraform_version": "1.8.5", "outputs": {}, '
+                          '"resources": []}')
+        assert r.returncode == 0, r.stderr
+        pair.kill_primary()
+        pair.promote()
+        r = run_pyz("state", "list", "--format", "json", env=env)
+        assert r.returncode == 0, r.stderr
+        assert [s["name"] for s in json.loads(r.stdout)["states"]] == ["app"], r.stdout
