@@ -102,7 +102,8 @@ def test_a_refresh_reading_when_the_primary_dies_commits_on_the_promoted_standby
 
     url = pair.url("kl")
     make, events = fake_cache
-    cache = make(FAKE_SLOW_SECONDS="3")
+    # What it reads differs from the state (FAKE_READ_SET), so --commit has a version to write.
+    cache = make(FAKE_SLOW_SECONDS="3", FAKE_READ_SET='{"value": "changed"}')
     assert run_kl("db", "migrate", env={"KL_DATABASE_URL": url}).returncode == 0
     r = run_kl("state", "import", "prod", "-", input=fake_state(["fake_echo", "fake_slow"]), env={"KL_DATABASE_URL": url})
     assert r.returncode == 0, r.stderr
@@ -136,7 +137,7 @@ def test_a_refresh_whose_commit_is_cut_by_the_failover_settles_it_on_the_promote
 
     url = pair.url("kl")
     assert run_kl("db", "migrate", env={"KL_DATABASE_URL": url}).returncode == 0
-    add_states(url, ["prod"], instances=2)
+    add_states(url, ["prod"], instances=2, legacy_address=True)  # so --commit has a version to write
     arm, held, go = tmp_path / "arm", tmp_path / "held", tmp_path / "go"
     arm.touch()
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "KL_DATABASE_URL": url,
