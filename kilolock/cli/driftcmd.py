@@ -39,17 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def drift_document(conn: Any, name: str, limit: int | None, include_resolved: bool = False) -> dict[str, Any]:
     """The drift document of state NAME (kilolock.drift.document), as `--format json` prints it."""
     from kilolock.store import drift as drift_store
-    from kilolock.store import history
 
-    with conn.transaction():  # one snapshot: the rows and both counts agree
-        rows = drift_store.list_drift(conn, name, limit, include_resolved=include_resolved)
-        open_count = drift_store.count_drift(conn, name)
-        total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
-        ignored = drift_store.count_ignored(conn, name)
-        # The providers' schemas shape the paths (single.n, tags["env"], sets as sets).
-        schemas = history.cached_schemas(conn, drift.schema_keys(rows))
-    return drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
-                          include_resolved=include_resolved, schemas=schemas)
+    return drift_store.document(conn, name, limit, include_resolved=include_resolved)
 
 
 def ignored_by(rules: list[dict[str, Any]]) -> str:
@@ -121,7 +112,8 @@ def _summary(docs: list[dict[str, Any]], include_resolved: bool, many: bool) -> 
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import states, summary
+    from kilolock.store import drift as drift_store
+    from kilolock.store import states
 
     if (args.state is None) == (args.states is None):
         args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
@@ -129,11 +121,12 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         if args.states is None:
             docs = [drift_document(conn, args.state, args.limit, args.all)]
         else:
-            names = globs.select(args.states, [r["name"] for r in summary.list_states(conn)])
+            ids = states.state_ids(conn)
+            names = globs.select(args.states, list(ids))
             if not names:
                 # A gate over nothing would pass forever: a mistyped glob must not look like "no drift".
                 raise KlError(states.no_state_matches(conn, args.states))
-            docs = [drift_document(conn, n, args.limit, args.all) for n in names]
+            docs = drift_store.documents(conn, [(n, ids[n]) for n in names], args.limit, include_resolved=args.all)
     open_drift = sum(d["open"] for d in docs)  # the gate counts open drift, --all or not
     if args.format == "json":
         if args.states is None:

@@ -334,8 +334,8 @@ def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
                 sum(1 for d in result.drift if d["status"] == "ignored"))
     from kilolock.store import drift as drift_store
 
-    with conn.transaction():  # one snapshot, as kl drift reads it
-        return drift_store.count_drift(conn, result.state), drift_store.count_ignored(conn, result.state)
+    found = drift_store.counts(conn, result.state)  # one statement: one snapshot, as kl drift reads it
+    return found.open, found.ignored
 
 
 class _Interrupts:

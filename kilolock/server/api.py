@@ -5,9 +5,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from kilolock import drift
 from kilolock.server.backend import Response, json_body, text
-from kilolock.store import db, history, locks, summary
+from kilolock.store import db, locks, summary
 from kilolock.store import drift as drift_store
 from kilolock.store import versions as versions_store
 from kilolock.store.errors import StateNotFound
@@ -44,16 +43,9 @@ def versions(conn: psycopg.Connection, name: str) -> Response:
 def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = False) -> Response:
     """The drift document of `kl drift --format json [--all]`, sensitive values masked."""
     try:
-        with conn.transaction():  # one snapshot: the rows and the counts agree
-            rows = drift_store.list_drift(conn, name, include_resolved=include_resolved)
-            open_count = drift_store.count_drift(conn, name)
-            total = drift_store.count_drift(conn, name, include_resolved=True) if include_resolved else open_count
-            ignored = drift_store.count_ignored(conn, name)
-            schemas = history.cached_schemas(conn, drift.schema_keys(rows))  # as kl drift: paths by schema
+        return json_body(200, drift_store.document(conn, name, include_resolved=include_resolved))
     except StateNotFound:
         return _no_such_state(name)
-    return json_body(200, drift.document(name, rows, total=total, open_count=open_count, ignored_count=ignored,
-                                         include_resolved=include_resolved, schemas=schemas))
 
 
 def health(conn: psycopg.Connection) -> Response:

@@ -19,6 +19,11 @@ def state_id(conn: psycopg.Connection, name: str) -> str:
     return str(row[0])
 
 
+def state_ids(conn: psycopg.Connection) -> dict[str, str]:
+    """Every state's id by name, in name order: what a glob selects from (--states)."""
+    return {str(r[0]): str(r[1]) for r in conn.execute("SELECT name, id::text FROM states ORDER BY name")}
+
+
 def closest_name(conn: psycopg.Connection, name: str) -> str | None:
     """The stored state name most like NAME, if one is close enough to be a typo of it."""
     import difflib

@@ -68,6 +68,37 @@ def test_states_glob_is_one_gate_over_many_states(drifted):
     assert out.splitlines()[0] == "team/dev:" and "team/prod: no drift" in out
 
 
+def _without_clock(doc: dict) -> dict:
+    """A drift document without open_for_s, which moves with the clock between two commands."""
+    return {**doc, "drift": [{k: v for k, v in e.items() if k != "open_for_s"} for e in doc["drift"]]}
+
+
+def test_states_glob_reads_the_fleet_at_once_and_each_state_as_alone(drifted, make_state, monkeypatch):
+    from kit.pg import record_statements
+
+    # team/dev: a back as it was (its record resolved) and b changed (open): --all and --limit bite.
+    both = make_state(3, {"a": {"id": "1", "tags": {"env": "old"}, "pw": "hunter2"}, "b": {"id": "2", "tags": {"x": "y"}}})
+    _write(drifted, "team/dev", both, "refresh")
+    names = ["prod", "team/dev", "team/dev/eu", "team/prod"]
+    for flags in ((), ("--limit", "1"), ("--all",), ("--all", "--limit", "1")):
+        _, out, _ = _kl("drift", "--states", "**", "--format", "json", *flags)
+        many = [_without_clock(d) for d in json.loads(out)["states"]]
+        alone = [_without_clock(json.loads(_kl("drift", n, "--format", "json", *flags)[1])) for n in names]
+        assert many == alone, flags
+        dev = many[1]
+        assert (dev["open"], dev["total"], len(dev["drift"])) == {
+            (): (1, 1, 1), ("--limit", "1"): (1, 1, 1), ("--all",): (1, 2, 2), ("--all", "--limit", "1"): (1, 2, 1)}[flags], dev
+    sent = record_statements(monkeypatch)
+    _kl("drift", "--states", "**", "--all", "-q")
+    four = len(sent)
+    for n in range(4):  # twice the states, as many statements: none is per state
+        _write(drifted, f"more/{n}", both, "apply")
+    sent.clear()
+    _kl("drift", "--states", "**", "--all", "-q")
+    assert len(sent) == four, sent
+
+
+
 def test_markdown_report(drifted):
     code, out, _ = _kl("drift", "--states", "team/**", "--format", "markdown")
     assert code == 0 and "hunter" not in out
