@@ -15,18 +15,18 @@ import psycopg
 from psycopg.rows import dict_row
 
 from kilolock.store import fleet, provider_limits
+from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.provider_limits import LimitUse
 
 # Upper bounds (seconds) of the refresh-duration histogram: a small state refreshes in well under a
 # second, a large one against a slow cloud API in minutes.
 DURATION_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
-_STATES = """
-SELECT s.name,
-       (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = s.id) AS open_drift,
+_STATES = f"""
+SELECT s.name, COALESCE((d.open ->> s.id::text)::bigint, 0) AS open_drift,
        (SELECT extract(epoch FROM max(rr.finished_at)) FROM refresh_runs rr
         WHERE rr.state_id = s.id AND rr.status = 'succeeded') AS last_success
-FROM states s
+FROM states s CROSS JOIN ({OPEN_BY_STATE}) d(open)
 ORDER BY s.name
 """
 
@@ -39,10 +39,12 @@ ORDER BY s.name, rr.status
 
 # Finished runs per state and per bucket: `bucket` is how many bounds lie below the duration, so
 # the run counts in every `le` from DURATION_BUCKETS[bucket] on (len: only in +Inf). A running run
-# has no duration yet and is left out.
+# has no duration yet and is left out. width_bucket counts the bounds at or below the duration, so
+# a duration equal to a bound (which counts in that bound's `le`) takes one off: a subquery over
+# the bounds per run cost more than the rest of the scrape.
 _DURATIONS = """
 SELECT s.name, x.bucket, count(*) AS runs, sum(x.d) AS seconds
-FROM (SELECT y.state_id, y.d, (SELECT count(*) FROM unnest(%(buckets)s::float8[]) b WHERE b < y.d) AS bucket
+FROM (SELECT y.state_id, y.d, width_bucket(y.d, %(buckets)s::float8[]) - (y.d = ANY(%(buckets)s::float8[]))::int AS bucket
       FROM (SELECT rr.state_id, extract(epoch FROM rr.finished_at - rr.started_at)::float8 AS d
             FROM refresh_runs rr WHERE rr.finished_at IS NOT NULL) y) x
 JOIN states s ON s.id = x.state_id

@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.errors import StateNotFound
 from kilolock.store.versions import current_version_of
 
@@ -61,33 +62,44 @@ def state_names(conn: psycopg.Connection) -> list[str]:
 
 # --- states overview ---------------------------------------------------------------------------
 
+# The sort key of each state: only it is read for every state the caller may see; the page's
+# other columns are read for its rows alone, so a page of 50 costs the same among 10,000 states
+# but for its key. A sort by open drift reads every state's count at once (store.drift.OPEN_BY_STATE);
+# MATERIALIZED keeps that object out of the rows sorted (each would carry a copy of it).
+_CURRENT_SERIAL = "(SELECT v.{col} FROM state_versions v WHERE v.state_id = s.id AND v.kind = 'terraform' ORDER BY v.serial DESC LIMIT 1)"
 OVERVIEW_SORTS = {
-    "name": "o.name",
-    "serial": "o.serial",
-    "resources": "o.resources",
-    "drift": "o.open_drift",
-    "refreshed": "o.last_refresh_at",
-    "updated": "o.updated_at",
+    "name": "s.name",
+    "serial": _CURRENT_SERIAL.format(col="serial"),
+    "resources": "s.instance_count",  # kept on the row (migration 0025): counting took 0.6 s at 1,000,000 instances
+    "drift": "COALESCE((d.open_drift ->> s.id::text)::bigint, 0)",
+    "refreshed": "(SELECT x.started_at FROM refresh_runs x WHERE x.state_id = s.id ORDER BY x.started_at DESC LIMIT 1)",
+    "updated": _CURRENT_SERIAL.format(col="created_at"),
 }
 
+_DRIFT_COUNTS = sql.SQL("CROSS JOIN ({open}) d(open_drift)").format(open=sql.SQL(OPEN_BY_STATE))
+
 _OVERVIEW = sql.SQL("""
-WITH o AS (
-    SELECT s.name, v.serial, v.created_at AS updated_at, COALESCE(v.encrypted, false) AS encrypted,
-           (SELECT count(*) FROM resources r WHERE r.state_id = s.id AND r.delete_serial IS NULL) AS resources,
-           (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = s.id) AS open_drift,
-           rr.started_at AS last_refresh_at, rr.status AS last_refresh_status,
-           now() - rr.started_at AS last_refresh_age,
-           l.who AS lock_who, l.operation AS lock_operation, l.created_at AS locked_at
+WITH keyed AS MATERIALIZED (
+    SELECT s.id, s.name, s.instance_count, {order} AS sort_key
     FROM states s
-    LEFT JOIN LATERAL ({current}) v ON true
-    LEFT JOIN LATERAL (SELECT started_at, status FROM refresh_runs x WHERE x.state_id = s.id
-                       ORDER BY started_at DESC LIMIT 1) rr ON true
-    LEFT JOIN state_locks l ON l.state_id = s.id
+    {drift_counts}
     WHERE s.name = ANY(%(names)s) AND (%(regex)s::text IS NULL OR s.name ~ %(regex)s)
+), page AS (
+    SELECT id, name, instance_count, sort_key, count(*) OVER () AS total FROM keyed
+    ORDER BY sort_key {direction} NULLS LAST, name
+    LIMIT %(limit)s OFFSET %(offset)s
 )
-SELECT *, count(*) OVER () AS total FROM o
-ORDER BY {order} {direction} NULLS LAST, o.name
-LIMIT %(limit)s OFFSET %(offset)s
+SELECT p.name, v.serial, v.created_at AS updated_at, COALESCE(v.encrypted, false) AS encrypted,
+       p.instance_count AS resources, (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = p.id) AS open_drift,
+       rr.started_at AS last_refresh_at, rr.status AS last_refresh_status,
+       now() - rr.started_at AS last_refresh_age,
+       l.who AS lock_who, l.operation AS lock_operation, l.created_at AS locked_at, p.total
+FROM page p
+LEFT JOIN LATERAL ({current}) v ON true
+LEFT JOIN LATERAL (SELECT started_at, status FROM refresh_runs x WHERE x.state_id = p.id
+                   ORDER BY started_at DESC LIMIT 1) rr ON true
+LEFT JOIN state_locks l ON l.state_id = p.id
+ORDER BY p.sort_key {direction} NULLS LAST, p.name
 """)
 
 
@@ -95,8 +107,9 @@ def states_overview(conn: psycopg.Connection, names: list[str], name_regex: str 
                     limit: int, offset: int) -> Page:
     """The states among NAMES (those the caller may see) whose name matches NAME_REGEX (a
     PostgreSQL regex from kilolock.globs, or None), sorted by one of OVERVIEW_SORTS."""
-    query = _OVERVIEW.format(current=current_version_of(sql.SQL("s.id")), order=sql.SQL(OVERVIEW_SORTS[sort]),
-                             direction=sql.SQL("DESC" if descending else "ASC"))
+    query = _OVERVIEW.format(current=current_version_of(sql.SQL("p.id")), order=sql.SQL(OVERVIEW_SORTS[sort]),
+                             direction=sql.SQL("DESC" if descending else "ASC"),
+                             drift_counts=_DRIFT_COUNTS if sort == "drift" else sql.SQL(""))
     rows = _dicts(conn).execute(query, {"names": names, "regex": name_regex, "limit": limit, "offset": offset}).fetchall()
     return _paged(rows, conn, query, {"names": names, "regex": name_regex}, offset)
 
