@@ -292,6 +292,25 @@ def populate(conn: psycopg.Connection) -> None:
                           "encryption_version": "v0"}).encode()
         store_ops.write_state(conn, "tofu", env, None, "alice")
 
+    # Observations (0022), before prod is locked for an apply (an observation under such a lock finds
+    # no drift): what refreshes read of prod without moving its serial: one that found an
+    # object changed (its observed object and drift record), then one that found it as Terraform
+    # has it again (no document of its own; the record resolved).
+    if hasattr(writes, "record_observation"):
+        base = versions.current_version(conn, prod_id)
+        assert base is not None
+        base_raw = versions.raw_state_text(conn, "prod")
+        doc = parser.loads(base_raw)
+        observed_state = tfstate.parse_state(doc)
+        seen = next(i for i in observed_state.instances if i.mode == "managed" and isinstance(i.obj.get("attributes"), dict))
+        seen.obj["attributes"]["triggers"] = {"observed": "drift"}
+        observed_raw = parser.dumps_compact(doc)
+        changed = writes.record_observation(conn, "prod", tfstate.parse_state(observed_raw), observed_raw, base=base,
+                                            touched={(seen.address, seen.deposed)}, same_as_base=False, actor="fixture@cli")
+        writes.record_observation(conn, "prod", tfstate.parse_state(base_raw), base_raw, base=base, touched=set(),
+                                  same_as_base=True, actor="fixture@cli")
+        assert changed.found == 1
+
     # Locks: a lock and unlock, a force-unlock, a lock still held, and a state that only a LOCK made.
     def lock_body(who: str) -> dict[str, Any]:
         return locks.lock_info("OperationTypeApply", who, "1.5.7")
@@ -332,24 +351,6 @@ def populate(conn: psycopg.Connection) -> None:
         access.add_grant(conn, "oidc:github:repo:acme/infra:**", "read", "**", "ops@cli")
         access.audit(conn, "oidc:github:?", "refused", "GET /states/prod", None,
                      "bearer token refused: bad signature (key 'k1' of trust github)")
-
-    # Observations (0022): what refreshes read of prod without moving its serial: one that found an
-    # object changed (its observed object and drift record), then one that found it as Terraform
-    # has it again (no document of its own; the record resolved).
-    if hasattr(writes, "record_observation"):
-        base = versions.current_version(conn, prod_id)
-        assert base is not None
-        base_raw = versions.raw_state_text(conn, "prod")
-        doc = parser.loads(base_raw)
-        observed_state = tfstate.parse_state(doc)
-        seen = next(i for i in observed_state.instances if i.mode == "managed" and isinstance(i.obj.get("attributes"), dict))
-        seen.obj["attributes"]["triggers"] = {"observed": "drift"}
-        observed_raw = parser.dumps_compact(doc)
-        changed = writes.record_observation(conn, "prod", tfstate.parse_state(observed_raw), observed_raw, base=base,
-                                            touched={(seen.address, seen.deposed)}, same_as_base=False, actor="fixture@cli")
-        writes.record_observation(conn, "prod", tfstate.parse_state(base_raw), base_raw, base=base, touched=set(),
-                                  same_as_base=True, actor="fixture@cli")
-        assert changed.found == 1
 
     # Provider configuration: global, per state, pinned, with an env reference.
     provider_configs.upsert(conn, None, "registry.terraform.io/hashicorp/null", "", config={"region": "eu"})
