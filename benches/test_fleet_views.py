@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -48,20 +49,20 @@ ONE = "fleet/15-drift/00000"  # a state both fleets hold, of a typical size
 @pytest.fixture(scope="module")
 def fleets(pg_server: str) -> Iterator[dict[int, str]]:
     """{states: database URL} for SMALL and BIG, each cloned from one database of templates."""
-    template = "kl_bench_fleet_templates"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{template}"')
+    template = f"kl_bench_fleet_templates_{uuid.uuid4().hex[:12]}"  # a server may be shared (KL_TEST_DATABASE_URL)
     pg.migrated_template(pg_server, template)
-    fleetseed.templates(pg.database_url(pg_server, template))
-    with pg.fresh_database(pg_server, template, "kl_bench_fleet_") as small, \
-            pg.fresh_database(pg_server, template, "kl_bench_fleet_") as big:
-        for url, states in ((small, SMALL), (big, BIG)):
-            made = fleetseed.seed(url, states)
-            print(f"\nfleet of {made['states']} states, {made['instances']} instances, {made['open_drift']} open drift, "
-                  f"{made['runs']} runs: cloned in {made['clone_s']:.0f} s")
-        yield {SMALL: small, BIG: big}
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
+    try:
+        fleetseed.templates(pg.database_url(pg_server, template))
+        with pg.fresh_database(pg_server, template, "kl_bench_fleet_") as small, \
+                pg.fresh_database(pg_server, template, "kl_bench_fleet_") as big:
+            for url, states in ((small, SMALL), (big, BIG)):
+                made = fleetseed.seed(url, states)
+                print(f"\nfleet of {made['states']} states, {made['instances']} instances, {made['open_drift']} open drift, "
+                      f"{made['runs']} runs: cloned in {made['clone_s']:.0f} s")
+            yield {SMALL: small, BIG: big}
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{template}" WITH (FORCE)')
 
 
 def _cli(url: str, *args: str) -> Callable[[], None]:
