@@ -16,7 +16,9 @@ writes the configured token to stderr (an hclog JSON line and a plain one); FAKE
 writes every ReadResource's current state there; FAKE_ECHO_STATE_IN_DIAGNOSTIC=1 puts the `secret`
 attribute into fake_error's diagnostic detail. FAKE_READ_SET='{"attr": "new value"}' makes
 ReadResource answer with those attributes changed (drift). FAKE_REPORT_ENV=A,B appends "env A=set" or
-"env A=unset" per name to FAKE_EVENT_LOG at start-up (never the value).
+"env A=unset" per name to FAKE_EVENT_LOG at start-up (never the value). ReadResource appends "+read"
+to the private data it is given, so every read changes the state, unless FAKE_READ_PRIVATE=keep (a
+read that finds the object as it was, as most of a real fleet's do).
 Capacity model (issue 18), for fake_api reads: FAKE_CAPACITY=C (default 50) and FAKE_LATENCY=L0
 (seconds, default 0.05): with n fake_api reads in flight (this one included) a read takes L0 while
 n <= C and L0 * n / C above (the API queues: throughput stays C / L0), and above 3C it is answered
@@ -184,7 +186,8 @@ def serve() -> None:
     def read(req, ctx) -> bytes:
         event("read")
         t = req.type_name
-        resp = pb.ReadResource.Response(new_state=req.current_state, private=req.private + b"+read")
+        private = req.private if os.environ.get("FAKE_READ_PRIVATE") == "keep" else req.private + b"+read"
+        resp = pb.ReadResource.Response(new_state=req.current_state, private=private)
         echo_state = os.environ.get("FAKE_ECHO_STATE_TO_STDERR") or os.environ.get("FAKE_ECHO_STATE_IN_DIAGNOSTIC")
         if echo_state or os.environ.get("FAKE_READ_SET"):
             import json
