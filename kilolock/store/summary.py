@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 from kilolock.store.states import state_id
 from kilolock.store.versions import current_version_of
 
-# The counts are kept on the states row (migration 0025): counted here, they cost 0.6 s at 10,000 states.
+# The counts are kept on the states row (migration 0023): counted here, they cost 0.6 s at 10,000 states.
 _LIST = sql.SQL("""
 SELECT s.name, v.serial, s.version_count AS versions, s.instance_count AS resources, v.created_at AS updated_at
 FROM states s

@@ -70,7 +70,7 @@ _CURRENT_SERIAL = "(SELECT v.{col} FROM state_versions v WHERE v.state_id = s.id
 OVERVIEW_SORTS = {
     "name": "s.name",
     "serial": _CURRENT_SERIAL.format(col="serial"),
-    "resources": "s.instance_count",  # kept on the row (migration 0025): counting took 0.6 s at 1,000,000 instances
+    "resources": "s.instance_count",  # kept on the row (migration 0023): counting took 0.6 s at 1,000,000 instances
     "drift": "COALESCE((d.open_drift ->> s.id::text)::bigint, 0)",
     "refreshed": "(SELECT x.started_at FROM refresh_runs x WHERE x.state_id = s.id ORDER BY x.started_at DESC LIMIT 1)",
     "updated": _CURRENT_SERIAL.format(col="created_at"),

@@ -1,4 +1,4 @@
-"""A state's counts kept on its row (migration 0025: version_count, instance_count) agree with the
+"""A state's counts kept on its row (migration 0023: version_count, instance_count) agree with the
 rows they count after every kind of write: an import, an apply that closes, keeps and opens
 lifecycles, a refresh's observations (a confirmation and one that found drift), an import in one
 statement of many states, a state's deletion; `kl state list`, the API and the web UI's overview
