@@ -12,6 +12,7 @@ import json
 import psycopg
 
 from kilolock import tfstate
+from kilolock.store import identities
 from kilolock.store.versions import VersionRow
 
 _DESCRIPTORS_TABLE = """
@@ -36,6 +37,8 @@ CREATE TEMP TABLE kl_incoming ON COMMIT DROP AS
 SELECT d.address, d.deposed, d.mode, d.type, d.name, d.module, d.index_key, d.provider, o.obj,
        COALESCE((o.obj ->> 'schema_version')::bigint, 0) AS schema_version,
        COALESCE(o.obj -> 'sensitive_attributes', '[]'::jsonb) AS sensitive_attributes,
+       CASE WHEN jsonb_typeof(o.obj -> 'identity_schema_version') = 'number'
+            THEN (o.obj ->> 'identity_schema_version')::bigint END AS identity_schema_version,
        encode(sha256(convert_to((jsonb_build_array(o.obj -> 'status', o.obj -> 'attributes', o.obj -> 'identity')
            || CASE WHEN o.obj ? 'attributes' OR NOT o.obj ? 'attributes_flat' THEN '[]'::jsonb
                    ELSE jsonb_build_array(o.obj -> 'attributes_flat') END)::text, 'UTF8')), 'hex') AS content_hash,
@@ -102,14 +105,16 @@ WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address
 _RESHAPE = f"""
 UPDATE resources r
 SET attributes = i.obj -> 'attributes', content_hash = i.content_hash, provider = i.provider,
-    schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes
+    schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes,
+    identity = i.obj -> 'identity', identity_schema_version = i.identity_schema_version
 FROM kl_incoming i
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
   AND {_RESHAPED}
 """
 
 _IDENTITY_ADDED = f"""
-UPDATE resources r SET content_hash = i.content_hash
+UPDATE resources r SET content_hash = i.content_hash, identity = i.obj -> 'identity',
+    identity_schema_version = i.identity_schema_version
 FROM kl_incoming i
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
   AND {_IDENTITY_FIRST}
@@ -118,21 +123,24 @@ WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address
 # Same object, new metadata: the open row follows it, one statement, no new lifecycle.
 _UPDATE_METADATA = """
 UPDATE resources r
-SET provider = i.provider, schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes
+SET provider = i.provider, schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes,
+    identity_schema_version = i.identity_schema_version
 FROM kl_incoming i
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
   AND r.content_hash = i.content_hash
-  AND (r.provider, r.schema_version, r.sensitive_attributes) IS DISTINCT FROM (i.provider, i.schema_version, i.sensitive_attributes)
+  AND (r.provider, r.schema_version, r.sensitive_attributes, r.identity_schema_version)
+      IS DISTINCT FROM (i.provider, i.schema_version, i.sensitive_attributes, i.identity_schema_version)
 """
 
 _OPEN_NEW_OR_CHANGED = """
 INSERT INTO resources (
     state_id, address, deposed, mode, type, name, module, index_key, provider, schema_version,
-    status, attributes, sensitive_attributes, content_hash, create_serial, opened_by_version_id
+    status, attributes, sensitive_attributes, content_hash, create_serial, opened_by_version_id, identity,
+    identity_schema_version
 )
 SELECT %(sid)s, i.address, i.deposed, i.mode, i.type, i.name, i.module, i.index_key, i.provider,
        i.schema_version, i.obj ->> 'status', i.obj -> 'attributes',
-       i.sensitive_attributes, i.content_hash, %(serial)s, %(vid)s
+       i.sensitive_attributes, i.content_hash, %(serial)s, %(vid)s, i.obj -> 'identity', i.identity_schema_version
 FROM kl_incoming i
 WHERE NOT EXISTS (
     SELECT 1 FROM resources r
@@ -144,9 +152,9 @@ WHERE NOT EXISTS (
 
 _OBSERVE = f"""
 INSERT INTO observed_objects (observation_id, state_id, address, deposed, baseline_resource_id, gone, status, attributes,
-                              sensitive_attributes, content_hash)
+                              sensitive_attributes, content_hash, identity, identity_schema_version)
 SELECT %(vid)s, %(sid)s, r.address, r.deposed, r.id, i.address IS NULL, i.obj ->> 'status', i.obj -> 'attributes',
-       COALESCE(i.sensitive_attributes, '[]'::jsonb), i.content_hash
+       COALESCE(i.sensitive_attributes, '[]'::jsonb), i.content_hash, i.obj -> 'identity', i.identity_schema_version
 FROM kl_scope s
 JOIN resources r ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address AND r.deposed = s.deposed
 LEFT JOIN kl_incoming i ON i.address = r.address AND i.deposed = r.deposed
@@ -195,19 +203,23 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
     relabelled += cur.execute(_IDENTITY_ADDED, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
+    cur.execute(identities.FROM_TERRAFORM, params)
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
     return opened, closed, relabelled
 
 
 def observe(conn: psycopg.Connection, sid: str, observation: VersionRow, state: tfstate.State,
-            touched: set[tuple[str, str]], pieced: bool) -> int:
+            touched: set[tuple[str, str]], pieced: bool, *, on_current: bool = True) -> int:
     """Record what the observation's TOUCHED objects are where they differ from the open rows (the
     Terraform version it is based on, which must be the current one): each changed or gone object
     one observed_objects row. The index itself is Terraform's and stays as it is; a change of
     metadata alone, or a flatmap object's first structured form, is not a difference. Returns the
-    number of observed objects."""
+    number of observed objects. ON_CURRENT: the observation is of Terraform's current version, so
+    what it read is what is open now (the identity index follows it)."""
     cur = conn.cursor()
     _load_incoming(cur, state, touched, pieced)
     found = cur.execute(_OBSERVE, {"sid": sid, "vid": observation.id}).rowcount
+    if on_current:
+        cur.execute(identities.FROM_OBSERVATION, {"sid": sid})
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
     return found

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.adapt import Dumper
 
 from kilolock import tfstate
-from kilolock.store import drift_records, lifecycles, locks, observations, pieces, states, versions
+from kilolock.store import drift_records, identities, lifecycles, locks, observations, pieces, states, versions
 from kilolock.store.errors import VersionConflict
 from kilolock.store.versions import VERSION_COLS, VersionRow
 
@@ -206,6 +206,8 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
         if same_as_base:
             version = versions.version_rows(conn).execute(_INSERT_CONFIRMATION, (actor, number, base.id)).fetchone()
             assert version is not None
+            if on_current:
+                identities.confirmed(conn, sid)
         elif sealed is not None:
             assert isinstance(raw, bytes)
             with _as_json("state"):
@@ -214,7 +216,8 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
                     actor, base.id, number)).fetchone()
             assert version is not None
             _put_document(conn, sealed.text, "state")
-            found = lifecycles.observe(conn, sid, version, sealed.state, touched if on_current else set(), False)
+            found = lifecycles.observe(conn, sid, version, sealed.state, touched if on_current else set(), False,
+                                       on_current=on_current)
             conn.execute("DROP TABLE kl_descriptors, kl_doc")
         else:
             _put_document(conn, raw, "state")
@@ -223,7 +226,8 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
                 observation=(base.id, number))
             # Against a base that is no longer current, the open rows are a newer version's, and
             # under a writer's lock they may be about to be: nothing to compare.
-            found = lifecycles.observe(conn, sid, version, state, touched if on_current else set(), pieced)
+            found = lifecycles.observe(conn, sid, version, state, touched if on_current else set(), pieced,
+                                       on_current=on_current)
             if has_resources:
                 pieces.store_pieces(conn, sid, version)
             conn.execute("DROP TABLE kl_descriptors, kl_doc" + (", kl_parts" if pieced else ""))

@@ -311,6 +311,29 @@ def populate(conn: psycopg.Connection) -> None:
                                   same_as_base=True, actor="fixture@cli")
         assert changed.found == 1
 
+    # The identity index (0024): objects with identities (Terraform >= 1.12) and one without, and an
+    # observation that found one gone and gave the other its first identity.
+    import importlib.util
+
+    if importlib.util.find_spec("kilolock.store.identities") is not None:
+        def identified(objects: dict[str, dict[str, Any]]) -> bytes:
+            return json.dumps({"version": 4, "terraform_version": "1.12.2", "serial": 1, "lineage": "identified-lineage",
+                               "outputs": {}, "resources": [
+                {"mode": "managed", "type": "null_resource", "name": n, "provider": _NULL, "instances": [o]}
+                for n, o in objects.items()]}).encode()
+
+        def ident(id_: str, identity: dict[str, Any] | None) -> dict[str, Any]:
+            o: dict[str, Any] = {"schema_version": 0, "attributes": {"id": id_, "triggers": None}, "sensitive_attributes": []}
+            return o if identity is None else {**o, "identity": identity, "identity_schema_version": 0}
+
+        import_file("identified", identified({"a": ident("1", {"id": "1"}), "b": ident("2", None)}), "import")
+        ibase = versions.current_version(conn, states.state_id(conn, "identified"))
+        assert ibase is not None
+        iraw = identified({"b": ident("2", {"id": "2"})})
+        writes.record_observation(conn, "identified", tfstate.parse_state(iraw), iraw, base=ibase,
+                                  touched={("null_resource.a", ""), ("null_resource.b", "")}, same_as_base=False,
+                                  actor="fixture@cli")
+
     # Locks: a lock and unlock, a force-unlock, a lock still held, and a state that only a LOCK made.
     def lock_body(who: str) -> dict[str, Any]:
         return locks.lock_info("OperationTypeApply", who, "1.5.7")
