@@ -17,6 +17,15 @@
 --    version and the identity's jsonb text, which is canonical: keys in one order, one spelling),
 --    else the `id` attribute (object_id, weak evidence: the same name in two accounts).
 --
+-- 3. inventory: every open instance as the latest observation saw it, one row each, with its state,
+--    provider, identity (or id), status and open drift: what `kl resources` and /api/v1/resources
+--    read, and the view to query the fleet with SQL (README: the SQL cookbook).
+--
+-- 4. resource_duplicate_notices: the objects claimed by more than one open instance that a
+--    `resource.duplicate` notification has announced, so each is announced once while it lasts.
+--    The check is evaluated by the processes that poll, as refresh.stale is (store/notify.py), at
+--    most once a period (notify_channels.duplicates_checked_at) whatever the number of processes.
+--
 -- Backfill: open rows take their identity from the pieces of the versions that hold them (the
 -- piece naming the row through attributes_of, 0014), or from a current version stored whole; the
 -- index is then made from every open row.
@@ -139,3 +148,43 @@ WHERE x.resource_id = o.baseline_resource_id
                            ORDER BY c.serial DESC LIMIT 1);
 
 ANALYZE resource_identities;
+
+-- The attributes are what the latest observation read where it found the object changed (the open
+-- drift record's observed object), else Terraform's; drift_kind is the open drift there after
+-- ignore rules (current_resource_drift), NULL when none.
+CREATE VIEW inventory AS
+SELECT s.name AS state_name, x.state_id, r.address, r.deposed, r.mode, r.type, r.name, r.module, r.index_key, r.provider,
+       x.provider_source, x.provider_alias, x.object_id AS id, x.identity, x.identity_schema_version, x.identity_key,
+       CASE WHEN x.identity_key IS NOT NULL THEN 'identity' WHEN x.object_id IS NOT NULL THEN 'id' END AS evidence,
+       COALESCE(r.status, 'ready') AS status,
+       CASE WHEN oc.id IS NOT NULL THEN oc.attributes ELSE r.attributes END AS attributes,
+       CASE WHEN oc.id IS NOT NULL THEN oc.sensitive_attributes ELSE r.sensitive_attributes END AS sensitive_attributes,
+       CASE WHEN d.id IS NOT NULL AND EXISTS (SELECT 1 FROM current_resource_drift c WHERE c.drift_id = d.id)
+            THEN d.kind END AS drift_kind,
+       x.observed, r.id AS resource_id, r.create_serial
+FROM resource_identities x
+JOIN resources r ON r.id = x.resource_id
+JOIN states s ON s.id = x.state_id
+LEFT JOIN drift_records d ON d.state_id = x.state_id AND d.address = r.address AND d.deposed = r.deposed
+                         AND d.resolved_version_id IS NULL
+LEFT JOIN observed_objects oc ON oc.id = d.current_observed_id AND NOT oc.gone
+WHERE NOT x.gone;
+
+-- An object claimed twice, as announced: confidence 'certain' (one identity key) or 'likely' (one id
+-- and matching provider configurations, key the id). The row goes when the duplicate ends, so a
+-- duplicate that comes back is announced again.
+CREATE TABLE resource_duplicate_notices (
+    provider_source  text        NOT NULL,
+    type             text        NOT NULL,
+    confidence       text        NOT NULL CHECK (confidence IN ('certain', 'likely')),
+    key              text        NOT NULL,
+    noticed_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (provider_source, type, confidence, key)
+);
+
+ALTER TABLE notify_channels ADD COLUMN duplicates_checked_at timestamptz;
+
+ALTER TABLE notify_events
+    DROP CONSTRAINT notify_events_kind_check,
+    ADD CONSTRAINT notify_events_kind_check CHECK (kind IN ('drift.new', 'drift.updated', 'drift.resolved', 'refresh.failed',
+                                                           'refresh.guarded', 'refresh.stale', 'resource.duplicate'));

@@ -13,7 +13,7 @@ PACKAGE = REPO / "kilolock"
 # Pure data and rules on our own types: no I/O, no database, no protocol. Any layer may use them.
 MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names", "kilolock.globs",
          "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift", "kilolock.versiondiff",
-         "kilolock.encryption"}
+         "kilolock.encryption", "kilolock.attrsearch", "kilolock.inventory"}
 
 # What each part may import besides itself and MODEL. The data flow: cli -> fleet -> refresh ->
 # provider, with codec beside refresh and the store beside everything that keeps state.
@@ -42,7 +42,7 @@ MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._codec_rs"), ("kilol
 # Within MODEL the order matters too (no cycles): each may import only those before it.
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
                "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift",
-               "kilolock.versiondiff", "kilolock.encryption"]
+               "kilolock.versiondiff", "kilolock.encryption", "kilolock.attrsearch", "kilolock.inventory"]
 # Inside a package likewise: each module may import only those before it, and the package itself
 # (its __init__, which hands their names on) comes last.
 PACKAGE_ORDER = {

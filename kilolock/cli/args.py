@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from typing import Any
 
 from kilolock.errors import KlError, UsageError
 from kilolock.names import BadName, check_state_name, check_stored_name
@@ -127,6 +128,31 @@ def attribute_path(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def type_glob(text: str) -> str:
+    """``--type GLOB``: resource type names with * and ?."""
+    return str(_inventory_arg("type_glob", text))
+
+
+def provider_source(text: str) -> str:
+    """``--provider SOURCE``: the full source of HOST/NAMESPACE/TYPE, NAMESPACE/TYPE or TYPE."""
+    return str(_inventory_arg("provider_source", text))
+
+
+def where(text: str) -> object:
+    """``--where PATH=VALUE`` (kilolock.inventory.where)."""
+    return _inventory_arg("where", text)
+
+
+def _inventory_arg(reader: str, text: str) -> Any:
+    utf8_text(text)
+    import kilolock.inventory
+
+    try:
+        return getattr(kilolock.inventory, reader)(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def duration(text: str) -> float:

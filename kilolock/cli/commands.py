@@ -129,6 +129,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("refresh", "ask every managed resource's provider what it looks like now; record it as an observation "
             "beside Terraform's version (--commit: as its next version)",
             "kilolock.cli.refreshcmd", example="kl refresh prod --dry-run"),
+    Command("resources", "every open instance across the fleet: state, address, provider, identity or id, status, drift; "
+            "--duplicates: objects claimed twice", "kilolock.cli.resourcescmd",
+            example="kl resources --type aws_s3_bucket --where tags.env=prod --format json"),
     Command("drift", "what refresh found changed or deleted, since when; --all: resolved and ignored drift too; "
             "kl drift ignore: ignore rules; kl drift accept: make the observation Terraform's version", "kilolock.cli.driftcmd",
             example="kl drift prod"),

@@ -19,7 +19,11 @@ from kilolock.durations import format_duration
 from kilolock.errors import KlError, UsageError
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
-          "refresh.stale")  # store.notify.EVENTS
+          "refresh.stale", "resource.duplicate")  # store.notify.EVENTS
+# A state's own events; resource.duplicate is about the fleet (two states' claims) and is sent only
+# to a channel that names it, so the channels made before it existed and those made without
+# --events hear what they always heard.
+DEFAULT_EVENTS = EVENTS[:-1]
 
 
 def channel_name(text: str) -> str:
@@ -97,8 +101,8 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="json: kl's versioned payload (default); slack: an incoming-webhook message")
     parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob, default="**",
                         help="states whose name matches: * within one /-separated segment, ** across (default **)")
-    parser.add_argument("--events", type=event_list, default=list(EVENTS), metavar="LIST",
-                        help="comma-separated events to send (default all): " + ", ".join(EVENTS))
+    parser.add_argument("--events", type=event_list, default=list(DEFAULT_EVENTS), metavar="LIST",
+                        help="comma-separated events to send (default all but resource.duplicate): " + ", ".join(EVENTS))
     parser.add_argument("--secret", type=secret, metavar="S",
                         help='sign each body (X-Kilolock-Signature: sha256=HMAC): a value, or {"env": "NAME"}')
     parser.add_argument("--failed-after", type=cli_args.positive, default=1, metavar="N",

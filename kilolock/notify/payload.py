@@ -28,7 +28,10 @@ _TITLES = {
     "refresh.failed": "refresh failed",
     "refresh.guarded": "refresh refused by the mass-removal guard",
     "refresh.stale": "no successful refresh",
+    "resource.duplicate": "one object claimed more than once",
 }
+
+_COMMANDS = {"drift": "kl drift {state}", "refresh": "kl runs {state}", "resource": "kl resources --duplicates"}
 
 
 def addresses(detail: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]],
@@ -75,13 +78,16 @@ def document(event: Mapping[str, Any], found: list[dict[str, Any]]) -> dict[str,
         "source": event.get("version_source"),
         "run_id": event["run_id"],
         "channel": event["channel"],
-        "command": f"kl drift {state}" if kind.startswith("drift.") else f"kl runs {state}",
+        "command": _COMMANDS[kind.split(".", 1)[0]].format(state=state),
         "ui_url": ui_link(event["ui_url"], state),
     }
     if kind.startswith("drift."):
         body["addresses"] = found
         if event["detail"].get("replayed"):
             body["replayed"] = True  # --replay-open-drift: drift open when the channel was added
+    elif kind == "resource.duplicate":
+        detail = event["detail"]
+        body["duplicate"] = {k: detail.get(k) for k in ("confidence", "evidence", "provider", "type", "key", "claims")}
     elif kind == "refresh.stale":
         detail = event["detail"]
         body["stale"] = {"last_success_at": detail.get("last_success_at"), "stale_for_s": detail.get("stale_for_s"),
@@ -120,6 +126,12 @@ def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
                     lines.append(f"    … {len(a['changes']) - MAX_SLACK_CHANGES} more")
         if len(doc["addresses"]) > MAX_SLACK_ADDRESSES:
             lines.append(f"… {len(doc['addresses']) - MAX_SLACK_ADDRESSES} more addresses")
+    elif kind == "resource.duplicate":
+        dup = doc["duplicate"]
+        lines.append(f"{dup['confidence']} ({'same identity' if dup['evidence'] == 'identity' else 'same id'}): "
+                     f"`{_slack_escape(str(dup['type']))}` of {_slack_escape(str(dup['provider']))}")
+        for c in dup["claims"][:MAX_SLACK_ADDRESSES]:
+            lines.append(f"• {_slack_escape(str(c['state']))}: `{_slack_escape(str(c['address']))}`")
     elif kind == "refresh.stale":
         stale = doc["stale"]
         last = stale.get("last_success_at")

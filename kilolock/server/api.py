@@ -1,7 +1,7 @@
 """The read-only JSON API for tools: states, versions, drift (sensitive values masked), health."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import psycopg
 
@@ -46,6 +46,48 @@ def drift_report(conn: psycopg.Connection, name: str, include_resolved: bool = F
         return json_body(200, drift_store.document(conn, name, include_resolved=include_resolved))
     except StateNotFound:
         return _no_such_state(name)
+
+
+MAX_RESOURCES_PAGE = 1000
+
+
+def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_read: Callable[[str], bool]) -> Response:
+    """`kl resources --format json` of the states the caller may read, a page at a time:
+    ``states``, ``type``, ``provider``, ``address`` (globs and a source as the CLI's options),
+    ``where`` (repeatable PATH=VALUE), ``drifted=1``, ``limit`` (default 100, at most
+    MAX_RESOURCES_PAGE) and ``cursor`` (the previous page's ``next_cursor``)."""
+    from kilolock import globs, inventory
+    from kilolock.errors import UsageError
+    from kilolock.store import inventory as inventory_store
+    from kilolock.store import ui_queries
+
+    def one(key: str) -> str | None:
+        values = params.get(key) or []
+        return values[-1] if values and values[-1] != "" else None
+
+    try:
+        glob = one("states") or "**"
+        globs.compile_glob(glob)
+        type_glob = inventory.type_glob(t) if (t := one("type")) else None
+        provider = inventory.provider_source(p) if (p := one("provider")) else None
+        address = globs.check_address_glob(a) if (a := one("address")) else None
+        wheres = [inventory.where(w) for w in params.get("where") or [] if w]
+        limit_text = one("limit") or "100"
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_RESOURCES_PAGE:
+            raise UsageError(f"limit {limit_text!r} is not a whole number from 1 to {MAX_RESOURCES_PAGE}")
+        limit = int(limit_text)
+        after = inventory.read_cursor(c) if (c := one("cursor")) else None
+    except UsageError as exc:
+        return text(400, str(exc))
+    with conn.transaction():
+        names = [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)]
+        f = inventory_store.filters(conn, ui_queries.state_ids(conn, names), type_glob, provider, address, wheres,
+                              one("drifted") in ("1", "true"))
+        rows = inventory_store.instances(conn, f, limit=limit + 1, after=after)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return json_body(200, {"version": 1, "resources": [{k: r[k] for k in inventory_store.COLUMNS} for r in rows],
+                           "next_cursor": inventory.cursor_after(rows[-1]) if more else None})
 
 
 def health(conn: psycopg.Connection) -> Response:

@@ -527,6 +527,9 @@ class _Handler(BaseHTTPRequestHandler):
         if rest == "states":
             with self.server.read_pool.connection() as conn:
                 return self._lag_said(conn, api.states(conn, self.grants.may_read))
+        if rest == "resources":
+            with self.server.read_pool.connection() as conn:
+                return self._lag_said(conn, api.resources(conn, params, self.grants.may_read))
         if rest.startswith("states/"):
             inner = rest[len("states/"):]
             for suffix in ("/drift", "/versions"):
@@ -541,7 +544,7 @@ class _Handler(BaseHTTPRequestHandler):
                         include_resolved = (params.get("all") or ["0"])[0] in ("1", "true")  # as kl drift --all
                         return self._lag_said(conn, api.drift_report(conn, name, include_resolved))
         return text(404, f"no such API endpoint /api/v1/{rest}: the API offers GET /api/v1/states, "
-                         "/api/v1/states/<name>/versions and /api/v1/states/<name>/drift")
+                         "/api/v1/states/<name>/versions, /api/v1/states/<name>/drift and /api/v1/resources")
 
     def _lag_said(self, conn: psycopg.Connection, resp: Response) -> Response:
         """RESP, read on CONN, with how far behind the primary it may be when CONN is a replica's."""

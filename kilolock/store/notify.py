@@ -20,8 +20,10 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from kilolock.errors import KlError
+from kilolock.store import inventory
 
-EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded", "refresh.stale")
+EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded", "refresh.stale",
+          "resource.duplicate")
 FORMATS = ("json", "slack")
 
 # Set when this process wrote a delivery (so it should deliver before it exits), or found one due
@@ -346,20 +348,89 @@ def record_stale_events(conn: psycopg.Connection) -> int:
         return 0
 
 
+# --- resource.duplicate -------------------------------------------------------------------------
+
+# An object claimed by more than one open instance (store/inventory.DUPLICATES), announced once
+# while it lasts (resource_duplicate_notices; its row goes when the duplicate ends, so one that
+# comes back is new again), to every channel that asks for the event and whose glob matches a
+# state of a claim. Evaluated by the pollers as staleness is: the channels asking for it are
+# stamped, at most once a period, and only the process that stamped them evaluates (two at once
+# queue on the channel rows). A channel added while a duplicate exists hears of it at the next
+# evaluation only if no channel was told before.
+DUPLICATE_CHECK_PERIOD_S = 60.0
+_DUPLICATE_EVENTS = f"""
+WITH channels AS (
+    UPDATE notify_channels SET duplicates_checked_at = now()
+    WHERE 'resource.duplicate' = ANY(events)
+      AND (duplicates_checked_at IS NULL OR duplicates_checked_at <= now() - make_interval(secs => %(period)s))
+    RETURNING id
+),
+dups AS MATERIALIZED (
+    SELECT d.* FROM (SELECT 1 FROM channels LIMIT 1) due, LATERAL ({inventory.DUPLICATES}) d
+),
+ended AS (
+    DELETE FROM resource_duplicate_notices n
+    WHERE EXISTS (SELECT 1 FROM channels)
+      AND NOT EXISTS (SELECT 1 FROM dups d WHERE (d.provider, d.type, d.confidence, d.key)
+                                                 = (n.provider_source, n.type, n.confidence, n.key))
+    RETURNING 1
+),
+noticed AS (
+    INSERT INTO resource_duplicate_notices (provider_source, type, confidence, key)
+    SELECT provider, type, confidence, key FROM dups
+    ON CONFLICT DO NOTHING
+    RETURNING provider_source, type, confidence, key
+),
+fresh AS MATERIALIZED (
+    SELECT gen_random_uuid() AS event_id, d.* FROM dups d
+    JOIN noticed n ON (n.provider_source, n.type, n.confidence, n.key) = (d.provider, d.type, d.confidence, d.key)
+),
+events AS (
+    INSERT INTO notify_events (id, kind, state_id, state_name, detail)
+    SELECT f.event_id, 'resource.duplicate', f.first_state_id::uuid, f.first_state,
+           jsonb_build_object('confidence', f.confidence, 'evidence', f.evidence, 'provider', f.provider, 'type', f.type,
+                              'key', f.key, 'claims', f.claims)
+    FROM fresh f
+    RETURNING id
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT f.event_id, c.id FROM fresh f
+JOIN events e ON e.id = f.event_id
+JOIN notify_channels c ON 'resource.duplicate' = ANY(c.events)
+ AND EXISTS (SELECT 1 FROM jsonb_array_elements(f.claims) cl WHERE cl ->> 'state' ~ c.states_regex)
+"""
+
+
+def record_duplicate_events(conn: psycopg.Connection) -> int:
+    """resource.duplicate for every object claimed twice that was not announced yet, when a channel
+    asks for it and its period has passed; returns the deliveries created."""
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL jit = off")  # as inventory.duplicates: planning estimates, not work
+            return conn.execute(_DUPLICATE_EVENTS, {"period": DUPLICATE_CHECK_PERIOD_S, "state_ids": None}).rowcount
+    except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
+        return 0  # as record_stale_events
+
+
 # --- delivery ----------------------------------------------------------------------------------
 
 _DUE = """
 SELECT EXISTS (SELECT 1 FROM notify_deliveries
                WHERE status = 'pending' AND next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now()))
 """
-# _DUE, and whether any channel's staleness is due for evaluation (_STALE_EVENTS's first CTE).
+# _DUE, whether any channel's staleness is due for evaluation (_STALE_EVENTS's first CTE), and
+# whether duplicates are (_DUPLICATE_EVENTS's).
 _DUE_AND_STALE_DUE = """
 SELECT EXISTS (SELECT 1 FROM notify_deliveries
                WHERE status = 'pending' AND next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now())),
        EXISTS (SELECT 1 FROM notify_channels
                WHERE stale_after_s IS NOT NULL AND 'refresh.stale' = ANY(events)
                  AND (stale_checked_at IS NULL
-                      OR stale_checked_at <= now() - make_interval(secs => LEAST(stale_after_s / 10, %(max_period)s))))
+                      OR stale_checked_at <= now() - make_interval(secs => LEAST(stale_after_s / 10, %(max_period)s)))),
+       EXISTS (SELECT 1 FROM notify_channels
+               WHERE 'resource.duplicate' = ANY(events)
+                 AND (duplicates_checked_at IS NULL
+                      OR duplicates_checked_at <= now() - make_interval(secs => %(duplicate_period)s)))
 """
 # Seconds until the next pending delivery may be claimed (its retry time, or its lease's end).
 _NEXT_DUE = """
@@ -420,10 +491,14 @@ def check_due(conn: psycopg.Connection) -> bool:
     """The cheap check of every kl process that opens the store and of the sender threads: record
     what staleness is due (record_stale_events), then is any delivery waiting? One round trip when
     no channel's staleness is due for evaluation, the usual case."""
-    row = conn.execute(_DUE_AND_STALE_DUE, {"max_period": STALE_CHECK_MAX_PERIOD_S}).fetchone()
+    row = conn.execute(_DUE_AND_STALE_DUE, {"max_period": STALE_CHECK_MAX_PERIOD_S,
+                                            "duplicate_period": DUPLICATE_CHECK_PERIOD_S}).fetchone()
     due = bool(row and row[0])
-    if row and row[1]:
-        record_stale_events(conn)
+    if row and (row[1] or row[2]):
+        if row[1]:
+            record_stale_events(conn)
+        if row[2]:
+            record_duplicate_events(conn)
         row = conn.execute(_DUE).fetchone()
         due = bool(row and row[0])
     if due:

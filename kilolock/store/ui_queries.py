@@ -369,7 +369,7 @@ class Search:
 
 # A mark (sensitive_attributes element) as its steps' values, in the loose form of the search path:
 # a mark at or above the path, or below it, makes the row's value at the path a secret.
-_MARK_STEPS = "ARRAY(SELECT COALESCE(s.step -> 'value' ->> 'value', s.step ->> 'value') FROM jsonb_array_elements(m.mark) WITH ORDINALITY s(step, n) ORDER BY s.n)"
+MARK_STEPS = "ARRAY(SELECT COALESCE(s.step -> 'value' ->> 'value', s.step ->> 'value') FROM jsonb_array_elements(m.mark) WITH ORDINALITY s(step, n) ORDER BY s.n)"
 
 _SEARCH_FILTERS = """
 FROM resources r JOIN states st ON st.id = r.state_id
@@ -389,7 +389,7 @@ _SEARCH_WHERE = f"""{_SEARCH_FILTERS}
         AND NOT EXISTS (
             SELECT 1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(r.sensitive_attributes) = 'array'
                                                     THEN r.sensitive_attributes ELSE '[]' END) m(mark),
-                 LATERAL (SELECT {_MARK_STEPS} AS steps) k
+                 LATERAL (SELECT {MARK_STEPS} AS steps) k
             WHERE k.steps = (%(path)s::text[])[1:cardinality(k.steps)]
                OR (%(path)s::text[]) = k.steps[1:cardinality(%(path)s::text[])])))
 """

@@ -333,6 +333,12 @@ def populate(conn: psycopg.Connection) -> None:
         writes.record_observation(conn, "identified", tfstate.parse_state(iraw), iraw, base=ibase,
                                   touched={("null_resource.a", ""), ("null_resource.b", "")}, same_as_base=False,
                                   actor="fixture@cli")
+        # Another state claims a's object: a resource.duplicate announced (its notice, event and
+        # deliveries), then no evaluation again (the kl processes of the upgrade test would stamp it).
+        import_file("identified-copy", identified({"a": ident("1", {"id": "1"})}).replace(b"identified-lineage", b"copy"),
+                    "import")
+        assert notify.record_duplicate_events(conn) >= 1
+        conn.execute("UPDATE notify_channels SET duplicates_checked_at = 'infinity' WHERE duplicates_checked_at IS NOT NULL")
 
     # Locks: a lock and unlock, a force-unlock, a lock still held, and a state that only a LOCK made.
     def lock_body(who: str) -> dict[str, Any]:

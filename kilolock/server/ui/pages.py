@@ -5,13 +5,13 @@ state is asked of access.py only."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
-from kilolock import drift, globs, versiondiff
+from kilolock import attrsearch, drift, globs, versiondiff
 from kilolock import schema as sch
 from kilolock.errors import KlError
 from kilolock.server.access import Grants
@@ -295,25 +295,10 @@ def parse_attribute_query(text: str) -> tuple[sch.AttributePath, Any]:
     literal (``"prod"``, ``80``, ``true``, ``null``, ``["a"]``). Raises PageError naming what is wrong."""
     import json
 
-    depth, quoted, escaped, cut = 0, False, False, -1
-    for i, c in enumerate(text):
-        if quoted:
-            escaped, quoted = (not escaped and c == "\\"), (quoted if escaped or c != '"' else False)
-            continue
-        if c == '"':
-            quoted = True
-        elif c == "[":
-            depth += 1
-        elif c == "]":
-            depth -= 1
-        elif c == "=" and depth == 0:
-            cut = i
-            break
-    if cut < 0:
+    split = attrsearch.split_assignment(text)
+    if split is None:
         raise PageError(400, f"attribute {text!r}: write PATH = VALUE, e.g. tags[\"env\"] = \"prod\" or port = 80")
-    path_text, value_text = text[:cut].strip(), text[cut + 1:].strip()
-    if value_text.startswith("="):  # `==` reads the same
-        value_text = value_text[1:].strip()
+    path_text, value_text = split
     try:
         path = sch.path_parse(path_text)
     except ValueError as exc:
@@ -324,35 +309,6 @@ def parse_attribute_query(text: str) -> tuple[sch.AttributePath, Any]:
         raise PageError(400, f"attribute value {value_text!r} is not a JSON literal: quote a string (\"prod\"), "
                              "write numbers, true, false and null as they are") from None
     return path, value
-
-
-def _path_steps(path: sch.AttributePath) -> list[str]:
-    return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path]
-
-
-def _kind_blocks(kinds: Sequence[Mapping[str, Any]], schemas: versiondiff.Schemas) -> list[tuple[str, list[sch.Block]]]:
-    """Each kind's type with its cached schemas' blocks, parsed once for the helpers below."""
-    out = []
-    for kind in kinds:
-        key = versiondiff.schema_key(kind)
-        out.append((str(kind["type"]), [sch.schema_from_json(b).block for b in schemas.get(key, ())] if key else []))
-    return out
-
-
-def _stored_paths(kinds: list[tuple[str, list[sch.Block]]], path: sch.AttributePath) -> dict[str, list[list[str]]]:
-    """The types whose cached schemas store the value at PATH elsewhere than PATH's own steps (it
-    crosses a dynamic value: ``manifest.metadata.name`` is under ``manifest``'s wrapper), with
-    every place their instances may hold it. Without a cached schema a type is searched at PATH."""
-    plain = tuple(_path_steps(path))
-    places: dict[str, set[tuple[str, ...]]] = {}
-    for type_, blocks in kinds:
-        places.setdefault(type_, set()).update({tuple(drift.stored_steps(b, path)) for b in blocks} or {plain})
-    return {t: [list(p) for p in sorted(found)] for t, found in places.items() if found != {plain}}
-
-
-def _secret_types(kinds: list[tuple[str, list[sch.Block]]], path: sch.AttributePath) -> set[str]:
-    """Types whose cached schema calls the value at PATH (or one inside it) secret."""
-    return {type_ for type_, blocks in kinds if any(versiondiff.schema_marks_path(b, path) for b in blocks)}
 
 
 def search(conn: psycopg.Connection, request: Request) -> View:
@@ -370,19 +326,16 @@ def search(conn: psycopg.Connection, request: Request) -> View:
     path: sch.AttributePath = ()
     if form["attr"]:
         path, literal = parse_attribute_query(form["attr"])
-        path_steps, value = _path_steps(path), json.dumps(literal)
+        path_steps, value = attrsearch.path_steps(path), json.dumps(literal)
     names = access.visible_names(request.grants, ui_queries.state_names(conn))
     query = ui_queries.Search(ui_queries.state_ids(conn, names), type=form["type"] or None, address_regex=address_regex,
                               provider=form["provider"] or None, path=path_steps, value=value)
     if path_steps is not None:
         kinds = ui_queries.search_kinds(conn, query)
-        schemas = history.cached_schemas(conn, versiondiff.schema_keys(
-            [{**k, "address": "", "deposed": ""} for k in kinds]))
-        blocks = _kind_blocks(kinds, schemas)
-        secret = _secret_types(blocks, path)
-        query = ui_queries.Search(**{**query.__dict__, "exclude_types": tuple(sorted(secret)),
-                                     "stored_paths": _stored_paths(blocks, path)})
-        context["hidden"] = sorted(secret)
+        hints = attrsearch.hints(kinds, history.cached_schemas(conn, attrsearch.schema_keys(kinds)), path)
+        query = ui_queries.Search(**{**query.__dict__, "exclude_types": hints.secret_types,
+                                     "stored_paths": hints.stored_paths})
+        context["hidden"] = list(hints.secret_types)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
     context.update(results=found.rows, pager=pager.with_total(found.total))
     return View("search.html", context)

@@ -1,0 +1,217 @@
+"""The fleet's inventory (`kl resources`, /api/v1/resources): every open instance of some states, as
+the `inventory` view (migration 0023) shows it, filtered in SQL and cut into pages by a keyset
+(state, address, deposed); and the objects claimed by more than one instance (``duplicates``).
+
+A caller passes the states a principal may see (None: all, for the CLI); these functions never
+decide that. A value searched at a path that a mark of the row (or the type's schema: the
+caller's ``secret_types``) calls sensitive never matches, as the UI's search: a search must not
+tell a secret by its yes or no.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from kilolock import schema as sch
+from kilolock.store.ui_queries import MARK_STEPS
+
+# The keys of each instance, in this order (README "kl resources"): the JSON, the CSV header and
+# the API's items.
+COLUMNS = ("state", "address", "deposed", "mode", "type", "provider", "provider_alias", "id", "identity",
+           "identity_schema_version", "evidence", "status", "drift")
+
+
+@dataclass(frozen=True)
+class Where:
+    """The value at PATH (jsonb steps) is one of VALUES (JSON texts)."""
+
+    path: list[str]
+    values: list[str]
+    secret_types: tuple[str, ...] = ()  # types whose schema calls the value at PATH secret: never match
+    stored_paths: Mapping[str, list[list[str]]] = field(default_factory=dict)  # attrsearch.Hints.stored_paths
+
+
+@dataclass(frozen=True)
+class Filters:
+    state_ids: list[str] | None = None  # None: every state
+    type: str | None = None  # an exact type
+    type_regex: str | None = None  # a PostgreSQL regex (kilolock.globs.sql_regex of a type glob)
+    provider_source: str | None = None  # HOST/NAMESPACE/TYPE
+    address_regex: str | None = None  # kilolock.globs.address_regex
+    wheres: tuple[Where, ...] = ()
+    drifted: bool = False
+
+
+_SELECT = """
+SELECT i.state_name AS state, i.address, NULLIF(i.deposed, '') AS deposed, i.mode, i.type, i.provider_source AS provider,
+       NULLIF(i.provider_alias, '') AS provider_alias, i.id, i.identity, i.identity_schema_version, i.evidence, i.status,
+       i.drift_kind AS drift
+FROM inventory i
+"""
+
+# One --where: the value at the path (or, for a type whose schema stores it elsewhere, at each
+# place it may be) is one of the values, the type's schema does not call it secret, and no mark of
+# the row covers it or lies inside it.
+_WHERE = f"""(
+    CASE WHEN {{stored}}::jsonb ? i.type
+         THEN EXISTS (SELECT 1 FROM jsonb_array_elements({{stored}}::jsonb -> i.type) p(steps)
+                      WHERE i.attributes #> ARRAY(SELECT jsonb_array_elements_text(p.steps)) = ANY({{values}}::jsonb[]))
+         ELSE i.attributes #> {{path}}::text[] = ANY({{values}}::jsonb[]) END
+    AND NOT (i.type = ANY({{secret}}::text[]))
+    AND NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(i.sensitive_attributes) = 'array'
+                                                THEN i.sensitive_attributes ELSE '[]' END) m(mark),
+             LATERAL (SELECT {MARK_STEPS} AS steps) k
+        WHERE k.steps = ({{path}}::text[])[1:cardinality(k.steps)]
+           OR ({{path}}::text[]) = k.steps[1:cardinality({{path}}::text[])]))"""
+
+
+def _conditions(f: Filters) -> tuple[sql.Composed, dict[str, Any]]:
+    """The WHERE clause of F over the view (as ``i``) and its parameters."""
+    parts: list[sql.Composable] = [sql.SQL("true")]
+    params: dict[str, Any] = {}
+
+    def add(clause: str, **values: Any) -> None:
+        names = {k: f"{k}{len(params)}" for k in values}
+        params.update({names[k]: v for k, v in values.items()})
+        parts.append(sql.SQL(clause).format(**{k: sql.Placeholder(n) for k, n in names.items()}))
+
+    if f.state_ids is not None:
+        add("i.state_id = ANY({ids}::uuid[])", ids=f.state_ids)
+    if f.type is not None:
+        add("i.type = {type}", type=f.type)
+    if f.type_regex is not None:
+        add("i.type ~ {regex}", regex=f.type_regex)
+    if f.provider_source is not None:
+        add("i.provider_source = {source}", source=f.provider_source)
+    if f.address_regex is not None:
+        add("i.address ~ {regex}", regex=f.address_regex)
+    for w in f.wheres:
+        add(_WHERE, stored=Jsonb(dict(w.stored_paths)), values=list(w.values), path=w.path,
+            secret=list(w.secret_types))
+    if f.drifted:
+        parts.append(sql.SQL("i.drift_kind IS NOT NULL"))
+    return sql.SQL(" AND ").join(parts), params
+
+
+def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
+              after: tuple[str, str, str] | None = None) -> list[dict[str, Any]]:
+    """The open instances matching F, by state, address and deposed key (COLUMNS each): at most
+    LIMIT of them, those after AFTER (the (state, address, deposed) of the last one of a page)."""
+    where, params = _conditions(f)
+    if after is not None:
+        where = sql.SQL("{} AND (i.state_name, i.address, i.deposed) > (%(after_state)s, %(after_address)s, "
+                        "%(after_deposed)s)").format(where)
+        params.update(after_state=after[0], after_address=after[1], after_deposed=after[2])
+    query = sql.SQL("{select} WHERE {where} ORDER BY i.state_name, i.address, i.deposed LIMIT %(limit)s").format(
+        select=sql.SQL(_SELECT), where=where)
+    params["limit"] = limit
+    with conn.transaction():
+        # Not JIT-compiled: the planner's estimates over the view's joins pass jit_above_cost for
+        # queries that read an index range, and compiling cost more than running them.
+        conn.execute("SET LOCAL jit = off")
+        return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+
+
+def kinds(conn: psycopg.Connection, f: Filters, first_step: str) -> list[dict[str, Any]]:
+    """The (provider, mode, type) of every instance F may match, by every filter but the values (whose
+    schemas say where a value at a path starting with FIRST_STEP is stored, and whether it is secret)."""
+    where, params = _conditions(Filters(**{**f.__dict__, "wheres": ()}))
+    query = sql.SQL("SELECT DISTINCT i.provider, i.mode, i.type FROM inventory i WHERE {} AND i.attributes ? %(first)s").format(
+        where)
+    return conn.cursor(row_factory=dict_row).execute(query, {**params, "first": first_step}).fetchall()
+
+
+def filters(conn: psycopg.Connection, state_ids: list[str] | None, type_glob: str | None, provider: str | None,
+            address: str | None, wheres: list[tuple[sch.AttributePath, list[str]]], drifted: bool) -> Filters:
+    """The store's filters: a type glob without wildcards is an exact type (the index's), each
+    condition with what the cached schemas say of its path (where the value is stored, whether it
+    is secret)."""
+    from kilolock import attrsearch, globs
+    from kilolock.store import history
+
+    base = Filters(
+        state_ids=state_ids,
+        type=type_glob if type_glob and not globs.is_glob(type_glob) else None,
+        type_regex=globs.sql_regex(type_glob) if type_glob and globs.is_glob(type_glob) else None,
+        provider_source=provider, address_regex=globs.address_regex(address) if address else None, drifted=drifted)
+    out = []
+    for path, values in wheres:
+        steps = attrsearch.path_steps(path)
+        found = kinds(conn, base, steps[0])
+        hints = attrsearch.hints(found, history.cached_schemas(conn, attrsearch.schema_keys(found)), path)
+        out.append(Where(steps, values, hints.secret_types, hints.stored_paths))
+    return Filters(**{**base.__dict__, "wheres": tuple(out)})
+
+
+# --- duplicates ---------------------------------------------------------------------------------
+
+# Objects claimed by more than one open managed instance (as the latest observations saw them):
+# `certain` where the identity keys are one, `likely` where the ids are one and the provider
+# configurations match (the same stored configuration, the state's own winning over the global one
+# as a refresh reads it, or none on either side) and at least one claim has no identity (two
+# identities that differ are two objects). An id alone is weak: the same name in two accounts, or
+# local_file's hash of its content. Claims outside STATE_IDS are shown too, for a group with one inside.
+DUPLICATES = """
+WITH claims AS MATERIALIZED (
+    SELECT x.resource_id, x.state_id, x.provider_source, x.provider_alias, x.type, x.identity_key, x.object_id
+    FROM resource_identities x
+    WHERE NOT x.gone AND x.mode = 'managed'
+      AND ((x.identity_key IS NOT NULL AND (x.provider_source, x.type, x.identity_key) IN (
+               SELECT provider_source, type, identity_key FROM resource_identities
+               WHERE identity_key IS NOT NULL AND NOT gone AND mode = 'managed' GROUP BY 1, 2, 3 HAVING count(*) > 1))
+        OR (x.object_id IS NOT NULL AND (x.provider_source, x.type, x.object_id) IN (
+               SELECT provider_source, type, object_id FROM resource_identities
+               WHERE object_id IS NOT NULL AND NOT gone AND mode = 'managed' GROUP BY 1, 2, 3 HAVING count(*) > 1)))
+),
+configured AS (
+    SELECT c.*, (SELECT p.config FROM provider_configs p
+                 WHERE p.source = c.provider_source AND p.alias = c.provider_alias
+                   AND (p.state_id = c.state_id OR p.state_id IS NULL)
+                 ORDER BY p.state_id IS NULL LIMIT 1) AS config
+    FROM claims c WHERE c.object_id IS NOT NULL
+),
+groups AS (
+    SELECT 'certain' AS confidence, 'identity' AS evidence, provider_source, type, identity_key AS key,
+           array_agg(resource_id) AS ids
+    FROM claims WHERE identity_key IS NOT NULL GROUP BY provider_source, type, identity_key HAVING count(*) > 1
+    UNION ALL
+    SELECT 'likely', 'id', provider_source, type, object_id, array_agg(resource_id)
+    FROM configured GROUP BY provider_source, type, object_id, config HAVING count(*) > 1 AND bool_or(identity_key IS NULL)
+)
+SELECT g.confidence, g.evidence, g.provider_source AS provider, g.type, g.key,
+       (array_agg(x.state_id::text ORDER BY s.name, r.address, r.deposed))[1] AS first_state_id,
+       (array_agg(s.name ORDER BY s.name, r.address, r.deposed))[1] AS first_state,
+       jsonb_agg(jsonb_build_object('state', s.name, 'address', r.address, 'deposed', NULLIF(r.deposed, ''),
+                                    'provider_alias', NULLIF(x.provider_alias, ''), 'id', x.object_id,
+                                    'identity', x.identity, 'identity_schema_version', x.identity_schema_version)
+                 ORDER BY s.name, r.address, r.deposed) AS claims
+FROM groups g
+CROSS JOIN LATERAL unnest(g.ids) AS u(rid)
+JOIN resource_identities x ON x.resource_id = u.rid
+JOIN resources r ON r.id = u.rid
+JOIN states s ON s.id = x.state_id
+GROUP BY g.confidence, g.evidence, g.provider_source, g.type, g.key
+HAVING %(state_ids)s::uuid[] IS NULL OR bool_or(x.state_id = ANY(%(state_ids)s::uuid[]))
+ORDER BY g.provider_source, g.type, min(s.name), g.confidence, g.key
+"""
+
+
+def duplicates(conn: psycopg.Connection, state_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Each object claimed more than once (DUPLICATES) with one of its claims in STATE_IDS (None:
+    any): ``confidence``, ``evidence``, ``provider``, ``type``, ``key`` (the identity key or the id)
+    and ``claims`` (``state``, ``address``, ``deposed``, ``provider_alias``, ``id``, ``identity``,
+    ``identity_schema_version`` each)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")
+        rows = conn.cursor(row_factory=dict_row).execute(
+            DUPLICATES, {"state_ids": None if state_ids is None else list(state_ids)}).fetchall()
+    for r in rows:
+        del r["first_state_id"], r["first_state"]
+    return rows

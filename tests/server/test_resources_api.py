@@ -1,0 +1,127 @@
+"""The fleet inventory over real states: Terraform 1.8.5 applies null, local and random resources to
+two states through kl serve; `kl resources` lists them, `--duplicates` finds the one object both
+claim by id alone (local_file's id is a hash of its content, so it is only `likely`, and not at all
+once the states' provider configurations differ), and GET /api/v1/resources returns the same
+objects a page at a time, only of the states the caller may read."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.paths import LOCAL_V, RANDOM_V
+from kit.tfcli import Workspace, tool_binary
+
+ROOT = ("root", "root-pw")
+
+
+def config(url: str, out: Path, env: str) -> str:
+    return f"""
+terraform {{
+  required_providers {{
+    null   = {{ source = "registry.terraform.io/hashicorp/null", version = "2.1.2" }}
+    local  = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
+    random = {{ source = "registry.terraform.io/hashicorp/random", version = "{RANDOM_V}" }}
+  }}
+  backend "http" {{
+    address        = "{url}"
+    lock_address   = "{url}"
+    unlock_address = "{url}"
+  }}
+}}
+resource "null_resource" "n" {{
+  triggers = {{ env = "{env}", port = "80" }}
+}}
+resource "local_file" "same" {{
+  filename = "{out}/same.txt"
+  content  = "one content"
+}}
+resource "random_id" "r" {{
+  byte_length = 4
+}}
+"""
+
+
+@pytest.fixture
+def fleet(start_server, tmp_path: Path, run_kl) -> Any:
+    from kilolock.server.auth import Authenticator, hash_password
+
+    users = tmp_path / "users"
+    users.write_text(f"root:{hash_password('root-pw', n=2**10)}:admin\n")
+    server = start_server(auth=Authenticator.from_config(str(users), env={}, kl_tokens=True))
+    binary = tool_binary("terraform-1.8.5")
+    for name, env in (("net/a", "prod"), ("app/b", "dev")):
+        d = tmp_path / name.replace("/", "-")
+        d.mkdir()
+        ws = Workspace("terraform-1.8.5", binary, d, f"{server.url}/states/{name}", *ROOT)
+        (d / "main.tf").write_text(config(ws.url, d / "out", env))
+        ws.run("init", "-input=false", "-no-color")
+        ws.run("apply", "-auto-approve", "-input=false", "-no-color")
+    return server
+
+
+def ok(r: Any) -> Any:
+    assert r.returncode == 0, r.stderr.decode()
+    return r
+
+
+def listed(run_kl, *args: str) -> list[tuple[str, str]]:
+    rows = json.loads(ok(run_kl("resources", "--format", "json", *args)).stdout)
+    return [(r["state"], r["address"]) for r in rows]
+
+
+def test_inventory_duplicates_and_the_api_over_real_states(fleet, run_kl, db_url, tmp_path: Path) -> None:
+    every = [("app/b", "local_file.same"), ("app/b", "null_resource.n"), ("app/b", "random_id.r"),
+             ("net/a", "local_file.same"), ("net/a", "null_resource.n"), ("net/a", "random_id.r")]
+    assert listed(run_kl) == every
+    rows = json.loads(ok(run_kl("resources", "--format", "json", "--states", "net/*")).stdout)
+    assert {r["address"]: (r["provider"], r["evidence"], r["status"], r["drift"]) for r in rows} == {
+        "local_file.same": ("registry.terraform.io/hashicorp/local", "id", "ready", None),
+        "null_resource.n": ("registry.terraform.io/hashicorp/null", "id", "ready", None),
+        "random_id.r": ("registry.terraform.io/hashicorp/random", "id", "ready", None)}
+    assert listed(run_kl, "--type", "local_*") == [("app/b", "local_file.same"), ("net/a", "local_file.same")]
+    assert listed(run_kl, "--provider", "random") == [("app/b", "random_id.r"), ("net/a", "random_id.r")]
+    assert listed(run_kl, "--where", "triggers.env=prod") == [("net/a", "null_resource.n")]
+    assert listed(run_kl, "--where", "triggers.port=80", "--where", "triggers.env=dev") == [("app/b", "null_resource.n")]
+    table = ok(run_kl("resources", "--address", "random_id.*")).stdout.decode()
+    assert table.splitlines()[0].split() == ["STATE", "ADDRESS", "TYPE", "PROVIDER", "IDENTITY", "/", "ID", "STATUS", "DRIFT"]
+    assert "2 instance(s)" in table
+
+    # local_file's id is the hash of its content: the same in both states, with no provider
+    # configuration stored for either, so a likely duplicate; null's and random's ids differ
+    groups = json.loads(ok(run_kl("resources", "--duplicates", "--format", "json")).stdout)
+    assert [(g["confidence"], g["evidence"], g["type"], [c["state"] for c in g["claims"]]) for g in groups] == [
+        ("likely", "id", "local_file", ["app/b", "net/a"])]
+    # a group with a claim among --states comes whole, the other state's claim with it
+    assert json.loads(ok(run_kl("resources", "--duplicates", "--format", "json", "--states", "app/*")).stdout) == groups
+    (tmp_path / "local.json").write_text('{"note": "another account"}')
+    ok(run_kl("provider", "configure", "hashicorp/local", "--state", "app/b", "--config", str(tmp_path / "local.json")))
+    assert json.loads(ok(run_kl("resources", "--duplicates", "--format", "json")).stdout) == []
+
+    # the API: the same objects, a page at a time, of the states the caller may read
+    admin = fleet.basic(*ROOT)
+    got, cursor = [], None
+    while True:
+        page = admin.request("GET", "/api/v1/resources?limit=4" + (f"&cursor={cursor}" if cursor else ""))
+        assert page.status == 200, page.text
+        body = page.json()
+        got += body["resources"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert [(r["state"], r["address"]) for r in got] == every
+    assert got == json.loads(ok(run_kl("resources", "--format", "json")).stdout)
+    token = json.loads(ok(run_kl("token", "create", "ci-net", "--role", "read", "--states", "net/*",
+                                 "--format", "json")).stdout)["token"]
+    reader = fleet.with_auth(f"Bearer {token}")
+    body = reader.request("GET", "/api/v1/resources").json()
+    assert [(r["state"], r["address"]) for r in body["resources"]] == every[3:]
+    assert reader.request("GET", "/api/v1/resources?states=app/**").json()["resources"] == []
+    typed = reader.request("GET", "/api/v1/resources?type=null_resource&where=triggers.env%3Dprod").json()["resources"]
+    assert [r["address"] for r in typed] == ["null_resource.n"]
+    for query, fragment in (("where=triggers", "PATH=VALUE"), ("limit=0", "limit"), ("cursor=zz", "cursor"),
+                            ("type=a%20b", "type glob")):
+        bad = reader.request("GET", f"/api/v1/resources?{query}")
+        assert bad.status == 400 and fragment in bad.text, (query, bad.text)
