@@ -137,6 +137,17 @@ def test_search_by_attribute_value_type_address_and_provider(ui: Client) -> None
     assert "cloud_server.charlie" not in globbed  # deleted: search looks at current instances only
 
 
+def test_search_links_its_instances_in_the_inventory_api(ui: Client) -> None:
+    import html
+    import re
+
+    found = page(ui, "/ui/search", type="cloud_server", attr='tags["env"] = "dev"')
+    [link] = re.findall(r'href="(/api/v1/resources\?[^"]*)"', found)
+    reply = ui.request("GET", html.unescape(link))
+    assert reply.status == 200, reply.text
+    assert [(r["state"], r["address"]) for r in reply.json()["resources"]] == [("team/dev", "cloud_server.echo")]
+
+
 def test_search_finds_a_value_inside_a_dynamic_attribute_by_its_schema_path(ui: Client, conn) -> None:
     from kit.uistates import server, write
 

@@ -337,7 +337,13 @@ def search(conn: psycopg.Connection, request: Request) -> View:
                                      "stored_paths": hints.stored_paths})
         context["hidden"] = list(hints.secret_types)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
-    context.update(results=found.rows, pager=pager.with_total(found.total))
+    # The same instances with their identity, status and drift, for tools: `kl resources` over
+    # HTTP. Its --provider is a source, not the search's substring, so that filter is left out.
+    from urllib.parse import urlencode
+
+    api = {"type": form["type"], "address": form["address"], "where": form["attr"]}
+    context.update(results=found.rows, pager=pager.with_total(found.total),
+                   api_url="/api/v1/resources?" + urlencode({k: v for k, v in api.items() if v}))
     return View("search.html", context)
 
 
