@@ -95,6 +95,7 @@ CREATE INDEX resource_identities_identity_idx ON resource_identities (provider_s
     WHERE identity_key IS NOT NULL AND NOT gone;
 CREATE INDEX resource_identities_id_idx ON resource_identities (provider_source, type, object_id)
     WHERE object_id IS NOT NULL AND NOT gone;
+CREATE INDEX resource_identities_type_idx ON resource_identities (type) WHERE NOT gone;
 CREATE INDEX resource_identities_observed_idx ON resource_identities (state_id) WHERE observed;
 
 -- Backfill, identities first: from the pieces naming an open row ('i': the instance; 'r': a resource
@@ -163,12 +164,15 @@ SELECT s.name AS state_name, x.state_id, r.address, r.deposed, r.mode, r.type, r
             THEN d.kind END AS drift_kind,
        x.observed, r.id AS resource_id, r.create_serial
 FROM resource_identities x
-JOIN resources r ON r.id = x.resource_id
+-- The types are one (the index copies the row's); said, a filter on the type reaches both sides.
+JOIN resources r ON r.id = x.resource_id AND r.type = x.type
 JOIN states s ON s.id = x.state_id
 LEFT JOIN drift_records d ON d.state_id = x.state_id AND d.address = r.address AND d.deposed = r.deposed
                          AND d.resolved_version_id IS NULL
 LEFT JOIN observed_objects oc ON oc.id = d.current_observed_id AND NOT oc.gone
-WHERE NOT x.gone;
+-- Implied by the index's rows (open ones only), and said so that a filter on the type uses the
+-- open rows' type index (resources_type_idx) instead of reading every lifecycle row.
+WHERE NOT x.gone AND r.delete_serial IS NULL;
 
 -- An object claimed twice, as announced: confidence 'certain' (one identity key) or 'likely' (one id
 -- and matching provider configurations, key the id). The row goes when the duplicate ends, so a
