@@ -53,12 +53,21 @@ ids AS (
     JOIN resources r ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
     UNION
     SELECT o.resource_id FROM resource_identities o WHERE o.state_id = %(sid)s AND o.observed
+),
+rows AS MATERIALIZED (
+    SELECT r.id, r.state_id, r.mode, r.type, r.provider, r.identity, r.identity_schema_version,
+           kl_object_id(r.attributes) AS object_id
+    FROM ids JOIN resources r ON r.id = ids.id AND r.delete_serial IS NULL
+),
+-- A state has a few provider addresses: each is read once, not once per instance.
+providers AS MATERIALIZED (
+    SELECT p.provider, kl_provider_source(p.provider) AS source, kl_provider_alias(p.provider) AS alias
+    FROM (SELECT DISTINCT provider FROM rows) p
 )
 INSERT INTO resource_identities AS x (resource_id, state_id, {_COLUMNS})
-SELECT r.id, r.state_id, r.mode, r.type, kl_provider_source(r.provider), kl_provider_alias(r.provider), r.identity,
-       r.identity_schema_version, kl_identity_key(r.identity, r.identity_schema_version), kl_object_id(r.attributes),
-       false, false
-FROM ids JOIN resources r ON r.id = ids.id AND r.delete_serial IS NULL
+SELECT r.id, r.state_id, r.mode, r.type, p.source, p.alias, r.identity, r.identity_schema_version,
+       kl_identity_key(r.identity, r.identity_schema_version), r.object_id, false, false
+FROM rows r JOIN providers p ON p.provider = r.provider
 {_UPSERT_TAIL}
 """
 

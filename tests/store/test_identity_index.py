@@ -144,3 +144,16 @@ def test_the_migration_fills_the_index_from_a_released_store(empty_db_url):
         row = c.execute("SELECT identity, identity_schema_version, identity_key IS NOT NULL FROM resource_identities "
                         "WHERE resource_id = %s", (rid,)).fetchone()
         assert row == ({"id": "x1"}, 2, True)
+
+
+def test_deleting_a_state_takes_its_index_rows_with_it(conn):
+    from kilolock.store import states
+
+    write(conn, "prod", doc(1, {"a": obj("deploy", ROLE_A)}))
+    write(conn, "dev", doc(1, {"b": obj("deploy", ROLE_B)}))
+    with conn.transaction():
+        sid = states.lock_state_row(conn, "prod", create=False)
+        assert sid is not None
+        states.delete_state(conn, sid)
+    assert claimed(conn, identities.Wanted(ROLE_A), identities.Wanted(ROLE_B)) == [[], [("dev", "cloud_role.b", "identity")]]
+    assert conn.execute("SELECT count(*) FROM resource_identities").fetchone() == (1,)
