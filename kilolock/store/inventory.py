@@ -1,5 +1,5 @@
 """The fleet's inventory (`kl resources`, /api/v1/resources): every open instance of some states, as
-the `inventory` view (migration 0023) shows it, filtered in SQL and cut into pages by a keyset
+the `inventory` view (migration 0024) shows it, filtered in SQL and cut into pages by a keyset
 (state, address, deposed); and the objects claimed by more than one instance (``duplicates``).
 
 A caller passes the states a principal may see (None: all, for the CLI); these functions never
