@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
+from kilolock import globs
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
@@ -28,7 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock import globs
     from kilolock.store import inventory, states, summary, ui_queries
 
     if args.duplicates and (args.type or args.provider or args.address or args.where or args.drifted):
@@ -48,7 +50,6 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def _cell(v: Any) -> str:
-    import json
 
     return "" if v is None else json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (dict, list)) else str(v)
 
@@ -60,7 +61,6 @@ def _show(rows: list[dict[str, Any]], fmt: str) -> None:
         render.emit_json([{k: r[k] for k in COLUMNS} for r in rows])
     elif fmt == "csv":
         import csv
-        import sys
 
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(COLUMNS)
@@ -80,7 +80,6 @@ def _show_duplicates(groups: list[dict[str, Any]], fmt: str) -> int:
         render.emit_json(groups)
     elif fmt == "csv":
         import csv
-        import sys
 
         out = csv.writer(sys.stdout, lineterminator="\n")
         out.writerow(("confidence", "evidence", "provider", "type", "key", "state", "address", "deposed", "id", "identity"))
