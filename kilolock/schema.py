@@ -91,6 +91,9 @@ class ProviderSchema:
     # Resource identity schemas by resource type (GetResourceIdentitySchemas; each Schema's version
     # is the identity schema version). None: not asked, as in a schema cached before kl knew identity.
     identity_schemas: dict[str, Schema] | None = None
+    # List resource configuration schemas by type (protocol 5.10/6.10; {} before). None: not
+    # known, as in a schema cached before kl asked for them.
+    list_resource_schemas: dict[str, Schema] | None = None
 
 
 # --- attribute paths -------------------------------------------------------------------------
@@ -348,12 +351,15 @@ def provider_schema_to_json(ps: ProviderSchema) -> dict[str, Any]:
         out["provider_meta"] = schema_to_json(ps.provider_meta)
     if ps.identity_schemas is not None:
         out["identity_schemas"] = {k: schema_to_json(v) for k, v in sorted(ps.identity_schemas.items())}
+    if ps.list_resource_schemas is not None:
+        out["list_resource_schemas"] = {k: schema_to_json(v) for k, v in sorted(ps.list_resource_schemas.items())}
     return out
 
 
 def provider_schema_from_json(obj: dict[str, Any]) -> ProviderSchema:
     meta = obj.get("provider_meta")
     identity = obj.get("identity_schemas")
+    listing = obj.get("list_resource_schemas")
     return ProviderSchema(
         protocol_version=int(obj["protocol_version"]),
         provider=schema_from_json(obj["provider"]),
@@ -361,4 +367,5 @@ def provider_schema_from_json(obj: dict[str, Any]) -> ProviderSchema:
         data_source_schemas={k: schema_from_json(v) for k, v in obj.get("data_source_schemas", {}).items()},
         provider_meta=schema_from_json(meta) if meta is not None else None,
         identity_schemas={k: schema_from_json(v) for k, v in identity.items()} if identity is not None else None,
+        list_resource_schemas={k: schema_from_json(v) for k, v in listing.items()} if listing is not None else None,
     )

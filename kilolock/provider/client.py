@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from collections.abc import Generator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from kilolock.provider import convert
 from kilolock.provider._pb import tfplugin5_pb2, tfplugin6_pb2
 from kilolock.provider.connection import PluginConnection
 from kilolock.provider.diagnostics import Diagnostic, errors_of
-from kilolock.provider.errors import ProviderCallError, ProviderDiagnosticsError
+from kilolock.provider.errors import ListingUnsupported, ProviderCallError, ProviderDiagnosticsError
 from kilolock.provider.h2channel import H2Calls, NativeChannel
 from kilolock.provider.rpc import RpcError, StatusCode
 from kilolock.provider.wire import (
@@ -60,6 +61,15 @@ class ReadResult:
     # sensitive paths, in the order sent. Usually empty.
     sensitive_paths: tuple[AttributePath, ...] = ()
     deferred_reason: int | None = None
+
+
+@dataclass(frozen=True)
+class ListEvent:
+    """One ListResource event: an object the provider sees, or (identity None) only diagnostics."""
+
+    identity: bytes | None  # cty msgpack under the type's identity schema
+    display_name: str
+    diagnostics: tuple[Diagnostic, ...]  # warnings only: an error ends the listing (ProviderDiagnosticsError)
 
 
 class ProviderClient(abc.ABC):
@@ -103,6 +113,17 @@ class ProviderClient(abc.ABC):
         current_identity: bytes | None = None,
         timeout: float | None = None,
     ) -> ReadResult: ...
+
+    @abc.abstractmethod
+    def validate_list_config(self, type_name: str, config_msgpack: bytes, limit: int) -> tuple[Diagnostic, ...]:
+        """ValidateListResourceConfig (protocol 5.10/6.10); ListingUnsupported when the provider
+        does not implement it."""
+
+    @abc.abstractmethod
+    def list_resource(self, type_name: str, config_msgpack: bytes, limit: int) -> Generator[ListEvent, None, None]:
+        """ListResource (protocol 5.10/6.10), a server stream read as it comes: at most ``limit``
+        events (0: the provider's own end). Closing the iterator early cancels the call.
+        ListingUnsupported when the provider does not implement it."""
 
     def async_reads(self) -> AsyncReads | None:
         """ReadResource from an asyncio event loop (see AsyncReads); None: only the calls above."""
@@ -286,6 +307,51 @@ class GrpcProviderClient(ProviderClient):
         req = self._read_request(type_name, current_state, private, provider_meta, current_identity)
         return self._read_result(type_name, self._send("ReadResource", self._read_path, req, timeout))
 
+    def validate_list_config(self, type_name: str, config_msgpack: bytes, limit: int) -> tuple[Diagnostic, ...]:
+        pb, rpc = self._d.pb, "ValidateListResourceConfig"
+        req = pb.ValidateListResourceConfig.Request(
+            type_name=type_name, config=pb.DynamicValue(msgpack=config_msgpack),
+            # Terraform sends these as values too: a number, and false for include_resource_object.
+            include_resource_object=pb.DynamicValue(msgpack=b"\xc2"), limit=pb.DynamicValue(msgpack=_msgpack_int(limit)))
+        try:
+            data = self._channel.unary(self._path(rpc), req.SerializeToString(), self._rpc_timeout)
+        except RpcError as exc:
+            raise self._listing_error(rpc, exc) from None
+        resp = self._parse(rpc, pb.ValidateListResourceConfig.Response, data)
+        return self._check(rpc, f" {type_name}", convert.diagnostics(resp.diagnostics))
+
+    def list_resource(self, type_name: str, config_msgpack: bytes, limit: int) -> Generator[ListEvent, None, None]:
+        pb, rpc = self._d.pb, "ListResource"
+        req = pb.ListResource.Request(type_name=type_name, config=pb.DynamicValue(msgpack=config_msgpack),
+                                      include_resource_object=False, limit=limit)
+        events = self._channel.stream(self._path(rpc), req.SerializeToString())
+        sent = 0
+        try:
+            for data in events:
+                event = self._list_event(type_name, self._parse(rpc, pb.ListResource.Event, data))
+                yield event
+                if event.identity is not None:
+                    sent += 1
+                    if limit and sent >= limit:  # the provider should have stopped here: we do
+                        return
+        except RpcError as exc:
+            raise self._listing_error(rpc, exc) from None
+        finally:
+            events.close()  # cancels the call when the reader stops early
+
+    def _list_event(self, type_name: str, msg: Any) -> ListEvent:
+        diags = self._check("ListResource", f" {type_name}", convert.diagnostics(msg.diagnostic)) if msg.diagnostic else ()
+        identity = None
+        if msg.HasField("identity") and msg.identity.HasField("identity_data"):
+            identity = self._dynamic(msg.identity, "identity_data", "ListResource")
+        return ListEvent(identity, msg.display_name, diags)
+
+    def _listing_error(self, rpc: str, exc: RpcError) -> ProviderCallError:
+        if exc.code == StatusCode.UNIMPLEMENTED:
+            return ListingUnsupported(f"provider {self.name} does not implement {rpc} "
+                                      "(plugin protocol 5.10/6.10, Terraform 1.14): it cannot list objects")
+        return self._call_error(rpc, exc, self._rpc_timeout)
+
     def async_reads(self) -> AsyncReads:
         return AsyncReads(self)
 
@@ -336,6 +402,13 @@ class GrpcProviderClient(ProviderClient):
 
     def kill(self) -> None:
         self._conn.process.kill()
+
+
+def _msgpack_int(n: int) -> bytes:
+    """A non-negative whole number as cty msgpack encodes a number (the smallest form)."""
+    if n < 0x80:
+        return bytes((n,))
+    return b"\xcf" + n.to_bytes(8, "big")
 
 
 class AsyncReads:

@@ -139,6 +139,7 @@ def provider_schema(resp: Any, protocol_version: int) -> ProviderSchema:
         resource_schemas={name: schema(s) for name, s in resp.resource_schemas.items()},
         data_source_schemas={name: schema(s) for name, s in resp.data_source_schemas.items()},
         provider_meta=_provider_meta(resp),
+        list_resource_schemas={name: schema(s) for name, s in resp.list_resource_schemas.items()},
     )
 
 

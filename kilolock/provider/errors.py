@@ -21,6 +21,10 @@ class ProviderCallError(ProviderError):
     """An RPC failed at the transport level: the plugin crashed, hung or went away."""
 
 
+class ListingUnsupported(ProviderCallError):
+    """The provider does not implement ListResource (protocol 5.10/6.10): it cannot list objects."""
+
+
 class ProviderNotFoundError(ProviderError):
     """Discovery found no binary for a provider source address."""
 

@@ -9,7 +9,7 @@ then falls back to plaintext on a private socket.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any, cast
 
 # grpc's C core prints a line on stderr for every failed TLS handshake, and the AutoMTLS fallback
@@ -70,11 +70,14 @@ class GrpcioChannel:
             raise rpc_error(exc) from None
         return answer
 
-    def stream(self, path: str, request: bytes) -> Iterator[bytes]:
+    def stream(self, path: str, request: bytes) -> Generator[bytes, None, None]:
+        call = self._channel.unary_stream(path, None, None)(request)
         try:
-            yield from self._channel.unary_stream(path, None, None)(request)
+            yield from call
         except grpc.RpcError as exc:
             raise rpc_error(exc) from None
+        finally:
+            call.cancel()  # type: ignore[no-untyped-call]  # a reader that stops early ends the call (a no-op once it ended)
 
     def open_aio(self) -> grpc.aio.Channel:
         """A grpc.aio channel to the same plugin, bound to the running event loop, which must close it."""

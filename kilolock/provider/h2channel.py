@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from types import ModuleType
 from typing import Any
 
@@ -52,7 +52,7 @@ class NativeChannel:
         answer: bytes = payload
         return answer
 
-    def stream(self, path: str, request: bytes) -> Iterator[bytes]:
+    def stream(self, path: str, request: bytes) -> Generator[bytes, None, None]:
         stream = self.h2.stream(path, request)
         while True:
             event = stream.recv(_STREAM_POLL)

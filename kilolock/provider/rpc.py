@@ -9,7 +9,7 @@ a refresh that uses the native client never imports grpc.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Protocol
 
 Tls = tuple[bytes, bytes, bytes]  # (server certificate DER, client certificate PEM, client key PEM)
@@ -64,9 +64,10 @@ class Channel(Protocol):
         """Call ``path`` ("/package.Service/Method") with the serialized request; the answer's
         bytes. Raises RpcError."""
 
-    def stream(self, path: str, request: bytes) -> Iterator[bytes]:
+    def stream(self, path: str, request: bytes) -> Generator[bytes, None, None]:
         """A server-streaming call: each message's bytes as it comes. Ends when the server ends
-        the call with OK; raises RpcError otherwise (CANCELLED when the channel closes)."""
+        the call with OK; raises RpcError otherwise (CANCELLED when the channel closes). Closing
+        the generator before its end cancels the call."""
 
     def close(self) -> None:
         """Ends the connection; calls in flight fail."""

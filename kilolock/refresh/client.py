@@ -35,6 +35,18 @@ class ReadOutcome:
 
 
 @dataclass(frozen=True)
+class ListedObject:
+    """One object a provider listed (ListResource), in JSON."""
+
+    identity: bytes  # canonical JSON under the type's identity schema
+    display_name: str
+
+
+class ListingError(KlError):
+    """A listing cannot be made: the provider lists no such type, or its list config is wrong."""
+
+
+@dataclass(frozen=True)
 class OpenedProvider:
     """A provider a run opened: which one, which binary, which protocol, whether its schema was cached."""
 

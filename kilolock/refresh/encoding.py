@@ -7,12 +7,21 @@ compared in one form and an unchanged object never looks drifted.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from kilolock import codec, sensitive
 from kilolock.errors import KlError
 from kilolock.provider.errors import ProviderDiagnosticsError
-from kilolock.refresh.client import AsyncReader, OpenedProvider, ReadOutcome, ResourceError, ThrottledError
+from kilolock.refresh.client import (
+    AsyncReader,
+    ListedObject,
+    ListingError,
+    OpenedProvider,
+    ReadOutcome,
+    ResourceError,
+    ThrottledError,
+)
 from kilolock.refresh.inflight import is_throttling
 from kilolock.schema import AttributePath, ProviderSchema, Schema
 
@@ -173,6 +182,30 @@ class EncodingClient:
             return self._type(type_name).decode(wire)
         except codec.CodecError as exc:
             raise MalformedAnswer(f"provider {self._raw.name}: {rpc} returned an invalid object: {exc}") from None
+
+    def list_types(self) -> list[str]:
+        """The resource types this provider can list (protocol 5.10/6.10); [] for an older one."""
+        return sorted(self._schema.list_resource_schemas or {})
+
+    def list_objects(self, type_name: str, config: bytes, limit: int) -> Iterator[ListedObject]:
+        """The objects of TYPE_NAME the provider lists under the list block's CONFIG (JSON), at
+        most LIMIT (0: all), each identity in canonical JSON. Closing the iterator cancels the call.
+        ListingError when the type cannot be listed or CONFIG does not fit its list schema."""
+        lists = self._schema.list_resource_schemas or {}
+        where = f"provider {self.info.source} {self.info.version}"
+        if type_name not in lists:
+            known = ", ".join(sorted(lists)) or "none: it predates plugin protocol 5.10/6.10 (Terraform 1.14)"
+            raise ListingError(f"{where} cannot list {type_name} (the types it lists: {known})")
+        if self._identity_type(type_name) is None:
+            raise ListingError(f"{where} has no identity schema for {type_name}, so what it lists cannot be matched")
+        try:
+            wire = codec.compile_block(lists[type_name].block).encode(config)
+        except codec.CodecError as exc:
+            raise ListingError(f"--list-config does not fit the list schema of {type_name}: {exc}") from None
+        self._raw.validate_list_config(type_name, wire, limit)
+        for event in self._raw.list_resource(type_name, wire, limit):
+            if event.identity is not None:
+                yield ListedObject(self._decode_identity(type_name, event.identity, "ListResource"), event.display_name)
 
     def sensitive_paths(self, type_name: str, value: bytes) -> list[AttributePath]:
         # Most resource types have no sensitive attribute at all; skip parsing the value for them.

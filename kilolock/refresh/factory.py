@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 
 class ProviderFactory:
     def __init__(self, conn: psycopg.Connection, state_id: str | None, search_paths: tuple[str, ...] = (),
-                 rpc_timeout: float | None = None, workdir: str | None = None, source: ProcessSource | None = None) -> None:
+                 rpc_timeout: float | None = None, workdir: str | None = None, source: ProcessSource | None = None,
+                 *, list_schemas: bool = False) -> None:
         self._conn = conn
+        # A discovery needs the list resource schemas, which a schema cached by an older kl lacks.
+        self._list_schemas = list_schemas
         self._source: ProcessSource = source if source is not None else Launch()
         self.used: list[tuple[str, str | None]] = []  # (binary, working directory) of each provider opened
         self._workdir = workdir  # providers run here, and ./.terraform/providers is looked for here
@@ -84,8 +87,10 @@ class ProviderFactory:
             if version and key in self._schemas:
                 return self._schemas[key][0], True
             cached = provider_schemas.get(self._conn, source, version) if version else None
-            # A schema cached before kl asked for identity schemas is fetched again, once.
-            if cached is not None and cached.identity_schemas is not None:
+            # A schema cached before kl asked for identity schemas is fetched again, once (and one
+            # cached before kl read list resource schemas, once a discovery needs them).
+            if cached is not None and cached.identity_schemas is not None and (
+                    not self._list_schemas or cached.list_resource_schemas is not None):
                 self._schemas[key] = (cached, True)
                 return cached, True
             schema = dataclasses.replace(raw.get_schema(), identity_schemas=raw.get_identity_schemas())

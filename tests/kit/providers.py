@@ -62,3 +62,17 @@ def stderr_shows(client: object, text: str, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+# Our own test provider (tests/testprovider), as scripts/test-providers.sh installs it.
+TESTPROVIDER_V = "0.1.0"
+
+
+def our_provider(type_: str) -> str:
+    """The binary of the testfw (framework, protocol 6) or testsdk (SDKv2, protocol 5) build."""
+    proto = 6 if type_ == "testfw" else 5
+    path = (PLUGIN_CACHE / "registry.terraform.io/kilolock" / type_ / TESTPROVIDER_V / "linux_amd64"
+            / f"terraform-provider-{type_}_v{TESTPROVIDER_V}_x{proto}")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"the {type_} test provider is missing: run scripts/test-providers.sh {type_}", pytrace=False)
+    return str(path)

@@ -121,6 +121,22 @@ def test_a_new_process_is_given_its_schema_and_config_and_wrapped_in_the_codecs_
     assert again.info.schema_from_cache is True and source.processes[1].schema_calls == 0
 
 
+def test_a_schema_cached_without_list_schemas_serves_a_refresh_and_is_fetched_again_for_a_discovery(store):
+    import dataclasses
+
+    store["schemas"][(SOURCE, "1.0.0")] = SCHEMA  # cached by a kl that did not read list schemas
+    refresh = FakeSource()
+    assert make(refresh).open(SOURCE, "", Redactor()).info.schema_from_cache is True
+    discovery = FakeSource()
+    factory = ProviderFactory(None, "state-id", (), source=discovery, list_schemas=True)  # type: ignore[arg-type]
+    assert factory.open(SOURCE, "", Redactor()).info.schema_from_cache is False
+    assert discovery.processes[0].schema_calls == 1
+    # What a fetch by this kl caches (list schemas known, none here) serves the next discovery.
+    store["schemas"][(SOURCE, "1.0.0")] = dataclasses.replace(SCHEMA, list_resource_schemas={})
+    again = ProviderFactory(None, "state-id", (), source=FakeSource(), list_schemas=True)  # type: ignore[arg-type]
+    assert again.open(SOURCE, "", Redactor()).info.schema_from_cache is True
+
+
 def test_a_configured_process_is_neither_fetched_nor_configured_again(store):
     process = FakeProcess()
 

@@ -6,6 +6,7 @@ import (
 	"context"
 
 	"github.com/hashicorp/terraform-plugin-framework/datasource"
+	"github.com/hashicorp/terraform-plugin-framework/list"
 	"github.com/hashicorp/terraform-plugin-framework/provider"
 	"github.com/hashicorp/terraform-plugin-framework/provider/schema"
 	"github.com/hashicorp/terraform-plugin-framework/resource"
@@ -18,6 +19,8 @@ import (
 const Address = "registry.terraform.io/kilolock/testfw"
 
 type testProvider struct{}
+
+var _ provider.ProviderWithListResources = (*testProvider)(nil)
 
 type providerConfig struct {
 	Dir         types.String `tfsdk:"dir"`
@@ -57,10 +60,16 @@ func (p *testProvider) Configure(ctx context.Context, req provider.ConfigureRequ
 		return
 	}
 	resp.ResourceData = store
+	resp.ListResourceData = store
 }
 
 func (p *testProvider) Resources(context.Context) []func() resource.Resource {
 	return []func() resource.Resource{newThing}
+}
+
+// ListResources: testfw_thing is also a list resource (protocol 6.10, Terraform >= 1.14).
+func (p *testProvider) ListResources(context.Context) []func() list.ListResource {
+	return []func() list.ListResource{newThingList}
 }
 
 func (p *testProvider) DataSources(context.Context) []func() datasource.DataSource { return nil }

@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"strconv"
 	"time"
 )
@@ -98,4 +100,29 @@ func (s *Store) Delete(id string) error {
 		return nil
 	}
 	return err
+}
+
+// List returns the ids of every object in Dir, sorted; a directory not made yet holds none.
+func (s *Store) List() ([]string, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || e.IsDir() {
+			continue
+		}
+		id, err := url.PathUnescape(name)
+		if err != nil {
+			continue // not a file Save wrote
+		}
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids, nil
 }
