@@ -25,11 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
     # Many states in one process (kl refresh --all, kl worker), each through the refresh service;
     # its warm pool is one more source of the refresh factory's processes. refresh never sees it.
-    "kilolock.fleet": {"kilolock.refresh", "kilolock.provider", "kilolock.store"},
+    "kilolock.fleet": {"kilolock.refresh", "kilolock.provider", "kilolock.store", "kilolock.unmanaged"},
+    # Discovery opens a provider through the refresh factory and matches what it lists in the store.
+    "kilolock.unmanaged": {"kilolock.refresh", "kilolock.provider", "kilolock.store"},
     "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
     "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
     "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
-                     "kilolock.refresh", "kilolock.fleet", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy"},
+                     "kilolock.refresh", "kilolock.fleet", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy",
+                     "kilolock.unmanaged"},
     "kilolock.gcpolicy": set(),  # the process's collector: cli.run_process and `kl refresh` set it
     "kilolock.lazyimports": set(),  # modules imported only when used: kl's entry points set it up
     "kilolock.__main__": {"kilolock.cli", "kilolock.lazyimports"},

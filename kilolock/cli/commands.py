@@ -136,6 +136,9 @@ COMMANDS: tuple[Command, ...] = (
             "kl drift ignore: ignore rules; kl drift accept: make the observation Terraform's version", "kilolock.cli.driftcmd",
             example="kl drift prod"),
     Command("runs", "refresh runs of a state (the audit trail)", "kilolock.cli.runscmd", example="kl runs prod --stale"),
+    Command("discover", "list a resource type's objects through its provider (ListResource) and match each against "
+            "every state: managed, unmanaged, managed twice; --results: what the last run found", "kilolock.cli.discovercmd",
+            example="kl discover hashicorp/aws --type aws_s3_bucket --state prod"),
     _group("notify", "notification channels (webhooks, Slack) for drift and refresh events, and their delivery log",
            "kilolock.cli.notifycmd", (
         ("add", "add a channel: events of matching states from now on are POSTed to it",

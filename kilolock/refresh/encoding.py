@@ -194,8 +194,9 @@ class EncodingClient:
         lists = self._schema.list_resource_schemas or {}
         where = f"provider {self.info.source} {self.info.version}"
         if type_name not in lists:
-            known = ", ".join(sorted(lists)) or "none: it predates plugin protocol 5.10/6.10 (Terraform 1.14)"
-            raise ListingError(f"{where} cannot list {type_name} (the types it lists: {known})")
+            known = (f"the types it lists: {', '.join(sorted(lists))}" if lists else
+                     "it lists no type: listing needs plugin protocol 5.10/6.10 (Terraform 1.14) and a list resource")
+            raise ListingError(f"{where} cannot list {type_name} ({known})")
         if self._identity_type(type_name) is None:
             raise ListingError(f"{where} has no identity schema for {type_name}, so what it lists cannot be matched")
         try:

@@ -454,6 +454,26 @@ def populate(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
                  " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 
+    # Discovery runs (0024): two of one scope (the second finds one unmanaged object new), with
+    # every kind of match, and one that failed.
+    if importlib.util.find_spec("kilolock.store.discovery_runs") is not None:
+        from kilolock.store import discovery_runs
+
+        scope = discovery_runs.Scope("registry.terraform.io/hashicorp/null", "", "prod", "null_resource", {"prefix": "n-"})
+        claim = {"state": "prod", "address": "null_resource.plain", "deposed": ""}
+        twice = [claim, {"state": "history", "address": "null_resource.a", "deposed": ""}]
+        first_run = discovery_runs.begin(conn, scope, None, "fixture@cli")
+        discovery_runs.finish(conn, first_run, [discovery_runs.Found({"id": "n-1"}, "n-1", "unmanaged", [])], status="succeeded")
+        second_run = discovery_runs.begin(conn, scope, 100, "fixture@cli")
+        discovery_runs.finish(conn, second_run, [
+            discovery_runs.Found({"id": "n-1"}, "n-1", "unmanaged", []),
+            discovery_runs.Found({"id": "n-2", "region": None}, "", "unmanaged", []),
+            discovery_runs.Found({"id": "plain"}, "plain", "managed", [claim]),
+            discovery_runs.Found({"id": "a"}, "a", "managed twice", twice)], status="succeeded")
+        failed_scope = discovery_runs.Scope("registry.terraform.io/hashicorp/aws", "west", None, "aws_s3_bucket", {})
+        failed_run = discovery_runs.begin(conn, failed_scope, None, "fixture@cli")
+        discovery_runs.finish(conn, failed_run, [], status="failed", error="provider exited")
+
 
 def main() -> int:
     """Write fixtures/schema-<head>.{sql,json} from a fresh database at the current head schema."""

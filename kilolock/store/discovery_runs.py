@@ -1,0 +1,210 @@
+"""Discovery runs (migration 0024): the audit row of each `kl discover`, and the objects it listed
+with what matched them. Written by kilolock.unmanaged.service, read by `kl discover --results`.
+
+A run's scope is (source, alias, state, type, list config): an unmanaged object is new when the
+previous succeeded run of the same scope did not list it as unmanaged, compared by identity (jsonb
+equality: one spelling, any key order).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+from psycopg.types.json import Jsonb
+
+from kilolock import tfstate
+from kilolock.store import observations, versions
+
+MATCHES = ("managed", "unmanaged", "managed twice")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a run lists: a provider (its configuration, a state's when STATE is set), a type, and
+    the list block's configuration."""
+
+    source: str
+    alias: str
+    state: str | None
+    type: str
+    list_config: dict[str, Any]
+
+    @property
+    def config_hash(self) -> str:
+        text = json.dumps(self.list_config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Found:
+    """One listed object and what claims it: [{"state", "address", "deposed"}]."""
+
+    identity: dict[str, Any]
+    display_name: str
+    match: str
+    claims: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    source: str
+    alias: str
+    state: str | None
+    type: str
+    list_config: dict[str, Any]
+    list_limit: int | None
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+    listed: int | None
+    managed: int | None
+    unmanaged: int | None
+    managed_twice: int | None
+    new_unmanaged: int | None
+    error: str | None
+    actor: str | None
+
+
+@dataclass(frozen=True)
+class ObjectRow:
+    identity: dict[str, Any]
+    display_name: str
+    match: str
+    claims: list[dict[str, str]]
+    is_new: bool
+
+
+_RUN_COLS = """r.id::text AS id, r.source, r.alias, s.name AS state, r.type, r.list_config, r.list_limit, r.status,
+r.started_at, r.finished_at, r.listed, r.managed, r.unmanaged, r.managed_twice, r.new_unmanaged, r.error, r.actor"""
+
+_BEGIN = """
+INSERT INTO discovery_runs (source, alias, state_id, type, list_config, config_hash, list_limit, actor)
+VALUES (%(source)s, %(alias)s, (SELECT id FROM states WHERE name = %(state)s), %(type)s, %(config)s, %(hash)s,
+        %(limit)s, %(actor)s)
+RETURNING id::text
+"""
+
+_OBJECTS = """
+INSERT INTO discovered_objects (run_id, position, identity, display_name, match, claims)
+SELECT %(run)s, (t.ord - 1)::int, t.o -> 'identity', t.o ->> 'display_name', t.o ->> 'match', t.o -> 'claims'
+FROM jsonb_array_elements(%(objects)s::jsonb) WITH ORDINALITY AS t(o, ord)
+"""
+
+# The previous succeeded run of the same scope; its unmanaged objects are not new.
+_MARK_NEW = """
+WITH run AS (SELECT * FROM discovery_runs WHERE id = %(run)s),
+previous AS (
+    SELECT p.id FROM discovery_runs p, run
+    WHERE p.source = run.source AND p.alias = run.alias AND p.type = run.type AND p.config_hash = run.config_hash
+      AND p.state_id IS NOT DISTINCT FROM run.state_id AND p.status = 'succeeded' AND p.id <> run.id
+    ORDER BY p.started_at DESC LIMIT 1
+)
+UPDATE discovered_objects o SET is_new = true
+WHERE o.run_id = %(run)s AND o.match = 'unmanaged'
+  AND NOT EXISTS (SELECT 1 FROM discovered_objects q JOIN previous ON q.run_id = previous.id
+                  WHERE q.match = 'unmanaged' AND q.identity = o.identity)
+"""
+
+_FINISH = """
+UPDATE discovery_runs r SET status = %(status)s, finished_at = now(), error = %(error)s,
+    listed = c.listed, managed = c.managed, unmanaged = c.unmanaged, managed_twice = c.twice, new_unmanaged = c.new
+FROM (SELECT count(*) AS listed, count(*) FILTER (WHERE match = 'managed') AS managed,
+             count(*) FILTER (WHERE match = 'unmanaged') AS unmanaged,
+             count(*) FILTER (WHERE match = 'managed twice') AS twice,
+             count(*) FILTER (WHERE is_new) AS new
+      FROM discovered_objects WHERE run_id = %(run)s) c
+WHERE r.id = %(run)s AND r.status = 'running'
+"""
+
+_GET = f"SELECT {_RUN_COLS} FROM discovery_runs r LEFT JOIN states s ON s.id = r.state_id WHERE r.id = %s"
+_LATEST = f"""
+SELECT {_RUN_COLS} FROM discovery_runs r LEFT JOIN states s ON s.id = r.state_id
+WHERE (%(source)s::text IS NULL OR r.source = %(source)s) AND (%(type)s::text IS NULL OR r.type = %(type)s)
+ORDER BY r.started_at DESC LIMIT %(limit)s
+"""
+_RUN_OBJECTS = """
+SELECT identity, display_name, match, claims, is_new FROM discovered_objects WHERE run_id = %s ORDER BY position
+"""
+
+_STATES_WITH_TYPE = """
+SELECT DISTINCT s.id::text, s.name FROM resources r JOIN states s ON s.id = r.state_id
+WHERE r.type = %s AND r.mode = 'managed' AND r.delete_serial IS NULL ORDER BY s.name
+"""
+
+
+def begin(conn: psycopg.Connection, scope: Scope, limit: int | None, actor: str | None) -> str:
+    with conn.transaction():
+        row = conn.execute(_BEGIN, {"source": scope.source, "alias": scope.alias, "state": scope.state, "type": scope.type,
+                                    "config": Jsonb(scope.list_config), "hash": scope.config_hash, "limit": limit,
+                                    "actor": actor}).fetchone()
+    assert row is not None  # INSERT … RETURNING
+    return str(row[0])
+
+
+def finish(conn: psycopg.Connection, run_id: str, found: Sequence[Found], *, status: str, error: str | None = None) -> None:
+    """Stores what RUN_ID listed and ends it. Only a succeeded run marks its new unmanaged objects:
+    a run that failed or was cancelled listed part of them, and the next one compares with the
+    last complete listing."""
+    payload = [{"identity": f.identity, "display_name": f.display_name, "match": f.match, "claims": f.claims} for f in found]
+    with conn.transaction():
+        if payload:
+            conn.execute(_OBJECTS, {"run": run_id, "objects": Jsonb(payload)})
+        if status == "succeeded":
+            conn.execute(_MARK_NEW, {"run": run_id})
+        conn.execute(_FINISH, {"run": run_id, "status": status, "error": error})
+
+
+def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:
+    return conn.cursor(row_factory=class_row(RunRow)).execute(_GET, (run_id,)).fetchone()
+
+
+def latest(conn: psycopg.Connection, source: str | None = None, type_: str | None = None, limit: int = 20) -> list[RunRow]:
+    """The newest runs first, of SOURCE and TYPE_ where given."""
+    return conn.cursor(row_factory=class_row(RunRow)).execute(
+        _LATEST, {"source": source, "type": type_, "limit": limit}).fetchall()
+
+
+def objects(conn: psycopg.Connection, run_id: str) -> list[ObjectRow]:
+    return conn.cursor(row_factory=class_row(ObjectRow)).execute(_RUN_OBJECTS, (run_id,)).fetchall()
+
+
+@dataclass(frozen=True)
+class OpenIdentity:
+    """An open instance's identity, as its state's latest observation (of Terraform's current
+    version) saw it, else as that version holds it."""
+
+    state: str
+    address: str
+    deposed: str
+    identity: dict[str, Any]
+    identity_schema_version: int
+
+
+def open_identities(conn: psycopg.Connection, source: str, type_: str) -> Iterator[OpenIdentity]:
+    """Every open managed instance of TYPE_ by provider SOURCE that has an identity, read from the
+    documents of the states that hold the type."""
+    for sid, name in conn.execute(_STATES_WITH_TYPE, (type_,)).fetchall():
+        current = versions.current_version(conn, sid)
+        seen = observations.latest(conn, sid)
+        version_id = seen.id if seen is not None and current is not None and seen.base_version_id == current.id else None
+        doc = versions.load_document(conn, name, None, json.loads, version_id=version_id)
+        for res in doc.get("resources") or ():
+            if res.get("mode", "managed") != "managed" or res.get("type") != type_:
+                continue
+            if tfstate.parse_provider(res.get("provider", "")).source != source:
+                continue
+            for inst in res.get("instances") or ():
+                identity = inst.get("identity")
+                if not isinstance(identity, dict):
+                    continue
+                address = tfstate.instance_address(res.get("module", ""), "managed", type_, res.get("name", ""),
+                                                   inst.get("index_key"))
+                yield OpenIdentity(name, address, inst.get("deposed", ""), identity,
+                                   int(inst.get("identity_schema_version") or 0))

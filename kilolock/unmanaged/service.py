@@ -1,0 +1,83 @@
+"""One discovery run: open the provider as a refresh does (kilolock.refresh.factory, configured as
+`kl provider configure` stores it, or as state S uses it), list the type's objects (ListResource),
+match each against the open instances (kilolock.unmanaged.matching), record the run and what it
+found (store/discovery_runs), the run's failure too.
+
+Ctrl-C while the provider streams ends the listing: the call is cancelled, the provider ended as a
+refresh ends it, and the run recorded as cancelled before the interrupt goes on up.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import psycopg
+
+from kilolock.errors import KlError
+from kilolock.redact import Redactor
+from kilolock.refresh.client import ListedObject, ListingError, OpenedProvider
+from kilolock.refresh.encoding import EncodingClient
+from kilolock.refresh.factory import ProviderFactory
+from kilolock.store import discovery_runs, settings, states
+from kilolock.store.discovery_runs import Found, Scope
+from kilolock.unmanaged import matching
+
+
+@dataclass(frozen=True)
+class Request:
+    scope: Scope
+    limit: int | None = None  # the most objects the provider is asked for (None: all)
+    actor: str | None = None
+    search_paths: tuple[str, ...] = ()  # where provider binaries are looked for first (a state's own after them)
+    rpc_timeout: float | None = None
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    provider: OpenedProvider
+    found: list[Found] = field(default_factory=list)
+
+    def count(self, match: str) -> int:
+        return sum(1 for f in self.found if f.match == match)
+
+
+def _classify(claims: list[matching.Claim]) -> str:
+    return "unmanaged" if not claims else "managed" if len(claims) == 1 else "managed twice"
+
+
+def discover(conn: psycopg.Connection, req: Request) -> Outcome:
+    """Runs one discovery and records it; raises the KlError that ended it (recorded as the run's
+    failure), or KeyboardInterrupt (recorded as cancelled)."""
+    scope = req.scope
+    sid = states.state_id(conn, scope.state) if scope.state is not None else None
+    search_paths, workdir = req.search_paths, None
+    if sid is not None:
+        stored = settings.get(conn, sid)
+        search_paths += stored.provider_search_paths or ()
+        workdir = stored.workdir
+    run_id = discovery_runs.begin(conn, scope, req.limit, req.actor)
+    found: list[Found] = []
+    try:
+        factory = ProviderFactory(conn, sid, search_paths, rpc_timeout=req.rpc_timeout, workdir=workdir, list_schemas=True)
+        client = factory.open(scope.source, scope.alias, Redactor())
+        try:
+            if not isinstance(client, EncodingClient):
+                raise ListingError(f"provider {scope.source}: this source of processes cannot list")
+            config = json.dumps(scope.list_config).encode()
+            listed: list[ListedObject] = list(client.list_objects(scope.type, config, req.limit or 0))
+            version = client.identity_schema_version(scope.type) or 0
+        finally:
+            client.close()
+        identities = [json.loads(obj.identity) for obj in listed]
+        claimed = matching.claims(conn, scope.source, scope.type, identities, version)
+        found = [Found(identity, obj.display_name, _classify(c), [x.as_json() for x in c])
+                 for identity, obj, c in zip(identities, listed, claimed, strict=True)]
+    except KlError as exc:
+        discovery_runs.finish(conn, run_id, found, status="failed", error=str(exc))
+        raise
+    except KeyboardInterrupt:
+        discovery_runs.finish(conn, run_id, found, status="cancelled", error="interrupted")
+        raise
+    discovery_runs.finish(conn, run_id, found, status="succeeded")
+    return Outcome(run_id, client.info, found)

@@ -1,0 +1,176 @@
+"""kl discover against the framework test provider (tests/testprovider, terraform-plugin-framework
+v1.19), whose list resource lists every JSON file of its directory with the identity a read returns.
+
+Terraform 1.12.2 (the first with resource identity) creates two objects in state "tf-one" and
+records their identities; two more objects are created behind its back (files written directly);
+state "tf-two" imports one of Terraform's objects a second time. kl discover must then report
+exactly the objects made behind Terraform's back as unmanaged, the imported one as managed twice.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kit.clis import compiled_cli
+from kit.paths import PLUGIN_CACHE
+from kit.providers import our_provider
+from kit.tfworkspace import terraform_env
+
+TERRAFORM = "terraform-1.12.2"
+PROVIDER = """
+terraform {
+  required_providers {
+    testfw = { source = "registry.terraform.io/kilolock/testfw", version = "0.1.0" }
+  }
+}
+"""
+ONE_TF = PROVIDER + """
+resource "testfw_thing" "a" { id = "t-a" }
+resource "testfw_thing" "b" { id = "t-b" }
+"""
+TWO_TF = PROVIDER + """
+import {
+  to = testfw_thing.dup
+  id = "t-a"
+}
+resource "testfw_thing" "dup" { id = "t-a" }
+"""
+
+
+def _identity(id_: str) -> dict[str, str]:
+    return {"id": id_, "region": "local"}
+
+
+def _tf(ws: Path, remote: Path, *args: str) -> None:
+    env = {**terraform_env(), "KL_TESTPROVIDER_DIR": str(remote)}
+    r = subprocess.run([str(compiled_cli(TERRAFORM)), *args, "-input=false", "-no-color"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"terraform {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both workspaces applied, and the remote directory they share."""
+    our_provider("testfw")
+    root = tmp_path_factory.mktemp("discover")
+    remote = root / "remote"
+    for name, main_tf in (("one", ONE_TF), ("two", TWO_TF)):
+        ws = root / name
+        ws.mkdir()
+        (ws / "main.tf").write_text(main_tf)
+        _tf(ws, remote, "init")
+        _tf(ws, remote, "apply", "-auto-approve")
+    return root
+
+
+class Kl:
+    def __init__(self, run_kl: Any, root: Path) -> None:
+        self.run_kl, self.root, self.remote = run_kl, root, root / "remote"
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return self.run_kl(*args, cwd=self.root)
+
+    def ok(self, *args: str) -> str:
+        r = self(*args)
+        assert r.returncode == 0, r.stderr.decode()
+        return str(r.stdout.decode())
+
+    def discover(self, *extra: str) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.ok("discover", "kilolock/testfw", "--type", "testfw_thing",
+                                                 "--provider-search-path", str(PLUGIN_CACHE), "--format", "json", *extra))
+        return out
+
+    def behind_terraforms_back(self, *ids: str) -> None:
+        for id_ in ids:
+            (self.remote / f"{id_}.json").write_text(json.dumps({"id": id_, "name": "made by hand"}))
+
+
+@pytest.fixture
+def kl(run_kl: Any, db_url: str, applied: Path, tmp_path: Path) -> Kl:
+    root = tmp_path / "discover"
+    shutil.copytree(applied, root, symlinks=True)
+    k = Kl(run_kl, root)
+    for name in ("one", "two"):
+        k.ok("state", "import", f"tf-{name}", str(root / name / "terraform.tfstate"), "--source", "apply")
+    config = root / "testfw.json"
+    config.write_text(json.dumps({"dir": str(k.remote)}))
+    k.ok("provider", "configure", "kilolock/testfw", "--config", str(config))
+    return k
+
+
+def _by_id(out: dict[str, Any]) -> dict[str, tuple[str, list[tuple[str, str]], bool]]:
+    return {o["identity"]["id"]: (o["match"], sorted((c["state"], c["address"]) for c in o["claims"]), o["new"])
+            for o in out["objects"]}
+
+
+def test_the_objects_made_behind_terraforms_back_are_unmanaged_and_one_imported_twice_is_managed_twice(kl: Kl) -> None:
+    state = json.loads((kl.root / "one" / "terraform.tfstate").read_text())
+    assert [i["identity"] for r in state["resources"] for i in r["instances"]] == [_identity("t-a"), _identity("t-b")]
+    kl.behind_terraforms_back("x-1", "x-2")
+
+    out = kl.discover()
+
+    assert _by_id(out) == {
+        "t-a": ("managed twice", [("tf-one", "testfw_thing.a"), ("tf-two", "testfw_thing.dup")], False),
+        "t-b": ("managed", [("tf-one", "testfw_thing.b")], False),
+        "x-1": ("unmanaged", [], True),
+        "x-2": ("unmanaged", [], True),
+    }
+    assert [o["identity"] for o in out["objects"]] == [_identity(i) for i in ("t-a", "t-b", "x-1", "x-2")]
+    assert out["run"]["status"] == "succeeded"
+    assert out["run"]["counts"] == {"listed": 4, "managed": 1, "unmanaged": 2, "managed_twice": 1, "new_unmanaged": 2}
+
+
+def test_only_objects_not_unmanaged_in_the_previous_run_are_new(kl: Kl) -> None:
+    kl.behind_terraforms_back("x-1")
+    assert _by_id(kl.discover())["x-1"] == ("unmanaged", [], True)
+    kl.behind_terraforms_back("x-2")
+    found = _by_id(kl.discover())
+    assert (found["x-1"], found["x-2"]) == (("unmanaged", [], False), ("unmanaged", [], True))
+    # Another list config is another scope: what it lists is compared with its own runs.
+    assert _by_id(kl.discover("--list-config", '{"prefix": "x-"}')) == {
+        "x-1": ("unmanaged", [], True), "x-2": ("unmanaged", [], True)}
+
+
+def test_the_limit_is_the_providers_and_results_show_the_latest_run(kl: Kl) -> None:
+    kl.behind_terraforms_back("x-1")
+    out = kl.discover("--limit", "2")
+    assert [o["display_name"] for o in out["objects"]] == ["thing t-a", "thing t-b"]
+    assert out["run"]["limit"] == 2
+
+    text = kl.ok("discover", "--results")
+    assert "registry.terraform.io/kilolock/testfw testfw_thing: 2 listed: 1 managed, 0 unmanaged (0 new), 1 managed twice" in text
+    assert "tf-one:testfw_thing.a, tf-two:testfw_thing.dup" in text
+    assert json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]["id"] == out["run"]["id"]
+
+
+def test_a_provider_that_cannot_list_gets_one_line_and_a_failed_run(kl: Kl) -> None:
+    r = kl("discover", "hashicorp/null", "--type", "null_resource", "--provider-search-path", str(PLUGIN_CACHE))
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines() == [
+        ("kl: provider registry.terraform.io/hashicorp/null 2.1.2 cannot list null_resource (it lists no type: "
+         "listing needs plugin protocol 5.10/6.10 (Terraform 1.14) and a list resource)")]
+    run = json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]
+    assert (run["status"], run["source"], run["error"]) == ("failed", "registry.terraform.io/hashicorp/null",
+                                                            r.stderr.decode().strip().removeprefix("kl: "))
+
+
+@pytest.mark.parametrize(("args", "code", "line"), [
+    (["--list-config", "[1]"], 2, "kl: --list-config must be a JSON object (the list block's attributes)"),
+    (["--list-config", "{"], 2, "kl: --list-config: "),
+    (["--list-config", '{"color": "red"}'], 1, "kl: --list-config does not fit the list schema of testfw_thing: "),
+    (["--type", "testfw_other"], 1, ("kl: provider registry.terraform.io/kilolock/testfw 0.1.0 cannot list testfw_other "
+                                     "(the types it lists: testfw_thing)")),
+])
+def test_a_wrong_list_config_or_type_is_one_line(kl: Kl, args: list[str], code: int, line: str) -> None:
+    type_ = [] if "--type" in args else ["--type", "testfw_thing"]
+    r = kl("discover", "kilolock/testfw", *type_, "--provider-search-path", str(PLUGIN_CACHE), *args)
+    err = r.stderr.decode().splitlines()
+    assert (r.returncode, len(err)) == (code, 1), r.stderr.decode()
+    assert err[0].startswith(line)
+    assert "Traceback" not in r.stderr.decode()
