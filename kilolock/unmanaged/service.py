@@ -4,7 +4,7 @@ match each against the open instances (kilolock.unmanaged.matching), record the 
 found (store/discovery_runs), the run's failure too.
 
 Ctrl-C while the provider streams ends the listing: the call is cancelled, the provider ended as a
-refresh ends it, and the run recorded as cancelled before the interrupt goes on up.
+refresh ends it (Shutdown, then SIGKILL), and the run recorded as cancelled.
 """
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ from kilolock.refresh.factory import ProviderFactory
 from kilolock.store import discovery_runs, settings, states
 from kilolock.store.discovery_runs import Found, Scope
 from kilolock.unmanaged import matching
+
+
+class DiscoveryCancelled(KlError):
+    """Ctrl-C ended the run: recorded as cancelled, and kl exits as an interrupted refresh does."""
+
+    exit_code = 130
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ def _classify(claims: list[matching.Claim]) -> str:
 
 def discover(conn: psycopg.Connection, req: Request) -> Outcome:
     """Runs one discovery and records it; raises the KlError that ended it (recorded as the run's
-    failure), or KeyboardInterrupt (recorded as cancelled)."""
+    failure), DiscoveryCancelled for a KeyboardInterrupt (recorded as cancelled)."""
     scope = req.scope
     sid = states.state_id(conn, scope.state) if scope.state is not None else None
     search_paths, workdir = req.search_paths, None
@@ -77,7 +83,7 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
         discovery_runs.finish(conn, run_id, found, status="failed", error=str(exc))
         raise
     except KeyboardInterrupt:
-        discovery_runs.finish(conn, run_id, found, status="cancelled", error="interrupted")
-        raise
+        discovery_runs.finish(conn, run_id, found, status="cancelled", error="interrupted (SIGINT)")
+        raise DiscoveryCancelled(f"discovery cancelled: interrupted (SIGINT); recorded as run {run_id}") from None
     discovery_runs.finish(conn, run_id, found, status="succeeded")
     return Outcome(run_id, client.info, found)

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kit.clis import compiled_cli
+from kit.kl import kl_cmd, kl_env
 from kit.paths import PLUGIN_CACHE
+from kit.procs import assert_no_new_providers, default_signals, provider_pids
 from kit.providers import our_provider
 from kit.tfworkspace import terraform_env
 
@@ -174,3 +178,26 @@ def test_a_wrong_list_config_or_type_is_one_line(kl: Kl, args: list[str], code: 
     assert (r.returncode, len(err)) == (code, 1), r.stderr.decode()
     assert err[0].startswith(line)
     assert "Traceback" not in r.stderr.decode()
+
+
+def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl, db_url: str) -> None:
+    kl.behind_terraforms_back(*(f"x-{i:03d}" for i in range(200)))
+    before = provider_pids()
+    # Each listed object now takes a second: the listing is in flight for minutes unless interrupted.
+    proc = subprocess.Popen(kl_cmd("discover", "kilolock/testfw", "--type", "testfw_thing", "--provider-search-path",
+                                   str(PLUGIN_CACHE)), env={**kl_env(), "KL_TESTPROVIDER_READ_DELAY_MS": "1000"},
+                            cwd=kl.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_signals)  # noqa: PLW1509 - the test signals it
+    mark = kl.remote / ".listing-started"
+    deadline = time.monotonic() + 60
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), proc.communicate(timeout=30)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kl: discovery cancelled: interrupted (SIGINT); recorded as run "), lines
+    run = json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]
+    assert (run["status"], run["error"], run["id"]) == ("cancelled", "interrupted (SIGINT)", lines[0].rsplit(" ", 1)[1])
+    assert_no_new_providers(before)

@@ -3,6 +3,7 @@ package fw
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/terraform-plugin-framework/list"
 	listschema "github.com/hashicorp/terraform-plugin-framework/list/schema"
@@ -58,6 +59,13 @@ func (l *thingList) List(ctx context.Context, req list.ListRequest, stream *list
 	}
 	prefix := cfg.Prefix.ValueString()
 	stream.Results = func(push func(list.ListResult) bool) {
+		// Tests wait for this file to interrupt a listing in flight.
+		if err := l.store.MarkListing(); err != nil {
+			var result list.ListResult
+			result.Diagnostics.AddError("testfw: marking the listing", err.Error())
+			push(result)
+			return
+		}
 		sent := int64(0)
 		for _, id := range ids {
 			if !strings.HasPrefix(id, prefix) {
@@ -66,6 +74,7 @@ func (l *thingList) List(ctx context.Context, req list.ListRequest, stream *list
 			if req.Limit > 0 && sent >= req.Limit {
 				return
 			}
+			time.Sleep(l.store.ReadDelay) // each object costs a read's time, so a listing can be slow on purpose
 			result := req.NewListResult(ctx)
 			result.DisplayName = "thing " + id
 			result.Diagnostics.Append(result.Identity.Set(ctx, identityModel{ID: types.StringValue(id), Region: types.StringValue(region)})...)

@@ -126,3 +126,15 @@ func (s *Store) List() ([]string, error) {
 	sort.Strings(ids)
 	return ids, nil
 }
+
+// ListingMark is the file MarkListing writes in Dir when a listing starts (not an object: List
+// skips every name without the .json suffix).
+const ListingMark = ".listing-started"
+
+// MarkListing says that a listing started, for a test that interrupts one in flight.
+func (s *Store) MarkListing() error {
+	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.Dir, ListingMark), nil, 0o644)
+}
