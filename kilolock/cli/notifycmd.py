@@ -19,11 +19,11 @@ from kilolock.durations import format_duration
 from kilolock.errors import KlError, UsageError
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
-          "refresh.stale", "resource.duplicate")  # store.notify.EVENTS
+          "refresh.stale", "resource.duplicate", "resource.unmanaged")  # store.notify.EVENTS
 # A state's own events; resource.duplicate is about the fleet (two states' claims) and is sent only
 # to a channel that names it, so the channels made before it existed and those made without
 # --events hear what they always heard.
-DEFAULT_EVENTS = EVENTS[:-1]
+DEFAULT_EVENTS = tuple(e for e in EVENTS if e != "resource.duplicate")
 
 
 def channel_name(text: str) -> str:

@@ -29,6 +29,7 @@ _TITLES = {
     "refresh.guarded": "refresh refused by the mass-removal guard",
     "refresh.stale": "no successful refresh",
     "resource.duplicate": "one object claimed more than once",
+    "resource.unmanaged": "new unmanaged objects",
 }
 
 _COMMANDS = {"drift": "kl drift {state}", "refresh": "kl runs {state}", "resource": "kl resources --duplicates"}
@@ -66,6 +67,13 @@ def document(event: Mapping[str, Any], found: list[dict[str, Any]]) -> dict[str,
     """The `json` format's body, version PAYLOAD_VERSION (README "Notifications")."""
     kind, state = event["kind"], event["state_name"]
     created: datetime = event["created_at"]
+    if kind == "resource.unmanaged":
+        run = event.get("discovery_run_id")
+        return {"version": PAYLOAD_VERSION, "event": kind, "idempotency_key": event["event_id"],
+                "occurred_at": created.isoformat(), "state": state, "serial": None, "observation": None, "source": None,
+                "run_id": run,
+                "channel": event["channel"], "command": f"kl discover --results --run {run}",
+                "ui_url": None, "discovery": dict(event["detail"])}
     body: dict[str, Any] = {
         "version": PAYLOAD_VERSION,
         "event": kind,
@@ -109,6 +117,8 @@ MAX_SLACK_CHANGES = 5
 def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
     """An incoming-webhook message a person can read: what, where, and the command to paste."""
     kind, state = doc["event"], doc["state"]
+    if kind == "resource.unmanaged":
+        return _slack_message(*_unmanaged_lines(doc), doc)
     where = f"{state} {doc['observation']}" if doc.get("observation") else \
         f"{state}" + (f" v{doc['serial']}" if doc.get("serial") is not None else "")
     title = f"{_TITLES[kind]}: {len(doc['addresses'])} address(es) in {where}" if kind.startswith("drift.") \
@@ -147,6 +157,22 @@ def slack(doc: Mapping[str, Any]) -> dict[str, Any]:
             lines.append(f"{refresh['failures_in_a_row']} failed run(s) in a row")
         if refresh.get("error"):
             lines.append(_slack_escape(str(refresh["error"])))
+    return _slack_message(title, lines, doc)
+
+
+def _unmanaged_lines(doc: Mapping[str, Any]) -> tuple[str, list[str]]:
+    found = doc["discovery"]
+    where = f" (provider config of {doc['state']})" if doc.get("state") else ""
+    title = f"{_TITLES['resource.unmanaged']}: {found['new_unmanaged']} {found['type']} of {found['source']}{where}"
+    objects = found.get("objects") or []
+    lines = [f"• {_slack_escape(o.get('display_name') or '')} `{_slack_escape(json.dumps(o['identity'], sort_keys=True))}`"
+             for o in objects[:MAX_SLACK_ADDRESSES]]
+    if found["new_unmanaged"] > min(len(objects), MAX_SLACK_ADDRESSES):
+        lines.append(f"… {found['new_unmanaged'] - min(len(objects), MAX_SLACK_ADDRESSES)} more")
+    return title, lines
+
+
+def _slack_message(title: str, lines: list[str], doc: Mapping[str, Any]) -> dict[str, Any]:
     context = f"See it: `{doc['command']}`"
     if doc.get("ui_url"):
         context += f" · <{doc['ui_url']}|open in Kilolock>"

@@ -19,7 +19,7 @@ from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from kilolock import tfstate
-from kilolock.store import observations, versions
+from kilolock.store import notify, observations, versions
 
 MATCHES = ("managed", "unmanaged", "managed twice")
 
@@ -149,9 +149,9 @@ def begin(conn: psycopg.Connection, scope: Scope, limit: int | None, actor: str 
 
 
 def finish(conn: psycopg.Connection, run_id: str, found: Sequence[Found], *, status: str, error: str | None = None) -> None:
-    """Stores what RUN_ID listed and ends it. Only a succeeded run marks its new unmanaged objects:
-    a run that failed or was cancelled listed part of them, and the next one compares with the
-    last complete listing."""
+    """Stores what RUN_ID listed and ends it. Only a succeeded run marks its new unmanaged objects
+    (and notifies resource.unmanaged of them): a run that failed or was cancelled listed part of
+    them, and the next one compares with the last complete listing."""
     payload = [{"identity": f.identity, "display_name": f.display_name, "match": f.match, "claims": f.claims} for f in found]
     with conn.transaction():
         if payload:
@@ -159,6 +159,8 @@ def finish(conn: psycopg.Connection, run_id: str, found: Sequence[Found], *, sta
         if status == "succeeded":
             conn.execute(_MARK_NEW, {"run": run_id})
         conn.execute(_FINISH, {"run": run_id, "status": status, "error": error})
+        if status == "succeeded":
+            notify.record_discovery_events(conn, run_id)
 
 
 def get(conn: psycopg.Connection, run_id: str) -> RunRow | None:

@@ -2,7 +2,8 @@
 
 Events are written in the transaction of what caused them (migration 0013): drift events by the
 one write path (store/writes.py → drift_records.record → ``record_drift_events``), refresh
-events by the refresh_runs finish (``record_run_events``). Both are single set-based statements
+events by the refresh_runs finish (``record_run_events``), resource.unmanaged by the
+discovery_runs finish (``record_discovery_events``). Both are single set-based statements
 that also create the deliveries, one per matching channel, so an event is never committed without
 them nor sent without having been committed.
 
@@ -23,7 +24,7 @@ from kilolock.errors import KlError
 from kilolock.store import inventory
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded", "refresh.stale",
-          "resource.duplicate")
+          "resource.duplicate", "resource.unmanaged")
 FORMATS = ("json", "slack")
 
 # Set when this process wrote a delivery (so it should deliver before it exits), or found one due
@@ -274,6 +275,53 @@ def record_run_events(conn: psycopg.Connection, run_id: str, *, failed: bool, gu
     return created
 
 
+# --- the outbox: resource.unmanaged ------------------------------------------------------------
+
+# The objects a discovery run found unmanaged that the previous run of its scope did not (is_new).
+# A run that used a state's provider config (--state) is heard by the channels whose glob matches
+# that state; one that used the config for all states by every channel that asks for the event.
+# The identities are copied into the event: they name objects, and hold no attribute values.
+_DISCOVERY_EVENTS = """
+WITH run AS (
+    SELECT r.id, r.source, r.alias, r.type, r.state_id, s.name AS state_name
+    FROM discovery_runs r LEFT JOIN states s ON s.id = r.state_id WHERE r.id = %(run)s
+),
+fresh AS (
+    SELECT count(*) AS n,
+           jsonb_agg(jsonb_build_object('identity', o.identity, 'display_name', o.display_name) ORDER BY o.position)
+               FILTER (WHERE o.position IS NOT NULL) AS objects
+    FROM (SELECT * FROM discovered_objects WHERE run_id = %(run)s AND is_new ORDER BY position LIMIT %(most)s) o
+),
+total AS (SELECT count(*) AS n FROM discovered_objects WHERE run_id = %(run)s AND is_new),
+matching AS (
+    SELECT c.id FROM notify_channels c, run
+    WHERE 'resource.unmanaged' = ANY(c.events) AND (run.state_name IS NULL OR run.state_name ~ c.states_regex)
+),
+events AS (
+    INSERT INTO notify_events (kind, state_id, state_name, discovery_run_id, detail)
+    SELECT 'resource.unmanaged', run.state_id, run.state_name, run.id,
+           jsonb_build_object('source', run.source, 'alias', NULLIF(run.alias, ''), 'type', run.type,
+                              'new_unmanaged', total.n, 'objects', fresh.objects)
+    FROM run, fresh, total
+    WHERE total.n > 0 AND EXISTS (SELECT 1 FROM matching)
+    RETURNING id
+)
+INSERT INTO notify_deliveries (event_id, channel_id)
+SELECT e.id, m.id FROM events e, matching m
+"""
+# An event names at most this many objects (and says how many there were): a first discovery of a
+# large account finds thousands, which no webhook wants in one body.
+MAX_EVENT_OBJECTS = 100
+
+
+def record_discovery_events(conn: psycopg.Connection, run_id: str) -> int:
+    """resource.unmanaged for a discovery run just finished (inside the finish's transaction)."""
+    created = conn.execute(_DISCOVERY_EVENTS, {"run": run_id, "most": MAX_EVENT_OBJECTS}).rowcount
+    if created:
+        _hint["wrote"] = True
+    return created
+
+
 # --- the outbox: refresh.stale ----------------------------------------------------------------
 
 # Nothing commits staleness, so the pollers evaluate it: every kl process that opens the store
@@ -449,6 +497,7 @@ RETURNING d.id
 """
 _CLAIMED = """
 SELECT d.id AS delivery_id, d.attempts, e.id::text AS event_id, e.kind, e.state_name, e.serial,
+       e.discovery_run_id::text AS discovery_run_id,
        e.version_id::text AS version_id,
        COALESCE(e.run_id, (SELECT rr.id FROM refresh_runs rr WHERE rr.to_version_id = e.version_id LIMIT 1))::text AS run_id,
        (SELECT v.source FROM state_versions v WHERE v.id = e.version_id) AS version_source,

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from kit.paths import PLUGIN_CACHE
 from kit.procs import assert_no_new_providers, default_signals, provider_pids
 from kit.providers import our_provider
 from kit.tfworkspace import terraform_env
+from kit.webhook import Receiver
 
 TERRAFORM = "terraform-1.12.2"
 PROVIDER = """
@@ -201,3 +203,40 @@ def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl
     run = json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]
     assert (run["status"], run["error"], run["id"]) == ("cancelled", "interrupted (SIGINT)", lines[0].rsplit(" ", 1)[1])
     assert_no_new_providers(before)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def test_only_new_unmanaged_objects_notify_resource_unmanaged(kl: Kl, receiver: Receiver) -> None:
+    kl.ok("notify", "add", "hook", "--webhook", receiver.url.removesuffix("/hook") + "/hook", "--events", "resource.unmanaged,drift.new",
+          "--secret", "s3cret")
+    kl.ok("notify", "add", "chat", "--webhook", receiver.url.removesuffix("/hook") + "/chat", "--format", "slack", "--states", "tf-one")
+    kl.ok("notify", "add", "elsewhere", "--webhook", receiver.url.removesuffix("/hook") + "/elsewhere", "--states", "other/**")
+    kl.behind_terraforms_back("x-1")
+    first = kl.discover()
+    kl.discover()  # x-1 again: nothing new
+    kl.behind_terraforms_back("x-2")
+    third = kl.discover()
+    # A run with tf-one's provider config is heard by the channels of tf-one only.
+    by_state = kl.discover("--state", "tf-one")
+
+    got = {path: [r.json for r in receiver.requests if r.path == path] for path in ("/hook", "/chat", "/elsewhere")}
+    hook = got["/hook"]
+    assert [(e["event"], e["run_id"], e["state"], e["discovery"]["new_unmanaged"],
+             [o["identity"]["id"] for o in e["discovery"]["objects"]]) for e in hook] == [
+        ("resource.unmanaged", first["run"]["id"], None, 1, ["x-1"]),
+        ("resource.unmanaged", third["run"]["id"], None, 1, ["x-2"]),
+        ("resource.unmanaged", by_state["run"]["id"], "tf-one", 2, ["x-1", "x-2"])]
+    assert hook[0]["discovery"] == {"source": "registry.terraform.io/kilolock/testfw", "alias": None, "type": "testfw_thing",
+                                    "new_unmanaged": 1, "objects": [{"identity": _identity("x-1"), "display_name": "thing x-1"}]}
+    assert hook[0]["command"] == f"kl discover --results --run {first['run']['id']}"
+    assert all(r.signed_by("s3cret") for r in receiver.requests if r.path == "/hook")
+    assert [e["text"] for e in got["/chat"]] == [
+        "Kilolock: new unmanaged objects: 1 testfw_thing of registry.terraform.io/kilolock/testfw"] * 2 + [
+        "Kilolock: new unmanaged objects: 2 testfw_thing of registry.terraform.io/kilolock/testfw (provider config of tf-one)"]
+    assert len(got["/elsewhere"]) == 2  # the runs without a state, not tf-one's
