@@ -454,8 +454,8 @@ def populate(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
                  " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 
-    # Discovery runs (0024): two of one scope (the second finds one unmanaged object new), with
-    # every kind of match, and one that failed.
+    # Discovery runs (0024): two of one scope (each notifies the unmanaged objects it found new),
+    # with every kind of match, and one that failed.
     if importlib.util.find_spec("kilolock.store.discovery_runs") is not None:
         from kilolock.store import discovery_runs
 
@@ -473,6 +473,8 @@ def populate(conn: psycopg.Connection) -> None:
         failed_scope = discovery_runs.Scope("registry.terraform.io/hashicorp/aws", "west", None, "aws_s3_bucket", {})
         failed_run = discovery_runs.begin(conn, failed_scope, None, "fixture@cli")
         discovery_runs.finish(conn, failed_run, [], status="failed", error="provider exited")
+        # Their resource.unmanaged deliveries, never due as the others above.
+        conn.execute("UPDATE notify_deliveries SET next_attempt_at = 'infinity' WHERE status = 'pending'")
 
 
 def main() -> int:
