@@ -28,17 +28,32 @@ def _encryption_text(s: dict[str, Any]) -> str:
     return "OpenTofu-encrypted, decrypted and indexed"
 
 
+def _discovery_text(d: Any) -> str:
+    if d.status != "succeeded":
+        return f"{d.status}, {render.timestamp(d.started_at)}: {d.error} (kl discover --results --run {d.id})"
+    return (f"{d.unmanaged} unmanaged ({d.new_unmanaged} new), {d.managed_twice} managed twice, {d.managed} managed, "
+            f"{render.timestamp(d.started_at)} (kl discover --results --run {d.id})")
+
+
+def _discovery_json(d: Any) -> dict[str, Any]:
+    return {"run_id": d.id, "source": d.source, "alias": d.alias or None, "type": d.type, "list_config": d.list_config,
+            "status": d.status, "started_at": d.started_at, "error": d.error,
+            "counts": {"listed": d.listed, "managed": d.managed, "unmanaged": d.unmanaged,
+                       "managed_twice": d.managed_twice, "new_unmanaged": d.new_unmanaged}}
+
+
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
-    from kilolock.store import refresh_runs, states, summary
+    from kilolock.store import discovery_runs, refresh_runs, states, summary
 
     with context.open_store() as conn:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, states.state_id(conn, args.name))
+        discovered = discovery_runs.scopes(conn, args.name)
     oldest = s.pop("open_drift_oldest_for")
     if args.format == "json":
         render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),
-                          "dead_runs": dead})
+                          "dead_runs": dead, "discovery": [_discovery_json(d) for d in discovered]})
         return 0
     last: Any = "never"
     if s["last_refresh"]:
@@ -64,6 +79,8 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
             ("open drift", s["open_drift"] if oldest is None else
              f"{s['open_drift']} (oldest first detected v{s['open_drift_first_serial']}, open {duration(oldest.total_seconds())})"),
             ("locked", _lock_text(s["lock"]) if s["lock"] else "no"),
+            # The discoveries run with this state's provider config (kl discover --state).
+            *((f"discovered {d.type}", _discovery_text(d)) for d in discovered),
         ]
     )
     if dead:

@@ -90,7 +90,27 @@ class StoreCollector(Collector):
             leased.add_metric(labels, lim.held)
             wanted.add_metric(labels, lim.wanted)
             holders.add_metric(labels, lim.holders)
-        yield from (drift, last, runs, durations, queue, lag, workers, deliveries, cap, leased, wanted, holders)
+        # Discovery, per scope (config: the list config's short hash): what its latest finished run
+        # found, whether that run succeeded, and when one last did.
+        scope = ["source", "alias", "state", "type", "config"]
+        found = GaugeMetricFamily("kilolock_discovery_objects",
+                                  "Objects the latest finished discovery run of a scope listed, by match",
+                                  labels=[*scope, "match"])
+        ok = GaugeMetricFamily("kilolock_discovery_last_run_succeeded",
+                               "1 when the latest finished discovery run of a scope succeeded, else 0", labels=scope)
+        success = GaugeMetricFamily("kilolock_discovery_last_success_timestamp_seconds",
+                                    "When a discovery run of the scope last succeeded (Unix time)", labels=scope)
+        for sc in figures.discoveries:
+            labels = [sc.source, sc.alias, sc.state or "", sc.type, sc.config]
+            ok.add_metric(labels, 1.0 if sc.status == "succeeded" else 0.0)
+            if sc.last_success is not None:
+                success.add_metric(labels, sc.last_success)
+            if sc.status == "succeeded":
+                for match, listed in (("managed", sc.managed), ("unmanaged", sc.unmanaged),
+                                      ("managed twice", sc.managed_twice)):
+                    found.add_metric([*labels, match], listed or 0)
+        yield from (drift, last, runs, durations, queue, lag, workers, deliveries, cap, leased, wanted, holders, found,
+                    ok, success)
 
 
 def _le(bound: float) -> str:

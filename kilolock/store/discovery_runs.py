@@ -133,6 +133,18 @@ _RUN_OBJECTS = """
 SELECT identity, display_name, match, claims, is_new FROM discovered_objects WHERE run_id = %s ORDER BY position
 """
 
+# The latest finished run of every scope, and when the scope last succeeded: what kl status and
+# /metrics report (STATE: only the scopes that use that state's provider config).
+_SCOPES = f"""
+SELECT DISTINCT ON (r.source, r.alias, r.state_id, r.type, r.config_hash) {_RUN_COLS}, left(r.config_hash, 12) AS config,
+       (SELECT extract(epoch FROM max(x.finished_at))::float8 FROM discovery_runs x
+        WHERE (x.source, x.alias, x.type, x.config_hash) = (r.source, r.alias, r.type, r.config_hash)
+          AND x.state_id IS NOT DISTINCT FROM r.state_id AND x.status = 'succeeded') AS last_success
+FROM discovery_runs r LEFT JOIN states s ON s.id = r.state_id
+WHERE r.status <> 'running' AND (%(state)s::text IS NULL OR s.name = %(state)s)
+ORDER BY r.source, r.alias, r.state_id, r.type, r.config_hash, r.started_at DESC
+"""
+
 _STATES_WITH_TYPE = """
 SELECT DISTINCT s.id::text, s.name FROM resources r JOIN states s ON s.id = r.state_id
 WHERE r.type = %s AND r.mode = 'managed' AND r.delete_serial IS NULL ORDER BY s.name
@@ -171,6 +183,20 @@ def latest(conn: psycopg.Connection, source: str | None = None, type_: str | Non
     """The newest runs first, of SOURCE and TYPE_ where given."""
     return conn.cursor(row_factory=class_row(RunRow)).execute(
         _LATEST, {"source": source, "type": type_, "limit": limit}).fetchall()
+
+
+@dataclass(frozen=True)
+class ScopeRow(RunRow):
+    """A scope's latest finished run (RunRow), its list config's short hash, and when a run of it
+    last succeeded (Unix seconds; None: never)."""
+
+    config: str = ""
+    last_success: float | None = None
+
+
+def scopes(conn: psycopg.Connection, state: str | None = None) -> list[ScopeRow]:
+    """Every scope's latest finished run; with STATE, of the scopes using that state's provider config."""
+    return conn.cursor(row_factory=class_row(ScopeRow)).execute(_SCOPES, {"state": state}).fetchall()
 
 
 def objects(conn: psycopg.Connection, run_id: str) -> list[ObjectRow]:

@@ -14,7 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kilolock.store import fleet, provider_limits
+from kilolock.store import discovery_runs, fleet, provider_limits
+from kilolock.store.discovery_runs import ScopeRow
 from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.provider_limits import LimitUse
 
@@ -97,11 +98,14 @@ class StoreFigures:
     fleet: FleetFigures
     deliveries: list[tuple[str, str, int]]  # (channel, status, deliveries)
     provider_limits: list[LimitUse]  # fleet-wide limits: not about any state, so never filtered by one
+    # Each discovery scope's latest finished run: one with a state's provider config is filtered by
+    # that state; one with the config of all states is about no state (counts only, as the limits).
+    discoveries: list[ScopeRow]
 
     def only_states(self, keep: Callable[[str], bool]) -> StoreFigures:
         return StoreFigures([s for s in self.states if keep(s.name)], [r for r in self.runs if keep(r[0])],
                             [d for d in self.durations if keep(d.name)], self.fleet, self.deliveries,
-                            self.provider_limits)
+                            self.provider_limits, [d for d in self.discoveries if d.state is None or keep(d.state)])
 
 
 def store_figures(conn: psycopg.Connection) -> StoreFigures:
@@ -117,9 +121,10 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
         alive = conn.execute(_WORKERS_ALIVE).fetchone()
         deliveries = [(r["name"], r["status"], r["deliveries"]) for r in cur.execute(_DELIVERIES)]
         limits = provider_limits.usage(conn)
+        discoveries = discovery_runs.scopes(conn)
     figures = FleetFigures(queue["due"], queue["upcoming"], queue["running"], queue["lag_s"] or 0.0,
                            alive[0] if alive else 0)
-    return StoreFigures(states, runs, _histograms(rows), figures, deliveries, limits)
+    return StoreFigures(states, runs, _histograms(rows), figures, deliveries, limits, discoveries)
 
 
 def _histograms(rows: list[dict[str, Any]]) -> list[DurationFigures]:

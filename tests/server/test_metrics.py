@@ -127,3 +127,41 @@ def test_fleet_queue_and_deliveries_match_kl_fleet_status_and_notify_log(importe
     entries = log["deliveries"] if isinstance(log, dict) else log
     assert [(e["channel"], e["status"]) for e in entries] == [("ops", "pending")], entries
     assert samples[("kilolock_notify_deliveries", (("channel", "ops"), ("status", "pending")))] == 1
+
+
+def test_discovery_figures_match_kl_status_and_kl_discover_results(imported, start_server, conn):
+    from kilolock.store import discovery_runs as dr
+
+    mine = dr.Scope("registry.terraform.io/kilolock/testfw", "", "prod", "testfw_thing", {})
+    everyone = dr.Scope("registry.terraform.io/kilolock/testfw", "", None, "testfw_thing", {"prefix": "x-"})
+    ok = dr.begin(conn, mine, None, "t")
+    dr.finish(conn, ok, [dr.Found({"id": "x-1"}, "x-1", "unmanaged", [])], status="succeeded")
+    failed = dr.begin(conn, mine, None, "t")
+    dr.finish(conn, failed, [], status="failed", error="provider exited")
+    other = dr.begin(conn, everyone, None, "t")
+    claim = {"state": "prod", "address": "testfw_thing.a", "deposed": ""}
+    dr.finish(conn, other, [dr.Found({"id": "x-1"}, "x-1", "unmanaged", []), dr.Found({"id": "x-2"}, "x-2", "unmanaged", []),
+                            dr.Found({"id": "a"}, "a", "managed", [claim]),
+                            dr.Found({"id": "b"}, "b", "managed twice", [claim, claim])], status="succeeded")
+
+    status = _status("prod")["discovery"]
+    assert [(d["run_id"], d["status"], d["error"]) for d in status] == [(failed, "failed", "provider exited")]
+    text = kl("status", "prod").stdout.decode()
+    assert "discovered testfw_thing: failed, " in text and f"(kl discover --results --run {failed})" in text
+    latest = json.loads(kl("discover", "--results", "--format", "json").stdout)["run"]
+    assert (latest["id"], latest["counts"]["unmanaged"]) == (other, 2)
+
+    samples = _samples(start_server().request("GET", "/metrics").text)
+    labels = (("alias", ""), ("source", "registry.terraform.io/kilolock/testfw"), ("type", "testfw_thing"))
+
+    def key(name: str, state: str, config: dict, *extra: tuple[str, str]) -> tuple:
+        scope = dr.Scope("registry.terraform.io/kilolock/testfw", "", state or None, "testfw_thing", config)
+        return name, tuple(sorted((*labels, ("state", state), ("config", scope.config_hash[:12]), *extra)))
+
+    assert samples[key("kilolock_discovery_last_run_succeeded", "prod", {})] == 0
+    assert samples[key("kilolock_discovery_last_run_succeeded", "", {"prefix": "x-"})] == 1
+    assert samples[key("kilolock_discovery_last_success_timestamp_seconds", "prod", {})] == one_row(
+        conn, "SELECT extract(epoch FROM finished_at)::float8 FROM discovery_runs WHERE id = %s", (ok,))[0]
+    for match, n in (("unmanaged", 2), ("managed", 1), ("managed twice", 1)):
+        assert samples[key("kilolock_discovery_objects", "", {"prefix": "x-"}, ("match", match))] == n
+    assert not [k for k in samples if k[0] == "kilolock_discovery_objects" and ("state", "prod") in k[1]]
