@@ -1,5 +1,6 @@
 """One discovery run: open the provider as a refresh does (kilolock.refresh.factory, configured as
-`kl provider configure` stores it, or as state S uses it), list the type's objects (ListResource),
+`kl provider configure` stores it, or as state S uses it), list the type's objects (ListResource,
+holding one of the provider's fleet-wide slots where `kl provider limit` caps it),
 match each against the open instances (kilolock.unmanaged.matching), record the run and what it
 found (store/discovery_runs), the run's failure too.
 
@@ -9,6 +10,8 @@ refresh ends it (Shutdown, then SIGKILL), and the run recorded as cancelled.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
@@ -18,6 +21,7 @@ from kilolock.redact import Redactor
 from kilolock.refresh.client import ListedObject, ListingError, OpenedProvider
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.refresh.factory import ProviderFactory
+from kilolock.refresh.slots import fleet_slots
 from kilolock.store import discovery_runs, settings, states
 from kilolock.store.discovery_runs import Found, Scope
 from kilolock.unmanaged import matching
@@ -48,6 +52,22 @@ class Outcome:
         return sum(1 for f in self.found if f.match == match)
 
 
+@contextmanager
+def _slot(conn: psycopg.Connection, scope: Scope) -> Iterator[None]:
+    """One of the provider's fleet-wide slots (kl provider limit) for as long as the listing streams:
+    a listing is a call in flight like a read, and counts against the same cap."""
+    with fleet_slots(conn) as fleet:
+        slots = fleet.for_provider(scope.source, scope.alias) if fleet is not None else None
+        if slots is None:
+            yield
+            return
+        slots.acquire()
+        try:
+            yield
+        finally:
+            slots.release()
+
+
 def _classify(claims: list[matching.Claim]) -> str:
     return "unmanaged" if not claims else "managed" if len(claims) == 1 else "managed twice"
 
@@ -71,7 +91,8 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
             if not isinstance(client, EncodingClient):
                 raise ListingError(f"provider {scope.source}: this source of processes cannot list")
             config = json.dumps(scope.list_config).encode()
-            listed: list[ListedObject] = list(client.list_objects(scope.type, config, req.limit or 0))
+            with _slot(conn, scope):
+                listed: list[ListedObject] = list(client.list_objects(scope.type, config, req.limit or 0))
             version = client.identity_schema_version(scope.type) or 0
         finally:
             client.close()

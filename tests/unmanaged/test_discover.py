@@ -182,10 +182,9 @@ def test_a_wrong_list_config_or_type_is_one_line(kl: Kl, args: list[str], code: 
     assert "Traceback" not in r.stderr.decode()
 
 
-def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl, db_url: str) -> None:
+def _slow_listing(kl: Kl) -> subprocess.Popen[bytes]:
+    """kl discover in the background, its listing in flight (each object takes a second)."""
     kl.behind_terraforms_back(*(f"x-{i:03d}" for i in range(200)))
-    before = provider_pids()
-    # Each listed object now takes a second: the listing is in flight for minutes unless interrupted.
     proc = subprocess.Popen(kl_cmd("discover", "kilolock/testfw", "--type", "testfw_thing", "--provider-search-path",
                                    str(PLUGIN_CACHE)), env={**kl_env(), "KL_TESTPROVIDER_READ_DELAY_MS": "1000"},
                             cwd=kl.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -195,6 +194,30 @@ def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mark.exists(), proc.communicate(timeout=30)
+    return proc
+
+
+def _slots_held(kl: Kl) -> int:
+    [limit] = json.loads(kl.ok("provider", "limits", "--format", "json"))["limits"]
+    return int(limit["held"])
+
+
+def test_a_listing_holds_one_of_the_providers_fleet_wide_slots(kl: Kl) -> None:
+    kl.ok("provider", "limit", "kilolock/testfw", "--max-in-flight", "3")
+    proc = _slow_listing(kl)
+    deadline = time.monotonic() + 60
+    while _slots_held(kl) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _slots_held(kl) == 1
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert _slots_held(kl) == 0  # given back as the process ended
+
+
+def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl, db_url: str) -> None:
+    before = provider_pids()
+    proc = _slow_listing(kl)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
