@@ -427,3 +427,27 @@ def search(conn: psycopg.Connection, s: Search, limit: int, offset: int) -> Page
 
 def state_ids(conn: psycopg.Connection, names: list[str]) -> list[str]:
     return [str(r[0]) for r in conn.execute("SELECT id::text FROM states WHERE name = ANY(%s)", (names,)).fetchall()]
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+def discovery_scopes(conn: psycopg.Connection) -> list[Any]:
+    """Every discovery scope's latest finished run (store/discovery_runs.ScopeRow)."""
+    from kilolock.store import discovery_runs
+
+    return list(discovery_runs.scopes(conn))
+
+
+def discovery_run(conn: psycopg.Connection, run_id: str) -> tuple[Any, list[Any]] | None:
+    """A discovery run (RunRow) and the objects it listed (ObjectRow); None when there is no such run."""
+    import uuid
+
+    from kilolock.store import discovery_runs
+
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        return None
+    run = discovery_runs.get(conn, run_id)
+    return None if run is None else (run, discovery_runs.objects(conn, run_id))

@@ -378,3 +378,39 @@ def test_confirmations_are_folded_into_one_row_as_kl_state_versions_folds_them(u
     assert "Versions (4)" in page(ui, "/ui/state", name="quiet")
     second = page(ui, "/ui/state", name="quiet", per=2, vpage=2)
     assert versions_rows(second) == rows[2:]
+
+
+def test_discovery_shows_each_scope_and_a_runs_objects_naming_only_readable_states(start_server, conn, run_kl) -> None:
+    import json
+
+    from kilolock.server.auth import Authenticator
+    from kilolock.store import discovery_runs as dr
+
+    populate(conn)
+    source = "registry.terraform.io/kilolock/testfw"
+    everyone = dr.begin(conn, dr.Scope(source, "", None, "testfw_thing", {"prefix": "x-"}), None, "t")
+    claims = [{"state": "team/dev", "address": "cloud_server.alpha", "deposed": ""},
+              {"state": "team/prod", "address": "cloud_server.alpha", "deposed": ""}]
+    dr.finish(conn, everyone, [dr.Found({"id": "x-<1>"}, "thing x-1", "unmanaged", []),
+                               dr.Found({"id": "alpha"}, "thing alpha", "managed twice", claims)], status="succeeded")
+    prods = dr.begin(conn, dr.Scope(source, "", "team/prod", "testfw_thing", {}), None, "t")
+    dr.finish(conn, prods, [], status="failed", error="provider exited")
+
+    admin = start_server(auth=Authenticator(token=TOKEN)).basic("viewer", TOKEN)
+    overview = page(admin, "/ui/discovery")
+    assert f"/ui/discovery?run={everyone}" in overview and f"/ui/discovery?run={prods}" in overview
+    assert "1 unmanaged" in overview and "(1 new)" in overview and "provider exited" in overview
+    listed = page(admin, "/ui/discovery", run=everyone)
+    assert "x-\\u003c1\\u003e" in listed and "<1>" not in listed  # an identity is data, escaped
+    assert "managed twice" in listed and "team/prod" in listed and "in states you may not read" not in listed
+
+    r = run_kl("token", "create", "dev-viewer", "--role", "read", "--states", "team/dev", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    server = start_server(auth=Authenticator.from_config(None, env={}, kl_tokens=True))
+    viewer = server.basic("dev-viewer", json.loads(r.stdout)["token"])
+    overview = page(viewer, "/ui/discovery")
+    assert f"run={everyone}" in overview and f"run={prods}" not in overview and "provider exited" not in overview
+    listed = page(viewer, "/ui/discovery", run=everyone)
+    assert "team/dev" in listed and "team/prod" not in listed and "1 in states you may not read" in listed
+    assert viewer.request("GET", f"/ui/discovery?run={prods}").status == 404
+    assert viewer.request("GET", "/ui/discovery?run=not-a-uuid").status == 404

@@ -347,4 +347,28 @@ def search(conn: psycopg.Connection, request: Request) -> View:
     return View("search.html", context)
 
 
-ROUTES = {"/ui/": overview, "/ui/state": state, "/ui/diff": diff, "/ui/resource": resource, "/ui/search": search}
+# --- discovery -----------------------------------------------------------------------------------
+
+
+def discovery(conn: psycopg.Connection, request: Request) -> View:
+    """Each discovery scope's latest run, or (run=ID) what one run listed. A run with a state's
+    provider config is shown to those who may see that state; what a run's objects are claimed by
+    names only the states the principal may see."""
+    run_id = request.get("run")
+    if run_id is None:
+        scopes = [sc for sc in ui_queries.discovery_scopes(conn)
+                  if sc.state is None or access.visible(request.grants, sc.state)]
+        return View("discovery.html", {"scopes": scopes, "run": None})
+    found = ui_queries.discovery_run(conn, run_id)
+    if found is None or (found[0].state is not None and not access.visible(request.grants, found[0].state)):
+        raise PageError(404, f"no discovery run {run_id}")
+    run, objects = found
+    shown = [{"identity": o.identity, "display_name": o.display_name, "match": o.match, "new": o.is_new,
+              "claims": [c for c in o.claims if access.visible(request.grants, c["state"])],
+              "hidden_claims": sum(1 for c in o.claims if not access.visible(request.grants, c["state"]))}
+             for o in objects]
+    return View("discovery.html", {"scopes": None, "run": run, "objects": shown})
+
+
+ROUTES = {"/ui/": overview, "/ui/state": state, "/ui/diff": diff, "/ui/resource": resource, "/ui/search": search,
+          "/ui/discovery": discovery}
