@@ -36,8 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actor", type=cli_args.utf8_text, help="recorded as who ran the discovery (default: $USER@host)")
     parser.add_argument("--results", action="store_true",
                         help="show what the latest recorded run found (of SOURCE and --type when given) instead of listing")
-    parser.add_argument("--run", metavar="ID", help="with --results: this run")
+    parser.add_argument("--run", metavar="ID", type=_run_id, help="show what this run found (implies --results)")
     cli_args.add_format(parser)
+
+
+def _run_id(text: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run id (kl discover --results --format json shows one)") from None
 
 
 def _list_config(text: str) -> dict[str, Any]:
@@ -51,7 +60,7 @@ def _list_config(text: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    if args.results:
+    if args.results or args.run:
         return _results(args, context)
     from kilolock.cli.providercmd import normalize_source
     from kilolock.store.discovery_runs import Scope

@@ -153,6 +153,11 @@ def test_the_limit_is_the_providers_and_results_show_the_latest_run(kl: Kl) -> N
     assert "registry.terraform.io/kilolock/testfw testfw_thing: 2 listed: 1 managed, 0 unmanaged (0 new), 1 managed twice" in text
     assert "tf-one:testfw_thing.a, tf-two:testfw_thing.dup" in text
     assert json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]["id"] == out["run"]["id"]
+    assert "thing t-b" in kl.ok("discover", "--run", out["run"]["id"])
+    r = kl("discover", "--run", "42")
+    assert r.returncode == 2
+    assert r.stderr.decode().splitlines()[0] == ("kl: discover: argument --run: '42' is not a run id "
+                                                 "(kl discover --results --format json shows one)")
 
 
 def test_a_provider_that_cannot_list_gets_one_line_and_a_failed_run(kl: Kl) -> None:
