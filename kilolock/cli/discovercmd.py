@@ -15,7 +15,7 @@ from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 
 if TYPE_CHECKING:
-    from kilolock.store.discovery_runs import RunRow
+    from kilolock.store.discovery_results import RunRow
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.results or args.run:
         return _results(args, context)
     from kilolock.cli.providercmd import normalize_source
+    from kilolock.store import discovery_results
     from kilolock.store.discovery_runs import Scope
     from kilolock.unmanaged import service
 
@@ -75,17 +76,15 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     with context.open_store() as conn:
         outcome = service.discover(conn, req)
         row = _run_row(conn, outcome.run_id)
-        from kilolock.store import discovery_runs
-
-        objects = discovery_runs.objects(conn, outcome.run_id)
+        objects = discovery_results.objects(conn, outcome.run_id)
     _show(args, row, objects)
     return 0
 
 
 def _run_row(conn: Any, run_id: str) -> RunRow:
-    from kilolock.store import discovery_runs
+    from kilolock.store import discovery_results
 
-    row = discovery_runs.get(conn, run_id)
+    row = discovery_results.get(conn, run_id)
     if row is None:
         raise KlError(f"no discovery run {run_id} (kl discover --results lists the latest)")
     return row
@@ -93,19 +92,19 @@ def _run_row(conn: Any, run_id: str) -> RunRow:
 
 def _results(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.cli.providercmd import normalize_source
-    from kilolock.store import discovery_runs
+    from kilolock.store import discovery_results
 
     source = normalize_source(args.source) if args.source else None
     with context.open_store() as conn:
         if args.run:
             row = _run_row(conn, args.run)
         else:
-            rows = discovery_runs.latest(conn, source, args.type_, limit=1)
+            rows = discovery_results.latest(conn, source, args.type_, limit=1)
             if not rows:
                 what = " of " + " ".join(x for x in (source, args.type_) if x) if source or args.type_ else ""
                 raise KlError(f"no discovery run{what} is recorded (kl discover SOURCE --type TYPE runs one)")
             row = rows[0]
-        objects = discovery_runs.objects(conn, row.id)
+        objects = discovery_results.objects(conn, row.id)
     _show(args, row, objects)
     return 0
 

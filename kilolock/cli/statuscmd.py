@@ -44,12 +44,12 @@ def _discovery_json(d: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
-    from kilolock.store import discovery_runs, refresh_runs, states, summary
+    from kilolock.store import discovery_results, refresh_runs, states, summary
 
     with context.open_store() as conn:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, states.state_id(conn, args.name))
-        discovered = discovery_runs.scopes(conn, args.name)
+        discovered = discovery_results.scopes(conn, args.name)
     oldest = s.pop("open_drift_oldest_for")
     if args.format == "json":
         render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),

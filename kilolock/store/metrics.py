@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kilolock.store import discovery_runs, fleet, provider_limits
-from kilolock.store.discovery_runs import ScopeRow
+from kilolock.store import discovery_results, fleet, provider_limits
+from kilolock.store.discovery_results import ScopeRow
 from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.provider_limits import LimitUse
 
@@ -121,7 +121,7 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
         alive = conn.execute(_WORKERS_ALIVE).fetchone()
         deliveries = [(r["name"], r["status"], r["deliveries"]) for r in cur.execute(_DELIVERIES)]
         limits = provider_limits.usage(conn)
-        discoveries = discovery_runs.scopes(conn)
+        discoveries = discovery_results.scopes(conn)
     figures = FleetFigures(queue["due"], queue["upcoming"], queue["running"], queue["lag_s"] or 0.0,
                            alive[0] if alive else 0)
     return StoreFigures(states, runs, _histograms(rows), figures, deliveries, limits, discoveries)

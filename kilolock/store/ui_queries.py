@@ -433,21 +433,21 @@ def state_ids(conn: psycopg.Connection, names: list[str]) -> list[str]:
 
 
 def discovery_scopes(conn: psycopg.Connection) -> list[Any]:
-    """Every discovery scope's latest finished run (store/discovery_runs.ScopeRow)."""
-    from kilolock.store import discovery_runs
+    """Every discovery scope's latest finished run (store/discovery_results.ScopeRow)."""
+    from kilolock.store import discovery_results
 
-    return list(discovery_runs.scopes(conn))
+    return list(discovery_results.scopes(conn))
 
 
 def discovery_run(conn: psycopg.Connection, run_id: str) -> tuple[Any, list[Any]] | None:
     """A discovery run (RunRow) and the objects it listed (ObjectRow); None when there is no such run."""
     import uuid
 
-    from kilolock.store import discovery_runs
+    from kilolock.store import discovery_results
 
     try:
         uuid.UUID(run_id)
     except ValueError:
         return None
-    run = discovery_runs.get(conn, run_id)
-    return None if run is None else (run, discovery_runs.objects(conn, run_id))
+    run = discovery_results.get(conn, run_id)
+    return None if run is None else (run, discovery_results.objects(conn, run_id))
