@@ -110,8 +110,9 @@ def _results(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def _claimed_by(claims: list[dict[str, str]]) -> str:
+    # A claim by the id attribute alone is weaker evidence: said.
     return ", ".join(f"{c['state']}:{c['address']}" + (f" (deposed {c['deposed']})" if c.get("deposed") else "")
-                     for c in claims) or "-"
+                     + (" (by id)" if c.get("evidence") == "id" else "") for c in claims) or "-"
 
 
 def _show(args: argparse.Namespace, row: RunRow, objects: list[Any]) -> None:

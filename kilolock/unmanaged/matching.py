@@ -22,9 +22,12 @@ class Claim:
     state: str
     address: str
     deposed: str
+    # 'identity': the same identity. The identity index adds 'id' (an instance stored without an
+    # identity, by Terraform before 1.12, whose id attribute is the identity's id): weaker evidence.
+    evidence: str = "identity"
 
     def as_json(self) -> dict[str, str]:
-        return {"state": self.state, "address": self.address, "deposed": self.deposed}
+        return {"state": self.state, "address": self.address, "deposed": self.deposed, "evidence": self.evidence}
 
 
 def _key(identity: dict[str, Any], version: int) -> str:

@@ -128,6 +128,8 @@ def test_the_objects_made_behind_terraforms_back_are_unmanaged_and_one_imported_
         "x-2": ("unmanaged", [], True),
     }
     assert [o["identity"] for o in out["objects"]] == [_identity(i) for i in ("t-a", "t-b", "x-1", "x-2")]
+    assert out["objects"][1]["claims"] == [{"state": "tf-one", "address": "testfw_thing.b", "deposed": "",
+                                            "evidence": "identity"}]
     assert out["run"]["status"] == "succeeded"
     assert out["run"]["counts"] == {"listed": 4, "managed": 1, "unmanaged": 2, "managed_twice": 1, "new_unmanaged": 2}
 
