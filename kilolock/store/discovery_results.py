@@ -1,4 +1,4 @@
-"""Reading discovery runs (migration 0024): a run, the objects it listed, the newest runs, and each
+"""Reading discovery runs (migration 0025): a run, the objects it listed, the newest runs, and each
 scope's latest finished run, for `kl discover --results`, `kl status`, `/metrics` and the web UI.
 Recording them is store/discovery_runs.py."""
 from __future__ import annotations

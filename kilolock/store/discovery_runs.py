@@ -1,4 +1,4 @@
-"""Discovery runs (migration 0024): the audit row of each `kl discover`, and the objects it listed
+"""Discovery runs (migration 0025): the audit row of each `kl discover`, and the objects it listed
 with what matched them. Written by kilolock.unmanaged.service; read through store/discovery_results.py.
 
 A run's scope is (source, alias, state, type, list config): an unmanaged object is new when the

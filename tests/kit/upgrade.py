@@ -454,7 +454,7 @@ def populate(conn: psycopg.Connection) -> None:
     conn.execute("UPDATE refresh_runs SET heartbeat_at = finished_at"
                  " WHERE id = (SELECT id FROM refresh_runs WHERE status = 'failed' ORDER BY started_at LIMIT 1)")
 
-    # Discovery runs (0024): two of one scope (each notifies the unmanaged objects it found new),
+    # Discovery runs (0025): two of one scope (each notifies the unmanaged objects it found new),
     # with every kind of match, and one that failed.
     if importlib.util.find_spec("kilolock.store.discovery_runs") is not None:
         from kilolock.store import discovery_runs

@@ -10,7 +10,8 @@
 --    several); claims holds [{state, address, deposed}]. `is_new` marks an unmanaged object that the
 --    previous succeeded run of the same scope did not list as unmanaged: only those notify.
 -- 3. notify_events takes `resource.unmanaged`, an event of a discovery run: it names no state
---    unless the run used a state's provider config.
+--    unless the run used a state's provider config (and keeps `resource.duplicate`, which 0024
+--    added).
 
 CREATE TABLE discovery_runs (
     id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -56,5 +57,5 @@ ALTER TABLE notify_events
     ADD COLUMN discovery_run_id uuid REFERENCES discovery_runs(id) ON DELETE CASCADE,
     DROP CONSTRAINT notify_events_kind_check,
     ADD CONSTRAINT notify_events_kind_check CHECK (kind IN ('drift.new', 'drift.updated', 'drift.resolved',
-        'refresh.failed', 'refresh.guarded', 'refresh.stale', 'resource.unmanaged')),
+        'refresh.failed', 'refresh.guarded', 'refresh.stale', 'resource.duplicate', 'resource.unmanaged')),
     ADD CONSTRAINT notify_events_state_or_discovery CHECK (state_id IS NOT NULL OR kind = 'resource.unmanaged');
