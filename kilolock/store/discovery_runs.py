@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kilolock import tfstate
-from kilolock.store import notify, observations, versions
+from kilolock.store import notify
 
 MATCHES = ("managed", "unmanaged", "managed twice")
 
@@ -88,12 +87,6 @@ FROM (SELECT count(*) AS listed, count(*) FILTER (WHERE match = 'managed') AS ma
 WHERE r.id = %(run)s AND r.status = 'running'
 """
 
-_STATES_WITH_TYPE = """
-SELECT DISTINCT s.id::text, s.name FROM resources r JOIN states s ON s.id = r.state_id
-WHERE r.type = %s AND r.mode = 'managed' AND r.delete_serial IS NULL ORDER BY s.name
-"""
-
-
 def begin(conn: psycopg.Connection, scope: Scope, limit: int | None, actor: str | None) -> str:
     with conn.transaction():
         row = conn.execute(_BEGIN, {"source": scope.source, "alias": scope.alias, "state": scope.state, "type": scope.type,
@@ -117,37 +110,3 @@ def finish(conn: psycopg.Connection, run_id: str, found: Sequence[Found], *, sta
         if status == "succeeded":
             notify.record_discovery_events(conn, run_id)
 
-
-@dataclass(frozen=True)
-class OpenIdentity:
-    """An open instance's identity, as its state's latest observation (of Terraform's current
-    version) saw it, else as that version holds it."""
-
-    state: str
-    address: str
-    deposed: str
-    identity: dict[str, Any]
-    identity_schema_version: int
-
-
-def open_identities(conn: psycopg.Connection, source: str, type_: str) -> Iterator[OpenIdentity]:
-    """Every open managed instance of TYPE_ by provider SOURCE that has an identity, read from the
-    documents of the states that hold the type."""
-    for sid, name in conn.execute(_STATES_WITH_TYPE, (type_,)).fetchall():
-        current = versions.current_version(conn, sid)
-        seen = observations.latest(conn, sid)
-        version_id = seen.id if seen is not None and current is not None and seen.base_version_id == current.id else None
-        doc = versions.load_document(conn, name, None, json.loads, version_id=version_id)
-        for res in doc.get("resources") or ():
-            if res.get("mode", "managed") != "managed" or res.get("type") != type_:
-                continue
-            if tfstate.parse_provider(res.get("provider", "")).source != source:
-                continue
-            for inst in res.get("instances") or ():
-                identity = inst.get("identity")
-                if not isinstance(identity, dict):
-                    continue
-                address = tfstate.instance_address(res.get("module", ""), "managed", type_, res.get("name", ""),
-                                                   inst.get("index_key"))
-                yield OpenIdentity(name, address, inst.get("deposed", ""), identity,
-                                   int(inst.get("identity_schema_version") or 0))

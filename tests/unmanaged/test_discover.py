@@ -134,6 +134,25 @@ def test_the_objects_made_behind_terraforms_back_are_unmanaged_and_one_imported_
     assert out["run"]["counts"] == {"listed": 4, "managed": 1, "unmanaged": 2, "managed_twice": 1, "new_unmanaged": 2}
 
 
+def test_an_instance_stored_without_an_identity_claims_the_object_whose_identity_has_its_id(kl: Kl) -> None:
+    # Terraform before 1.12 stores no identity: the identity index matches it by its id attribute,
+    # and the claim says the evidence is that weaker one.
+    kl.behind_terraforms_back("x-3")
+    old = {"version": 4, "terraform_version": "1.11.4", "serial": 1, "lineage": "before-identities", "outputs": {},
+           "resources": [{"mode": "managed", "type": "testfw_thing", "name": "old",
+                          "provider": 'provider["registry.terraform.io/kilolock/testfw"]',
+                          "instances": [{"schema_version": 1, "attributes": {"id": "x-3"}, "sensitive_attributes": []}]}]}
+    (kl.root / "old.tfstate").write_text(json.dumps(old))
+    kl.ok("state", "import", "tf-old", str(kl.root / "old.tfstate"), "--source", "apply")
+
+    out = kl.discover()
+
+    x3 = next(o for o in out["objects"] if o["identity"]["id"] == "x-3")
+    assert x3["match"] == "managed"
+    assert x3["claims"] == [{"state": "tf-old", "address": "testfw_thing.old", "deposed": "", "evidence": "id"}]
+    assert _by_id(out)["t-b"][0] == "managed"  # an identity still matches by identity only
+
+
 def test_only_objects_not_unmanaged_in_the_previous_run_are_new(kl: Kl) -> None:
     kl.behind_terraforms_back("x-1")
     assert _by_id(kl.discover())["x-1"] == ("unmanaged", [], True)
