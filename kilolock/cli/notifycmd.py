@@ -20,10 +20,12 @@ from kilolock.errors import KlError, UsageError
 
 EVENTS = ("drift.new", "drift.updated", "drift.resolved", "refresh.failed", "refresh.guarded",
           "refresh.stale", "resource.duplicate", "resource.unmanaged")  # store.notify.EVENTS
-# A state's own events; resource.duplicate is about the fleet (two states' claims) and is sent only
-# to a channel that names it, so the channels made before it existed and those made without
-# --events hear what they always heard.
-DEFAULT_EVENTS = tuple(e for e in EVENTS if e != "resource.duplicate")
+# A state's own events. resource.duplicate (two states' claims) and resource.unmanaged (what a
+# provider lists that no state manages) are about the fleet and are sent only to a channel that
+# names them, so the channels made before they existed and those made without --events hear what
+# they always heard.
+OPT_IN_EVENTS = ("resource.duplicate", "resource.unmanaged")
+DEFAULT_EVENTS = tuple(e for e in EVENTS if e not in OPT_IN_EVENTS)
 
 
 def channel_name(text: str) -> str:
@@ -102,7 +104,7 @@ def add_add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob, default="**",
                         help="states whose name matches: * within one /-separated segment, ** across (default **)")
     parser.add_argument("--events", type=event_list, default=list(DEFAULT_EVENTS), metavar="LIST",
-                        help="comma-separated events to send (default all but resource.duplicate): " + ", ".join(EVENTS))
+                        help="comma-separated events to send (default all but resource.duplicate and resource.unmanaged): " + ", ".join(EVENTS))
     parser.add_argument("--secret", type=secret, metavar="S",
                         help='sign each body (X-Kilolock-Signature: sha256=HMAC): a value, or {"env": "NAME"}')
     parser.add_argument("--failed-after", type=cli_args.positive, default=1, metavar="N",

@@ -264,8 +264,12 @@ def receiver() -> Iterator[Receiver]:
 def test_only_new_unmanaged_objects_notify_resource_unmanaged(kl: Kl, receiver: Receiver) -> None:
     kl.ok("notify", "add", "hook", "--webhook", receiver.url.removesuffix("/hook") + "/hook", "--events", "resource.unmanaged,drift.new",
           "--secret", "s3cret")
-    kl.ok("notify", "add", "chat", "--webhook", receiver.url.removesuffix("/hook") + "/chat", "--format", "slack", "--states", "tf-one")
-    kl.ok("notify", "add", "elsewhere", "--webhook", receiver.url.removesuffix("/hook") + "/elsewhere", "--states", "other/**")
+    kl.ok("notify", "add", "chat", "--webhook", receiver.url.removesuffix("/hook") + "/chat", "--format", "slack", "--states", "tf-one",
+          "--events", "resource.unmanaged")
+    kl.ok("notify", "add", "elsewhere", "--webhook", receiver.url.removesuffix("/hook") + "/elsewhere", "--states", "other/**",
+          "--events", "resource.unmanaged")
+    # resource.unmanaged is opt-in: a channel that names no event hears none of it.
+    kl.ok("notify", "add", "defaults", "--webhook", receiver.url.removesuffix("/hook") + "/defaults")
     kl.behind_terraforms_back("x-1")
     first = kl.discover()
     kl.discover()  # x-1 again: nothing new
@@ -274,7 +278,7 @@ def test_only_new_unmanaged_objects_notify_resource_unmanaged(kl: Kl, receiver: 
     # A run with tf-one's provider config is heard by the channels of tf-one only.
     by_state = kl.discover("--state", "tf-one")
 
-    got = {path: [r.json for r in receiver.requests if r.path == path] for path in ("/hook", "/chat", "/elsewhere")}
+    got = {path: [r.json for r in receiver.requests if r.path == path] for path in ("/hook", "/chat", "/elsewhere", "/defaults")}
     hook = got["/hook"]
     assert [(e["event"], e["run_id"], e["state"], e["discovery"]["new_unmanaged"],
              [o["identity"]["id"] for o in e["discovery"]["objects"]]) for e in hook] == [
@@ -289,3 +293,4 @@ def test_only_new_unmanaged_objects_notify_resource_unmanaged(kl: Kl, receiver: 
         "Kilolock: new unmanaged objects: 1 testfw_thing of registry.terraform.io/kilolock/testfw"] * 2 + [
         "Kilolock: new unmanaged objects: 2 testfw_thing of registry.terraform.io/kilolock/testfw (provider config of tf-one)"]
     assert len(got["/elsewhere"]) == 2  # the runs without a state, not tf-one's
+    assert got["/defaults"] == []
