@@ -57,7 +57,7 @@ impl PathError {
                 Step::Index(i) => path.extend_from_slice(format!("[{}]", i).as_bytes()),
                 Step::Key(key) => {
                     path.push(b'[');
-                    write_json_string(&mut path, key.as_bytes());
+                    write_json_string(&mut path, key);
                     path.push(b']');
                 }
             }

@@ -1,6 +1,13 @@
 //! Strict JSON reading (a cursor the marshaller streams through, plus a small tree for dynamic
 //! values and type specs) and canonical JSON string writing, matching Python's `json` module:
 //! the same grammar, the same escapes on output (twin of kilolock/codec/pure/jsontext.py).
+//!
+//! The reader is the codec's own, not serde_json's: the marshaller walks the text with the cty
+//! type in hand and builds no tree for it, and where serde_json's tree differs from the Python
+//! twin the behaviour would change: it keeps one of two repeated keys (here the value or type
+//! spec is refused naming the key), it refuses an unpaired surrogate escape as a syntax error (here
+//! a value error at its path, as in the Python twin), and it stops nesting at 128 (here 1000).
+//! The writer's escapes are serde_json's, which are Python's byte for byte.
 
 use crate::errors::{PathError, Result};
 use crate::numbers::{parse_number, scan_number, OUT_OF_RANGE};
@@ -392,42 +399,18 @@ pub fn parse_document(data: &[u8]) -> Result<JVal> {
     Ok(v)
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
 /// A JSON string literal as Python's `json.encoder.encode_basestring` writes it: UTF-8 kept,
-/// only `"`, `\` and C0 controls escaped (short forms where JSON has them).
-pub fn write_json_string(out: &mut Vec<u8>, s: &[u8]) {
-    out.reserve(s.len() + 2);
-    out.push(b'"');
-    let mut start = 0;
-    for (i, &c) in s.iter().enumerate() {
-        if c >= 0x20 && c != b'"' && c != b'\\' {
-            continue;
-        }
-        out.extend_from_slice(&s[start..i]);
-        match c {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            _ => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(c >> 4) as usize]);
-                out.push(HEX[(c & 15) as usize]);
-            }
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&s[start..]);
-    out.push(b'"');
+/// only `"`, `\` and C0 controls escaped (short forms where JSON has them, else `\u00xx`),
+/// which is what serde_json's compact writer does, byte for byte.
+#[inline]
+pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
+    let written = serde_json::to_writer(&mut *out, s);
+    debug_assert!(written.is_ok(), "a Vec takes every write");
 }
 
 pub fn quote(s: &str) -> String {
     let mut v = Vec::new();
-    write_json_string(&mut v, s.as_bytes());
+    write_json_string(&mut v, s);
     String::from_utf8(v).expect("UTF-8 in, UTF-8 out")
 }
 
@@ -443,7 +426,7 @@ pub fn write_jval_numbers(out: &mut Vec<u8>, v: &JVal, write_number: &dyn Fn(&mu
         JVal::Bool(true) => out.extend_from_slice(b"true"),
         JVal::Bool(false) => out.extend_from_slice(b"false"),
         JVal::Num(t) => write_number(out, t),
-        JVal::Str(s) => write_json_string(out, s.as_bytes()),
+        JVal::Str(s) => write_json_string(out, s),
         JVal::Arr(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
@@ -460,7 +443,7 @@ pub fn write_jval_numbers(out: &mut Vec<u8>, v: &JVal, write_number: &dyn Fn(&mu
                 if i > 0 {
                     out.push(b',');
                 }
-                write_json_string(out, k.as_bytes());
+                write_json_string(out, k);
                 out.push(b':');
                 write_jval_numbers(out, item, write_number);
             }

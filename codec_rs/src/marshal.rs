@@ -39,7 +39,7 @@ pub fn marshal(p: &mut Parser, ty: &CtyType, out: &mut Vec<u8>, depth: usize) ->
     let kind = p.peek_kind()?;
     if kind == Kind::Null {
         p.literal(b"null")?;
-        out.push(0xc0);
+        mp::write_nil(out);
         return Ok(());
     }
     match ty {
@@ -99,7 +99,7 @@ fn marshal_bool(p: &mut Parser, kind: Kind, out: &mut Vec<u8>) -> Result<()> {
     if kind != Kind::Bool {
         return Err(expected("bool", kind));
     }
-    out.push(if p.parse_bool()? { 0xc3 } else { 0xc2 });
+    mp::write_bool(out, p.parse_bool()?);
     Ok(())
 }
 
@@ -257,13 +257,13 @@ fn marshal_primitive_set(p: &mut Parser, elem: &CtyType, out: &mut Vec<u8>) -> R
         write_number(d, out);
     }
     if bools[0] {
-        out.push(0xc2);
+        mp::write_bool(out, false);
     }
     if bools[1] {
-        out.push(0xc3);
+        mp::write_bool(out, true);
     }
     if has_null {
-        out.push(0xc0);
+        mp::write_nil(out);
     }
     Ok(())
 }
@@ -358,8 +358,9 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>,
                 None if idx >= next => {
                     for j in next..idx {
                         out.extend_from_slice(&o.mp_keys[j]);
-                        spans.push((out.len(), out.len() + 1));
-                        out.push(0xc0);
+                        let s = out.len();
+                        mp::write_nil(out);
+                        spans.push((s, out.len()));
                     }
                     out.extend_from_slice(&o.mp_keys[idx]);
                     let s = out.len();
@@ -383,7 +384,7 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>,
         None => {
             for key in &o.mp_keys[next..] {
                 out.extend_from_slice(key);
-                out.push(0xc0);
+                mp::write_nil(out);
             }
         }
         Some(side) => {
@@ -391,7 +392,7 @@ fn marshal_object(p: &mut Parser, kind: Kind, o: &ObjectType, out: &mut Vec<u8>,
                 out.extend_from_slice(key);
                 match side.value(j) {
                     Some(value) => out.extend_from_slice(value),
-                    None => out.push(0xc0),
+                    None => mp::write_nil(out),
                 }
             }
         }

@@ -61,7 +61,7 @@ impl ObjectType {
             .iter()
             .map(|n| {
                 let mut v = Vec::new();
-                write_json_string(&mut v, n.as_bytes());
+                write_json_string(&mut v, n);
                 v.push(b':');
                 v
             })
@@ -158,7 +158,7 @@ impl CtyType {
                         if i > 0 {
                             out.push(b',');
                         }
-                        write_json_string(out, n.as_bytes());
+                        write_json_string(out, n);
                     }
                     out.push(b']');
                 }
@@ -567,7 +567,7 @@ pub fn render(node: &Typed, t: &CtyType, out: &mut Vec<u8>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_json_string(out, k.as_bytes());
+                write_json_string(out, k);
                 out.push(b':');
                 render(p, e, out);
             }

@@ -59,7 +59,7 @@ fn unmarshal_string(r: &mut Reader, head: Head, out: &mut Vec<u8>) -> Result<()>
     match head {
         Head::Str(n) => {
             let s = r.text(n)?;
-            write_json_string(out, s.as_bytes());
+            write_json_string(out, &s);
             Ok(())
         }
         _ => Err(got("string", head)),
@@ -175,7 +175,7 @@ fn unmarshal_set(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         };
         for s in strings {
             sep(out);
-            write_json_string(out, s.as_bytes());
+            write_json_string(out, &s);
         }
         for d in &numbers {
             sep(out);
@@ -268,7 +268,7 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
         if !entries.is_empty() {
             out.push(b',');
         }
-        write_json_string(out, key.as_bytes());
+        write_json_string(out, &key);
         out.push(b':');
         let s = out.len();
         unmarshal(r, elem, out, depth + 1).at(|| Step::Key(key.to_string()))?;
@@ -284,7 +284,7 @@ fn unmarshal_map(r: &mut Reader, head: Head, elem: &CtyType, out: &mut Vec<u8>, 
             if i > 0 {
                 out.push(b',');
             }
-            write_json_string(out, key.as_bytes());
+            write_json_string(out, key);
             out.push(b':');
             out.extend_from_slice(&written[s - start..e - start]);
         }
