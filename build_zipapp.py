@@ -158,7 +158,7 @@ def _codec_build_command(out: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def build_codec_wheel(cache: Path) -> Path:
-    """Our Rust codec as an abi3 wheel: one file for every CPython >= 3.10."""
+    """Our Rust extension as an abi3 wheel: one file for every CPython >= 3.10."""
     out = Path(tempfile.mkdtemp(prefix="codec-", dir=cache))
     try:
         cmd, env = _codec_build_command(out)
@@ -260,7 +260,7 @@ class Contents:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
             for fn in sorted(filenames):
-                if fn.endswith(SOURCE_SUFFIXES) and not fn.startswith("_codec_rs"):
+                if fn.endswith(SOURCE_SUFFIXES) and not fn.startswith("_native"):
                     path = Path(dirpath) / fn
                     self.add(path.relative_to(REPO).as_posix(), path.read_bytes(), "source")
 

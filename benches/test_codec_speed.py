@@ -22,9 +22,9 @@ from kilolock.schema import Attribute, Block, NestedBlock, NestingMode
 from kit.codec import BUILD_HINT
 
 try:
-    from kilolock import _codec_rs
+    from kilolock._native import codec as native_codec
 except ImportError:  # the gate tests fail with the build hint (kit.codec)
-    _codec_rs = None  # type: ignore[assignment]
+    native_codec = None  # type: ignore[assignment]
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
 
@@ -163,9 +163,9 @@ def _contender(name: str, corpus: str) -> Callable[[], bytes]:
         return _c_floor(data)
     if name == "python":
         return _roundtrip(pure.compile_type(block_type_json(block)), data)
-    if _codec_rs is None or not hasattr(_codec_rs, "compile_type"):
+    if native_codec is None:
         pytest.fail(BUILD_HINT)
-    return _roundtrip(_codec_rs.compile_type(block_type_json(block)), data)
+    return _roundtrip(native_codec.compile_type(block_type_json(block)), data)
 
 
 def _rounds(contender: str, corpus: str) -> tuple[int, int]:

@@ -87,6 +87,8 @@ install=0
 for extra in ${extras//,/ }; do
     case ",$have_extras," in *",$extra,"*) ;; *) install=1 ;; esac
 done
+# The extension's former name: a copy left under it would sit unused beside kilolock/_native.
+rm -f kilolock/_codec_rs.*so
 if [ "$install" = 1 ]; then
     log "installing kilolock into .venv${extras:+ with its $extras extras}; this builds the Rust codec (a few minutes the first time)"
     quiet .venv/bin/python -m pip install -q --upgrade pip >/dev/null

@@ -18,11 +18,11 @@ MODEL = {"kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "
 # What each part may import besides itself and MODEL. The data flow: cli -> fleet -> refresh ->
 # provider, with codec beside refresh and the store beside everything that keeps state.
 ALLOWED: dict[str, set[str]] = {
-    "kilolock.codec": {"kilolock._codec_rs"},
-    "kilolock._codec_rs": set(),
+    "kilolock.codec": {"kilolock._native"},
+    "kilolock._native": set(),
     "kilolock.provider": set(),  # protocol only: never JSON values (codec) nor the database
     "kilolock.store": set(),  # SQL only: never a provider or a codec
-    "kilolock.refresh": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store"},
+    "kilolock.refresh": {"kilolock.codec", "kilolock._native", "kilolock.provider", "kilolock.store"},
     # Many states in one process (kl refresh --all, kl worker), each through the refresh service;
     # its warm pool is one more source of the refresh factory's processes. refresh never sees it.
     "kilolock.fleet": {"kilolock.refresh", "kilolock.provider", "kilolock.store", "kilolock.unmanaged"},
@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock.unmanaged": {"kilolock.refresh", "kilolock.provider", "kilolock.store"},
     "kilolock.server": {"kilolock.store"},  # the backend stores and serves; it never refreshes
     "kilolock.notify": {"kilolock.store"},  # sends what the store's outbox holds; never refreshes
-    "kilolock.cli": {"kilolock.codec", "kilolock._codec_rs", "kilolock.provider", "kilolock.store",
+    "kilolock.cli": {"kilolock.codec", "kilolock._native", "kilolock.provider", "kilolock.store",
                      "kilolock.refresh", "kilolock.fleet", "kilolock.server", "kilolock.notify", "kilolock.gcpolicy",
                      "kilolock.unmanaged"},
     "kilolock.gcpolicy": set(),  # the process's collector: cli.run_process and `kl refresh` set it
@@ -39,9 +39,11 @@ ALLOWED: dict[str, set[str]] = {
     "kilolock._pyz": {"kilolock.cli", "kilolock.lazyimports"},  # the zipapp bootstrap: the standard library, then the CLI
 }
 # One module each, beyond its part's rule: the extension is also the event loop's HTTP/2 transport
-# and the AutoMTLS key's P-256, which the provider layer may use (H2Channel, p256_sign) while it
-# still never touches the codec.
-MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._codec_rs"), ("kilolock.provider.certs", "kilolock._codec_rs")}
+# and the AutoMTLS key's P-256, submodules the provider layer may use while it still never touches
+# the codec (kilolock._native.codec).
+MODULE_PERMITS = {("kilolock.provider.h2channel", "kilolock._native.transport"), ("kilolock.provider.certs", "kilolock._native.p256")}
+# Packages whose `from PACKAGE import name` names a submodule: the extension's are its parts' jobs.
+SUBMODULE_PACKAGES = {"kilolock", "kilolock._native"}
 # Within MODEL the order matters too (no cycles): each may import only those before it.
 MODEL_ORDER = ["kilolock", "kilolock.errors", "kilolock.durations", "kilolock.cron", "kilolock.jsondoc", "kilolock.names",
                "kilolock.globs", "kilolock.schema", "kilolock.tfstate", "kilolock.sensitive", "kilolock.redact", "kilolock.drift",
@@ -79,7 +81,7 @@ def imported_modules(source: str, module: str) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             # `from kilolock import codec` imports the module kilolock.codec
-            found.update(f"{base}.{a.name}" if base == "kilolock" else base for a in node.names)
+            found.update(f"{base}.{a.name}" if base in SUBMODULE_PACKAGES else base for a in node.names)
     return {m for m in found if m == "kilolock" or m.startswith("kilolock.")}
 
 
@@ -139,6 +141,14 @@ def test_the_rule_catches_a_layer_break() -> None:
     assert violations("kilolock.tfstate.parse", "def f():\n    from kilolock import tfstate\n") == [
         "kilolock.tfstate.parse imports kilolock.tfstate"]
     assert violations("kilolock.tfstate.writer", "from kilolock.tfstate.parse import is_encrypted_envelope") == []
+    # The provider layer may use the extension's transport and P-256, each where it is permitted,
+    # never its codec.
+    assert violations("kilolock.provider.h2channel", "from kilolock._native import transport") == []
+    assert violations("kilolock.provider.certs", "from kilolock._native import p256") == []
+    assert violations("kilolock.provider.h2channel", "from kilolock._native import codec") == [
+        "kilolock.provider.h2channel imports kilolock._native.codec"]
+    assert violations("kilolock.provider.certs", "from kilolock._native import transport") == [
+        "kilolock.provider.certs imports kilolock._native.transport"]
 
 
 # No circles: whatever the layers allow, no kilolock module may reach itself through its imports

@@ -1,7 +1,10 @@
-//! Native backend of `kilolock.codec`: cty JSON <-> cty msgpack, byte-identical to the
-//! pure-Python backend (kilolock/codec/pure/), laid out alike: each module here has a twin there
-//! of the same name (errors.rs is kilolock/codec/errors.py), with the same function names and
-//! error texts. order.rs alone has none: Python does that bookkeeping with dicts and sorted().
+//! kl's native extension, `kilolock._native`, with one Python submodule per job:
+//! - `codec`: the native backend of `kilolock.codec`, cty JSON <-> cty msgpack, byte-identical to
+//!   the pure-Python backend (kilolock/codec/pure/), laid out alike: each module here has a twin
+//!   there of the same name (errors.rs is kilolock/codec/errors.py), with the same function names
+//!   and error texts. order.rs alone has none: Python does that bookkeeping with dicts and sorted().
+//! - `transport`: the HTTP/2 client kl's provider reads go through (transport.rs).
+//! - `p256`: the AutoMTLS client key and certificate signature (p256.rs).
 
 pub mod errors;
 pub mod jsontext;
@@ -74,7 +77,7 @@ mod python {
     }
 
     /// A compiled type with the codec's two operations.
-    #[pyclass(frozen, module = "kilolock._codec_rs", name = "CodecType")]
+    #[pyclass(frozen, module = "kilolock._native.codec", name = "CodecType")]
     pub struct CodecType {
         ty: CtyType,
     }
@@ -118,6 +121,7 @@ mod python {
     /// A fresh P-256 key for the AutoMTLS client certificate: (private scalar, 32 bytes; public
     /// point, 65 bytes uncompressed).
     #[pyfunction]
+    #[pyo3(name = "generate")]
     fn p256_generate(py: Python<'_>) -> PyResult<(Bound<'_, PyBytes>, Bound<'_, PyBytes>)> {
         let (private, point) = crate::p256::generate().map_err(pyo3::exceptions::PyValueError::new_err)?;
         Ok((PyBytes::new(py, &private), PyBytes::new(py, &point)))
@@ -125,6 +129,7 @@ mod python {
 
     /// ECDSA-with-SHA-256 of MESSAGE by the key (PRIVATE, POINT): a DER Ecdsa-Sig-Value.
     #[pyfunction]
+    #[pyo3(name = "sign")]
     fn p256_sign<'py>(py: Python<'py>, private: &[u8], point: &[u8], message: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
         let signature = crate::p256::sign(private, point, message).map_err(pyo3::exceptions::PyValueError::new_err)?;
         Ok(PyBytes::new(py, &signature))
@@ -132,7 +137,7 @@ mod python {
 
     /// One HTTP/2 connection to a plugin for its gRPC calls (transport.rs); used by
     /// kilolock.provider.h2channel. Connect failures raise OSError.
-    #[pyclass(frozen, module = "kilolock._codec_rs", name = "H2Channel")]
+    #[pyclass(frozen, module = "kilolock._native.transport", name = "H2Channel")]
     pub struct H2Channel {
         channel: crate::transport::Channel,
     }
@@ -226,7 +231,7 @@ mod python {
     }
 
     /// The messages of one server-streaming call, then its end.
-    #[pyclass(frozen, module = "kilolock._codec_rs", name = "H2Stream")]
+    #[pyclass(frozen, module = "kilolock._native.transport", name = "H2Stream")]
     pub struct H2Stream {
         events: Mutex<Receiver<crate::transport::StreamEvent>>,
     }
@@ -252,16 +257,40 @@ mod python {
         }
     }
 
-    #[pymodule]
-    fn _codec_rs(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-        m.add("MAX_DEPTH", MAX_DEPTH)?;
-        m.add_class::<CodecType>()?;
-        m.add_class::<H2Channel>()?;
-        m.add_class::<H2Stream>()?;
-        m.add_function(wrap_pyfunction!(compile_type, m)?)?;
-        m.add_function(wrap_pyfunction!(p256_generate, m)?)?;
-        m.add_function(wrap_pyfunction!(p256_sign, m)?)?;
+    /// The extension's dotted name, under which each submodule is also in sys.modules.
+    const PACKAGE: &str = "kilolock._native";
+
+    /// Adds submodule NAME, filled by FILL, so that both `from kilolock._native import NAME` and
+    /// `import kilolock._native.NAME` find it (an extension module is no package: the import
+    /// system looks for its submodules in sys.modules only).
+    fn submodule(parent: &Bound<'_, PyModule>, name: &str, fill: impl FnOnce(&Bound<'_, PyModule>) -> PyResult<()>) -> PyResult<()> {
+        let py = parent.py();
+        // Named in full from the start: its functions and classes take their __module__ from it.
+        let dotted = format!("{PACKAGE}.{name}");
+        let sub = PyModule::new(py, &dotted)?;
+        // Each job's version too: the transport's names its client in the AutoMTLS memo.
+        sub.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        fill(&sub)?;
+        parent.add(name, &sub)?;
+        py.import("sys")?.getattr("modules")?.set_item(dotted, &sub)?;
         Ok(())
+    }
+
+    #[pymodule]
+    fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        submodule(m, "codec", |codec| {
+            codec.add("MAX_DEPTH", MAX_DEPTH)?;
+            codec.add_class::<CodecType>()?;
+            codec.add_function(wrap_pyfunction!(compile_type, codec)?)
+        })?;
+        submodule(m, "transport", |transport| {
+            transport.add_class::<H2Channel>()?;
+            transport.add_class::<H2Stream>()
+        })?;
+        submodule(m, "p256", |p256| {
+            p256.add_function(wrap_pyfunction!(p256_generate, p256)?)?;
+            p256.add_function(wrap_pyfunction!(p256_sign, p256)?)
+        })
     }
 }

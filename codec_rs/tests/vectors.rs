@@ -1,6 +1,6 @@
 //! The shared vector file (tests/codec/vectors.json, also run by pytest against both backends).
 
-use _codec_rs::{compile, marshal, unmarshal};
+use _native::{compile, marshal, unmarshal};
 use serde_json::Value;
 
 fn hex(b: &[u8]) -> String {

@@ -1,7 +1,7 @@
 """The import hook for native modules inside kl.pyz.
 
 Pure-Python modules import straight from the zip. For a native module name (grpc._cython.cygrpc,
-psycopg_binary.pq, google._upb._message, kilolock._codec_rs) this finder extracts the interpreter's
+psycopg_binary.pq, google._upb._message, kilolock._native) this finder extracts the interpreter's
 files on first use and hands Python the extracted path. Failures are ``NativeLoadError``: an
 ImportError (so optional natives fall back: the codec to pure Python, protobuf to its Python
 implementation) and a KlError (so a required one reaches the user as one line, not a traceback).

@@ -24,7 +24,7 @@ def _codec_line() -> str:
     backend = _codec_backend()
     if backend == "python" and os.environ.get("KL_CODEC", "") != "python":
         try:  # say why the Rust codec is not in use when nobody asked for the Python one
-            from kilolock import _codec_rs  # noqa: F401
+            from kilolock._native import codec  # noqa: F401
         except ImportError as exc:
             return f"python (the Rust codec cannot load: {exc})"
     return backend

@@ -1,7 +1,7 @@
 """The cty codec: cty JSON (as Terraform writes state) <-> cty msgpack (as providers speak it).
 
 Two backends with one API (typed in ``kilolock.codec.abc``) and byte-identical output: the Rust
-extension ``kilolock._codec_rs`` and the pure-Python ``kilolock.codec.pure``, laid out alike (see
+extension's ``kilolock._native.codec`` and the pure-Python ``kilolock.codec.pure``, laid out alike (see
 its docstring). ``KL_CODEC=rust|python`` forces one (a forced backend that cannot load is an error
 that says why); unset, Rust is used when it imports.
 
@@ -17,7 +17,7 @@ Terraform would write" says where and why it differs from go-cty.
 
 Rust dev build (the .so is gitignored):
     cargo build --release --manifest-path codec_rs/Cargo.toml
-    cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so
+    cp codec_rs/target/release/lib_native.so kilolock/_native.abi3.so
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from kilolock.schema import Block
 
 
 def _load_rust() -> Backend:
-    from kilolock import _codec_rs
+    from kilolock._native import codec
 
-    return _codec_rs
+    return codec
 
 
 def _select() -> tuple[str, Backend]:

@@ -1,5 +1,5 @@
 """The codec API as types (as psycopg's ``pq/abc.py`` is for its libpq wrappers): what each
-backend, the Rust extension ``kilolock._codec_rs`` and the pure-Python ``kilolock.codec.pure``,
+backend, the Rust extension's ``kilolock._native.codec`` and the pure-Python ``kilolock.codec.pure``,
 provides, so callers and ``kilolock.codec`` type-check against one interface."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 @runtime_checkable
 class CodecType(Protocol):
-    """A compiled cty type: ``_codec_rs.CodecType`` or ``pure.CodecType``."""
+    """A compiled cty type: ``_native.codec.CodecType`` or ``pure.CodecType``."""
 
     @property
     def type_json(self) -> bytes:

@@ -186,10 +186,10 @@ class ClientCertificate:
 def _native() -> Any | None:
     """The extension's aws-lc P-256, or None where it is not built (a kl.pyz with the pure-Python codec)."""
     try:
-        from kilolock import _codec_rs
+        from kilolock._native import p256
     except ImportError:
         return None
-    return _codec_rs if hasattr(_codec_rs, "p256_sign") else None
+    return p256
 
 
 Backend = Literal["auto", "native", "python"]
@@ -201,9 +201,9 @@ def generate_client_certificate(now: dt.datetime | None = None, *, backend: Back
     now = now or dt.datetime.now(dt.timezone.utc)
     native = _native() if backend != "python" else None
     if backend == "native" and native is None:
-        raise RuntimeError("kilolock._codec_rs with p256_sign is not built here: pip install -e . builds it (maturin)")
+        raise RuntimeError("kilolock._native (its p256) is not built here: pip install -e . builds it (maturin)")
     if native is not None:
-        private_bytes, point = native.p256_generate()
+        private_bytes, point = native.generate()
         private = int.from_bytes(private_bytes, "big")
     else:
         private = secrets.randbelow(_N - 1) + 1
@@ -229,7 +229,7 @@ def generate_client_certificate(now: dt.datetime | None = None, *, backend: Back
         _tlv(0xA3, extensions),
     )
     if native is not None:
-        signature = native.p256_sign(private.to_bytes(32, "big"), point, tbs)
+        signature = native.sign(private.to_bytes(32, "big"), point, tbs)
     else:
         r, s = _sign(private, tbs)
         signature = _seq(_int(r), _int(s))

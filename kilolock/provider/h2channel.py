@@ -1,4 +1,4 @@
-"""The provider channel through kl's own HTTP/2 client (kilolock._codec_rs.H2Channel: codec_rs/src/
+"""The provider channel through kl's own HTTP/2 client (kilolock._native.transport.H2Channel: codec_rs/src/
 transport.rs, the h2 crate on a one-thread tokio runtime, outside the GIL): the default transport
 where the extension is built.
 
@@ -27,13 +27,13 @@ _STREAM_POLL = 0.5  # seconds: how long one wait of a stream reader lasts (it wa
 
 
 def native_module() -> ModuleType | None:
-    """The extension, when it is built and has the HTTP/2 client. Independent of KL_CODEC, which
+    """The extension's HTTP/2 client (kilolock._native.transport), when it is built. Independent of KL_CODEC, which
     chooses the codec's backend only: KL_PROVIDER_TRANSPORT=grpcio is the transport's own switch."""
     try:
-        from kilolock import _codec_rs
+        from kilolock._native import transport
     except ImportError:
         return None
-    return _codec_rs if hasattr(_codec_rs, "H2Channel") else None
+    return transport
 
 
 class NativeChannel:

@@ -50,7 +50,7 @@ def test_forced_rust_that_cannot_load_says_why() -> None:
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'kilolock._codec_rs': raise ImportError('no native codec here')\n"
+        "        if name == 'kilolock._native': raise ImportError('no native codec here')\n"
         "sys.meta_path.insert(0, Block())\n"
         "from kilolock import codec\n"
     )

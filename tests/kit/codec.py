@@ -8,22 +8,20 @@ import pytest
 BUILD_HINT = (
     "the Rust codec is not built into this checkout: run "
     "`cargo build --release --manifest-path codec_rs/Cargo.toml && "
-    "cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so` "
+    "cp codec_rs/target/release/lib_native.so kilolock/_native.abi3.so` "
     "(or `maturin build --release` and unzip the wheel's .so into kilolock/)"
 )
 
 
 def load_backend(name: str) -> types.ModuleType:
-    """kilolock.codec.pure for "python", kilolock._codec_rs for "rust"; fails the test with the
-    build hint when the Rust codec is missing or is the skeleton without a codec."""
+    """kilolock.codec.pure for "python", kilolock._native.codec for "rust"; fails the test with the
+    build hint when the Rust codec is missing."""
     if name == "python":
         from kilolock.codec import pure
 
         return pure
     try:
-        from kilolock import _codec_rs
+        from kilolock._native import codec
     except ImportError as exc:
         pytest.fail(f"{BUILD_HINT} ({exc})")
-    if not hasattr(_codec_rs, "compile_type"):
-        pytest.fail(f"kilolock._codec_rs is the skeleton without a codec; {BUILD_HINT}")
-    return _codec_rs
+    return codec

@@ -19,7 +19,7 @@ BACKENDS = ["native", "python"]
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> certs.Backend:
     if request.param == "native" and certs._native() is None:
-        pytest.fail("the native extension has no p256_sign: run `pip install -e .` (maturin builds codec_rs)", pytrace=False)
+        pytest.fail("the native extension (kilolock._native.p256) is not built: run `pip install -e .` (maturin builds codec_rs)", pytrace=False)
     return request.param
 
 
@@ -99,11 +99,11 @@ def test_the_self_signature_verifies_under_the_certificates_key(backend: certs.B
 
 def test_a_native_key_that_is_not_one_pair_is_refused() -> None:
     native = certs._native()
-    assert native is not None, "the native extension has no p256_sign: run `pip install -e .`"
-    private, _ = native.p256_generate()
-    _, other = native.p256_generate()
+    assert native is not None, "the native extension (kilolock._native.p256) is not built: run `pip install -e .`"
+    private, _ = native.generate()
+    _, other = native.generate()
     with pytest.raises(ValueError, match="not a P-256 key pair"):
-        native.p256_sign(private, other, b"tbs")
+        native.sign(private, other, b"tbs")
 
 
 def test_a_real_go_plugin_completes_automtls_with_either_backends_certificate(monkeypatch: pytest.MonkeyPatch,

@@ -178,11 +178,11 @@ def test_the_start_up_modules_load_from_the_compiled_code_cache(run_pyz, home, p
 
 def test_codec_that_cannot_load_falls_back_to_python_and_version_says_so(run_pyz, home):
     unit = _first_run(run_pyz, home)
-    _same_size_garbage(unit / "kilolock" / "_codec_rs.abi3.so")
+    _same_size_garbage(unit / "kilolock" / "_native.abi3.so")
     r = run_pyz("version")
     assert r.returncode == 0, r.stderr
     codec = version_fields(r.stdout)["codec"]
-    assert codec.startswith("python (the Rust codec cannot load: cannot load kilolock 0.1.0 (kilolock._codec_rs) from kl.pyz")
+    assert codec.startswith("python (the Rust codec cannot load: cannot load kilolock 0.1.0 (kilolock._native) from kl.pyz")
     forced = run_pyz("version", env={"KL_CODEC": "rust"})
     assert "KL_CODEC=rust but the Rust codec cannot be loaded" in forced.stdout
 

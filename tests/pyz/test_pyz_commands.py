@@ -32,7 +32,7 @@ def test_version_on_a_fresh_home_extracts_and_reports_everything(run_pyz, home, 
     assert "grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so" in files
     assert not any("cpython-310" in p or "cpython-312" in p for p in files)
     assert any(p.startswith("psycopg_binary.libs/libpq") for p in files)
-    assert "kilolock/_codec_rs.abi3.so" in files and "google/_upb/_message.abi3.so" in files
+    assert "kilolock/_native.abi3.so" in files and "google/_upb/_message.abi3.so" in files
     assert not list(unit.rglob("*.py")), "pure-Python code must stay in the zip"
     assert r.stderr == ""
 

@@ -32,11 +32,11 @@ def _backends() -> tuple[types.ModuleType, types.ModuleType]:
     from kilolock.codec import pure
 
     try:
-        from kilolock import _codec_rs
+        from kilolock._native import codec
     except ImportError as exc:
         pytest.fail("the Rust codec is not built into this checkout: run `cargo build --release --manifest-path "
-                    f"codec_rs/Cargo.toml && cp codec_rs/target/release/lib_codec_rs.so kilolock/_codec_rs.abi3.so` ({exc})")
-    return pure, _codec_rs
+                    f"codec_rs/Cargo.toml && cp codec_rs/target/release/lib_native.so kilolock/_native.abi3.so` ({exc})")
+    return pure, codec
 
 
 PY, RS = _backends()

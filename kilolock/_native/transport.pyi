@@ -1,31 +1,7 @@
-"""Typed interface of the native extension (codec_rs/, built by maturin). The codec has the same API
-as kilolock.codec.pure, both typed by kilolock.codec.abc; its errors are
-kilolock.codec.errors.CodecError. H2Channel is kl's gRPC client for provider plugins."""
+"""kl's gRPC client for provider plugins (codec_rs/src/transport.rs)."""
 from typing import final
 
 __version__: str
-MAX_DEPTH: int
-
-@final
-class CodecType:
-    @property
-    def type_json(self) -> bytes:
-        """The canonical JSON type specification."""
-    def encode(self, json_bytes: bytes | bytearray) -> bytes:
-        """cty JSON -> msgpack exactly as go-cty writes it."""
-    def decode(self, msgpack_bytes: bytes | bytearray) -> bytes:
-        """msgpack -> canonical cty JSON (sorted keys, compact, exact numbers)."""
-
-def compile_type(type_json: bytes | bytearray) -> CodecType:
-    """Compile Terraform's JSON type syntax into a reusable codec type."""
-
-def p256_generate() -> tuple[bytes, bytes]:
-    """A fresh P-256 key (aws-lc): (private scalar, 32 bytes big-endian; public point, 65 bytes
-    uncompressed). Used by kilolock.provider.certs for the AutoMTLS client certificate."""
-
-def p256_sign(private: bytes, point: bytes, message: bytes) -> bytes:
-    """ECDSA-with-SHA-256 of MESSAGE by the key (PRIVATE, POINT): a DER Ecdsa-Sig-Value. Raises
-    ValueError when the two are not one P-256 key pair."""
 
 @final
 class H2Channel:
