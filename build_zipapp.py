@@ -157,6 +157,23 @@ def _codec_build_command(out: Path) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)], env
 
 
+# What the codec build reads besides codec_rs/src/.
+CODEC_INPUTS = ("pyproject.toml", ".cargo/config.toml", "codec_rs/Cargo.toml", "codec_rs/Cargo.lock")
+
+
+def codec_wheel_dir(cache: Path, repo: Path = REPO) -> Path:
+    """Where the codec wheel of REPO's sources goes in the cache: a directory named by the hash of
+    what its build reads. Every wheel of ours has the same file name (kilolock-0.1.0-cp310-abi3-…),
+    so in one flat directory a build from other sources (another checkout or commit, the extension
+    under another module name) would take the place of this one's, or be taken for it."""
+    h = hashlib.sha256()
+    for path in [repo / p for p in CODEC_INPUTS] + sorted((repo / "codec_rs" / "src").rglob("*.rs")):
+        h.update(path.relative_to(repo).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() if path.is_file() else b"-")
+        h.update(b"\0")
+    return cache / "codec" / h.hexdigest()[:16]
+
+
 def build_codec_wheel(cache: Path) -> Path:
     """Our Rust extension as an abi3 wheel: one file for every CPython >= 3.10."""
     out = Path(tempfile.mkdtemp(prefix="codec-", dir=cache))
@@ -172,7 +189,7 @@ def build_codec_wheel(cache: Path) -> Path:
         if "manylinux2014" not in built[0].name:
             print(f"build: the Rust codec ({built[0].name}) needs this host's glibc or newer; older hosts will "
                   "use the pure-Python codec (install ziglang next to maturin for a manylinux2014 codec)", file=sys.stderr)
-        final = cache / "codec" / built[0].name
+        final = codec_wheel_dir(cache) / built[0].name
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(built[0], final)
         return final

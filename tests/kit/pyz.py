@@ -1,6 +1,7 @@
 """Helpers shared by the kl.pyz tests and the start-up bench (the fixtures live in tests/pyz/conftest.py)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +25,15 @@ def build(out: Path, *extra: str) -> Path:
                     f"{WHEEL_CACHE}), maturin and a Rust toolchain (scripts/setup-dev.sh)", pytrace=False)
     assert out.is_file() and "sha256" in r.stdout, r.stdout
     return out
+
+
+def codec_wheel_dir(cache: Path = WHEEL_CACHE, repo: Path = REPO) -> Path:
+    """Where build_zipapp.py puts the codec wheel of REPO's sources (its own function, loaded from the file)."""
+    spec = importlib.util.spec_from_file_location("build_zipapp", REPO / "build_zipapp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Path(module.codec_wheel_dir(cache, repo))
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
-from kit.pyz import WHEEL_CACHE, build, clean_env
+from kit.pyz import build, clean_env, codec_wheel_dir
 from kit.tfworkspace import terraform
 
 HOST_PYTHON = Path("/usr/bin/python3")
@@ -47,8 +47,9 @@ def pyz(pyz_build_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def codec_args(pyz: Path) -> list[str]:
-    """Reuse the codec wheel the default build made, so extra builds need no second maturin run."""
-    wheels = sorted((WHEEL_CACHE / "codec").glob("kilolock-*-abi3-*.whl"), key=lambda p: p.stat().st_mtime)
+    """Reuse the codec wheel the default build made, so extra builds need no second maturin run:
+    the one of this checkout's sources, not another checkout's built meanwhile."""
+    wheels = sorted(codec_wheel_dir().glob("kilolock-*-abi3-*.whl"), key=lambda p: p.stat().st_mtime)
     return ["--codec-wheel", str(wheels[-1])] if wheels else []
 
 

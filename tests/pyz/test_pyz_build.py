@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kit.paths import PLUGIN_CACHE, REPO
-from kit.pyz import WHEEL_CACHE, build, find_python, version_fields
+from kit.pyz import WHEEL_CACHE, build, codec_wheel_dir, find_python, version_fields
 
 MiB = 1 << 20
 
@@ -136,3 +136,24 @@ def test_another_platform_builds_and_says_what_it_is_for_on_this_one(run_pyz, py
                         r"this kl\.pyz was built for CPython 3\.11 on manylinux_2_28_aarch64, and this is CPython 3\.11\.\d+ on linux x86_64",
                         lines[0]), lines[0]
 
+
+def test_the_codec_wheel_is_cached_by_the_sources_it_was_built_from(tmp_path):
+    # Every build of ours names its wheel alike: a checkout with other codec sources (another
+    # commit, the extension under another module name) must put its wheel somewhere else.
+    files = ["pyproject.toml", ".cargo/config.toml", "codec_rs/Cargo.toml", "codec_rs/Cargo.lock", "codec_rs/src/lib.rs"]
+    copies = {}
+    for name in ("a", "b"):
+        for f in files:
+            (tmp_path / name / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / f, tmp_path / name / f)
+        copies[name] = tmp_path / name
+    cache = tmp_path / "cache"
+    assert codec_wheel_dir(cache, copies["a"]) == codec_wheel_dir(cache, copies["b"])
+    assert codec_wheel_dir(cache, copies["a"]).parent == cache / "codec"
+    lib = copies["b"] / "codec_rs" / "src" / "lib.rs"
+    lib.write_text(lib.read_text().replace('"kilolock._native"', '"kilolock._other"'))
+    assert codec_wheel_dir(cache, copies["a"]) != codec_wheel_dir(cache, copies["b"])
+    pyproject = copies["a"] / "pyproject.toml"
+    before = codec_wheel_dir(cache, copies["a"])
+    pyproject.write_text(pyproject.read_text().replace('module-name = "kilolock._native"', 'module-name = "kilolock._other"'))
+    assert codec_wheel_dir(cache, copies["a"]) != before
