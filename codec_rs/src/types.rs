@@ -232,12 +232,14 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<CtyType> {
                 _ => return Err(invalid("object takes an object of attribute types")),
             };
             let mut attrs: Vec<(String, CtyType)> = Vec::with_capacity(members.len());
-            let mut seen: HashMap<&str, ()> = HashMap::with_capacity(members.len());
+            let mut seen: HashMap<String, ()> = HashMap::with_capacity(members.len());
             for (k, v) in members {
-                if seen.insert(k.as_str(), ()).is_some() {
-                    return Err(invalid(format!("duplicate attribute {}", quote(k))));
+                // As go-cty's cty.Object keys its attributes: NFC, what it writes and reads.
+                let k = nfc(Cow::Borrowed(k.as_str())).into_owned();
+                if seen.insert(k.clone(), ()).is_some() {
+                    return Err(invalid(format!("duplicate attribute {}", quote(&k))));
                 }
-                attrs.push((k.clone(), type_from_json(v, depth + 1)?));
+                attrs.push((k, type_from_json(v, depth + 1)?));
             }
             let mut optional: Vec<String> = Vec::new();
             if items.len() == 3 {
@@ -247,9 +249,10 @@ pub fn type_from_json(spec: &JVal, depth: usize) -> Result<CtyType> {
                 };
                 for o in opts {
                     match o {
-                        JVal::Str(s) if seen.contains_key(s.as_str()) => {
-                            if !optional.contains(s) {
-                                optional.push(s.clone());
+                        JVal::Str(s) if seen.contains_key(nfc(Cow::Borrowed(s.as_str())).as_ref()) => {
+                            let s = nfc(Cow::Borrowed(s.as_str())).into_owned();
+                            if !optional.contains(&s) {
+                                optional.push(s);
                             }
                         }
                         _ => return Err(invalid("optional attribute is not an attribute of the object")),

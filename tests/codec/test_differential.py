@@ -31,7 +31,9 @@ def _types() -> st.SearchStrategy[Any]:
     def extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         return st.one_of(
             st.tuples(st.sampled_from(["list", "set", "map"]), inner).map(list),
-            st.dictionaries(NAMES, inner, max_size=4).map(lambda d: ["object", d]),
+            # Names that NFC makes one are one attribute to go-cty (kl refuses the type: test_backend).
+            st.dictionaries(NAMES, inner, max_size=4).filter(lambda d: len({_nfc(k) for k in d}) == len(d))
+            .map(lambda d: ["object", d]),
             st.lists(inner, max_size=3).map(lambda e: ["tuple", e]),
         )
 
@@ -222,8 +224,19 @@ def canonical(ty: Any, v: Any) -> str:
     if kind == "map":
         return "{" + ",".join(json.dumps(_nfc(k), ensure_ascii=False) + ":" + canonical(ty[1], v[k])
                               for k in sorted(v, key=lambda s: _nfc(s).encode())) + "}"
-    return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + canonical(ty[1][k], v.get(k))
-                          for k in sorted(ty[1], key=lambda s: s.encode())) + "}"
+    # Attribute names NFC, as go-cty's cty.Object keys them.
+    return "{" + ",".join(json.dumps(_nfc(k), ensure_ascii=False) + ":" + canonical(ty[1][k], v.get(k))
+                          for k in sorted(ty[1], key=lambda s: _nfc(s).encode())) + "}"
+
+
+def _has_non_nfc_name(ty: Any) -> bool:
+    if not isinstance(ty, list):
+        return False
+    if ty[0] == "object":
+        return any(_nfc(k) != k or _has_non_nfc_name(t) for k, t in ty[1].items())
+    if ty[0] == "tuple":
+        return any(_has_non_nfc_name(t) for t in ty[1])
+    return _has_non_nfc_name(ty[1])
 
 
 def _has_nfc_collision(v: Any) -> bool:
@@ -257,6 +270,10 @@ SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 
 @SETTINGS
 @given(_case())
+# An attribute name that NFC changes (U+F900 is U+8C48): go-cty's cty.Object keys it normalized, so
+# that is what goes on the wire and what a decode looks up (both backends wrote it as given, then
+# refused to read it back).
+@example(case=(["object", {"\uf900": "string"}], {}, "{}"))
 def test_backends_agree_and_roundtrip_is_canonical(both: tuple[types.ModuleType, types.ModuleType],
                                                    case: tuple[Any, Any, str]) -> None:
     ty, value, text = case
@@ -268,8 +285,11 @@ def test_backends_agree_and_roundtrip_is_canonical(both: tuple[types.ModuleType,
     if py_out[0] == "error":
         # What go-cty refuses too (test_gocty_oracle checks the rule): elements of different
         # types in a collection of dynamic, and map keys that are one key once normalized.
+        # And an attribute written in a form NFC changes: go-cty keys the type's attributes NFC
+        # and looks a value's up as written (the oracle agreed on one such case).
         if ("must all have one type" in py_out[1] and "dynamic" in json.dumps(ty)) or (
-                "duplicate key" in py_out[1] and _has_nfc_collision(value)):
+                "duplicate key" in py_out[1] and _has_nfc_collision(value)) or (
+                "unknown attribute" in py_out[1] and _has_non_nfc_name(ty)):
             return
         pytest.fail(f"valid value rejected: {py_out[1]} for {text}")
     wire = py_out[1]

@@ -90,7 +90,8 @@ def type_from_json(spec: object, depth: int) -> CtyType:
         if len(spec) not in (2, 3) or not isinstance(spec[1], JsonObject):
             raise PathError("invalid type: object takes an object of attribute types")
         attrs: dict[str, CtyType] = {}
-        for key, value in spec[1]:
+        for raw_key, value in spec[1]:
+            key = nfc(raw_key)  # as go-cty's cty.Object keys its attributes (what it writes and reads)
             if key in attrs:
                 raise PathError(f"invalid type: duplicate attribute {quote(key)}")
             attrs[key] = type_from_json(value, depth + 1)
@@ -99,9 +100,9 @@ def type_from_json(spec: object, depth: int) -> CtyType:
             if type(spec[2]) is not list:
                 raise PathError("invalid type: optional attributes must be an array of names")
             for opt in spec[2]:
-                if not isinstance(opt, str) or opt not in attrs:
+                if not isinstance(opt, str) or nfc(opt) not in attrs:
                     raise PathError("invalid type: optional attribute is not an attribute of the object")
-                optional.add(opt)
+                optional.add(nfc(opt))
         return CtyType(OBJECT, attrs=attrs, optional=tuple(sorted(optional)))
     raise PathError(f"invalid type: unknown type kind {quote(name)}")
 
