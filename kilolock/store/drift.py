@@ -86,6 +86,8 @@ SELECT COALESCE(jsonb_object_agg(state_id, n), '{}') FROM (SELECT state_id, coun
 
 @dataclass(frozen=True)
 class Counts:
+    """A state's drift records counted as `kl drift` and `kl status` count them."""
+
     open: int  # what `kl drift` lists and `kl status` says
     total: int  # every record, resolved and ignored ones too
     ignored: int  # open records an ignore rule hides: not open drift, but said, so that none is forgotten

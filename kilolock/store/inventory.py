@@ -39,6 +39,8 @@ class Where:
 
 @dataclass(frozen=True)
 class Filters:
+    """What `kl resources` and /api/v1/resources select (None: anything)."""
+
     state_ids: list[str] | None = None  # None: every state
     type: str | None = None  # an exact type
     type_regex: str | None = None  # a PostgreSQL regex (kilolock.globs.sql_regex of a type glob)

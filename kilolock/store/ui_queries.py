@@ -23,6 +23,8 @@ from kilolock.store.versions import current_version_of
 
 @dataclass(frozen=True)
 class Page:
+    """A page of rows and how many there are in all."""
+
     rows: list[dict[str, Any]]
     total: int
 

@@ -21,8 +21,9 @@ LOUD = {"KL_LOG": "debug", "TF_LOG": "trace"}  # kl's own debug logs and the pro
 # drift views show their attributes to SQL users (drift_records itself holds attribute names only);
 # version_pieces holds each version's text in pieces (migration 0014), what state_versions held whole;
 # observed_objects holds the objects an observation found different (migration 0022), as resources does.
+# (inventory: a view of the resources rows, as the drift views are)
 STATE_TABLES = frozenset({"state_versions", "version_pieces", "resources", "observed_objects", "current_resource_drift",
-                          "resource_drift"})
+                          "resource_drift", "inventory"})
 
 Channels = dict[str, bytes]
 
