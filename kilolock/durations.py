@@ -1,6 +1,8 @@
 """Durations as kl's flags take them: Terraform's forms (30s, 5m, 1h, 1m30s, 500ms) plus days (1d)."""
 from __future__ import annotations
 
+import math
+import os
 import re
 
 from kilolock.errors import UsageError
@@ -23,6 +25,26 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     if total <= 0 and not allow_zero:
         raise UsageError(f"invalid duration {text!r}: must be greater than zero")
     return total
+
+
+def from_env(variable: str, default: float, *, allow_zero: bool = True) -> float:
+    """Seconds from the environment VARIABLE (unset or empty: DEFAULT): a duration as the flags take
+    it, or a bare number of seconds; a UsageError naming VARIABLE otherwise, so a mistyped setting
+    is one line before any work starts rather than a default silently used."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            return parse_duration(text, allow_zero=allow_zero)
+        except UsageError as exc:
+            raise UsageError(f"{variable}: {exc}") from None
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        least = "zero or more" if allow_zero else "greater than zero"
+        raise UsageError(f"{variable}: invalid duration {text!r}: must be {least}")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

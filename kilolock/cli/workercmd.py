@@ -9,7 +9,7 @@ from typing import Any
 
 from kilolock.cli import args as cli_args
 from kilolock.cli.commands import CommandContext
-from kilolock.durations import parse_duration
+from kilolock.durations import from_env, parse_duration
 
 EXAMPLE = """examples:
   kl worker --parallel-states 4 --name "$(hostname)-a"     # on every host that shares the database
@@ -49,19 +49,14 @@ def _at_least_zero(text: str) -> int:
     return n
 
 
-def _env_duration(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    return parse_duration(text) if text else default
-
-
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.fleet.worker import Worker, WorkerConfig
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.store import db
 
-    lease = args.lease or _env_duration("KL_WORKER_LEASE", 60.0)
+    lease = args.lease or from_env("KL_WORKER_LEASE", 60.0, allow_zero=False)
     config = WorkerConfig(name=args.name, parallel_states=args.parallel_states, once=args.once, lease_s=lease,
-                          poll_s=args.poll or _env_duration("KL_WORKER_POLL", 2.0), grace_s=args.grace,
+                          poll_s=args.poll or from_env("KL_WORKER_POLL", 2.0, allow_zero=False), grace_s=args.grace,
                           warm_providers=args.warm_providers, warm_idle_s=args.warm_idle)
     # A worker's run is `kl refresh STATE` with the state's stored settings and kl's defaults; a
     # bad --lock-timeout is refused here, before anything starts.

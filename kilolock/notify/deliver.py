@@ -154,11 +154,9 @@ def deliver_due(conn: psycopg.Connection, *, budget_s: float, wait_for_retries: 
 
 
 def _wait_budget() -> float:
-    raw = os.environ.get("KL_NOTIFY_WAIT")
-    try:
-        return max(0.0, float(raw)) if raw else WAIT_AFTER_COMMIT_S
-    except ValueError:
-        return WAIT_AFTER_COMMIT_S
+    from kilolock.durations import from_env
+
+    return from_env("KL_NOTIFY_WAIT", WAIT_AFTER_COMMIT_S)
 
 
 def after_command(url: str) -> None:

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
-from kilolock.durations import parse_duration
-from kilolock.errors import KlError
+from kilolock.durations import from_env
 from kilolock.refresh.result import Failure as Failure  # noqa: PLC0414 - run() returns them: its callers know them from here
 from kilolock.refresh.result import Result as Result  # noqa: PLC0414
 
@@ -21,13 +19,7 @@ STOP_GRACE_S = 3.0
 
 
 def stop_grace() -> float:
-    text = os.environ.get("KL_STOP_GRACE", "").strip()
-    if not text:
-        return STOP_GRACE_S
-    try:
-        return parse_duration(text, allow_zero=True)
-    except KlError as exc:
-        raise KlError(f"KL_STOP_GRACE: {exc}") from None
+    return from_env("KL_STOP_GRACE", STOP_GRACE_S)
 
 
 class Cancellation:

@@ -215,15 +215,9 @@ def url_of(conn: psycopg.Connection) -> str:
 
 def reconnect_wait() -> float:
     """Seconds recovery keeps trying to connect (RECONNECT_WAIT_ENV, a duration; 0: one attempt)."""
-    from kilolock.durations import parse_duration
+    from kilolock.durations import from_env
 
-    text = os.environ.get(RECONNECT_WAIT_ENV, "")
-    if not text:
-        return RECONNECT_WAIT_S
-    try:
-        return parse_duration(text, allow_zero=True)
-    except KlError as exc:
-        raise DatabaseError(f"${RECONNECT_WAIT_ENV}: {exc}") from None
+    return from_env(RECONNECT_WAIT_ENV, RECONNECT_WAIT_S)
 
 
 def reconnect(conn: psycopg.Connection, wait: float = 0.0) -> psycopg.Connection:

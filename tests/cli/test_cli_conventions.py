@@ -101,6 +101,37 @@ def test_durations_accept_days():
     assert parse_duration("1d") == 86400 and parse_duration("1d12h") == 86400 * 1.5
 
 
+@pytest.mark.parametrize(("value", "seconds"), [("", 7.0), ("90s", 90.0), ("1m30s", 90.0), ("2.5", 2.5), ("0", 0.0)])
+def test_a_duration_setting_takes_the_flags_forms_or_bare_seconds(monkeypatch, value, seconds):
+    from kilolock.durations import from_env
+
+    monkeypatch.setenv("KL_SOME_WAIT", value)
+    assert from_env("KL_SOME_WAIT", 7.0) == seconds
+
+
+@pytest.mark.parametrize(("value", "allow_zero", "said"), [
+    ("soon", True, "KL_SOME_WAIT: invalid duration 'soon': use forms like"),
+    ("-1", True, "KL_SOME_WAIT: invalid duration '-1': must be zero or more"),
+    ("0", False, "KL_SOME_WAIT: invalid duration '0': must be greater than zero"),
+    ("0s", False, "KL_SOME_WAIT: invalid duration '0s': must be greater than zero"),
+    ("nan", True, "KL_SOME_WAIT: invalid duration 'nan'"),
+])
+def test_a_mistyped_duration_setting_is_refused_naming_the_variable(monkeypatch, value, allow_zero, said):
+    from kilolock.durations import from_env
+    from kilolock.errors import UsageError
+
+    monkeypatch.setenv("KL_SOME_WAIT", value)
+    with pytest.raises(UsageError) as caught:
+        from_env("KL_SOME_WAIT", 7.0, allow_zero=allow_zero)
+    assert str(caught.value).startswith(said), caught.value
+
+
+def test_a_mistyped_worker_poll_is_one_line_before_the_worker_starts(run_kl):
+    r = run_kl("worker", "--once", env={"KL_WORKER_POLL": "2 secs"})
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.strip() == "kl: KL_WORKER_POLL: invalid duration '2 secs': use forms like 30s, 5m, 1h, 1d or 1m30s", err
+
+
 def test_progress_redraws_at_most_ten_times_a_second(monkeypatch):
     from kilolock.cli.refreshcmd import _Progress
 

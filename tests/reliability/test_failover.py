@@ -72,7 +72,7 @@ def _settle(conn: object) -> object:
 def test_a_bad_reconnect_wait_is_one_line_when_kl_opens_the_store(db_url, run_kl):
     r = run_kl("state", "list", env={"KL_DATABASE_URL": db_url, "KL_DATABASE_RECONNECT_WAIT": "soon"})
     err = r.stderr.decode()
-    assert r.returncode != 0 and err.startswith("kl: $KL_DATABASE_RECONNECT_WAIT: invalid duration 'soon'"), err
+    assert r.returncode != 0 and err.startswith("kl: KL_DATABASE_RECONNECT_WAIT: invalid duration 'soon'"), err
     assert len(err.strip().splitlines()) == 1, err
 
 
