@@ -33,39 +33,41 @@ def tool_binary(tool: str) -> Path:
     return path
 
 
-def main_tf(url: str, resources: str) -> str:
-    # The full source address: OpenTofu's default registry differs, the filesystem mirror does not.
+def http_backend(url: str) -> str:
+    """The `backend "http"` block for kl serve's state URL: state, lock and unlock at one address."""
     return f"""
-terraform {{
-  required_providers {{
-    null = {{ source = "registry.terraform.io/hashicorp/null", version = "2.1.2" }}
-  }}
   backend "http" {{
     address        = "{url}"
     lock_address   = "{url}"
     unlock_address = "{url}"
-  }}
+  }}"""
+
+
+def terraform_block(providers: dict[str, str], backend_url: str | None = None, extra: str = "") -> str:
+    """A `terraform` block requiring PROVIDERS (hashicorp name -> version) by their full source
+    address (OpenTofu's default registry differs, the filesystem mirror does not), with kl serve's
+    backend at BACKEND_URL and EXTRA (e.g. an encryption block) inside it."""
+    required = "".join(f'\n    {name} = {{ source = "registry.terraform.io/hashicorp/{name}", version = "{version}" }}'
+                       for name, version in providers.items())
+    backend = http_backend(backend_url) if backend_url is not None else ""
+    return f"""
+terraform {{
+  required_providers {{{required}
+  }}{backend}{extra}
 }}
-{resources}
 """
+
+
+def main_tf(url: str, resources: str) -> str:
+    """A configuration with the null provider and kl serve's backend at URL, then RESOURCES."""
+    return terraform_block({"null": "2.1.2"}, url) + resources + "\n"
 
 
 def local_tf(url: str, body: str) -> str:
     """A configuration with the local provider (offline mirror) and kl serve's backend at URL, then BODY."""
     from kit.paths import LOCAL_V
 
-    return f"""
-terraform {{
-  required_providers {{
-    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-}}
-{body}"""
+    return terraform_block({"local": LOCAL_V}, url) + body
 
 
 @dataclass

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from kit.paths import CACHE, LOCAL_V
-from kit.tfcli import tool_binary
+from kit.tfcli import terraform_block, tool_binary
 
 PASSPHRASE = "correct-horse-battery-staple-kl"  # pbkdf2 wants 16 characters or more
 ENV = "KL_TEST_TOFU_PASSPHRASE"
@@ -42,27 +42,13 @@ def encryption_hcl(passphrase: str = PASSPHRASE, fallback_passphrase: str | None
 
 def main_tf(files: dict[str, str], backend_url: str | None = None, passphrase: str = PASSPHRASE) -> str:
     """local_file resources (name -> sensitive content) in a configuration with encrypted state."""
-    backend = ""
-    if backend_url is not None:
-        backend = f"""
-  backend "http" {{
-    address        = "{backend_url}"
-    lock_address   = "{backend_url}"
-    unlock_address = "{backend_url}"
-  }}"""
     resources = "".join(f"""
 resource "local_file" "{name}" {{
   filename          = "${{path.module}}/{name}.txt"
   sensitive_content = "{content}"
 }}
 """ for name, content in files.items())
-    return f"""
-terraform {{
-  required_providers {{
-    local = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-  }}{backend}{encryption_hcl(passphrase)}
-}}
-{resources}"""
+    return terraform_block({"local": LOCAL_V}, backend_url, encryption_hcl(passphrase)) + resources
 
 
 def kl_config(env: str = ENV, fallback_env: str | None = None) -> dict:

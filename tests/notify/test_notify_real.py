@@ -16,6 +16,7 @@ import pytest
 
 from kit.paths import LOCAL_V, PLUGIN_CACHE, TERRAFORM
 from kit.procs import assert_no_new_providers, provider_pids
+from kit.tfcli import http_backend
 from kit.tfworkspace import terraform
 from kit.webhook import Receiver
 
@@ -61,8 +62,7 @@ def test_one_new_across_three_refreshes_then_resolved_by_an_apply_through_kl_ser
     ws = tmp_path / "ws"
     ws.mkdir()
     url = f"{kl_serve}/states/prod"
-    (ws / "main.tf").write_text(main_tf(f'backend "http" {{\n address = "{url}"\n lock_address = "{url}"\n'
-                                        f' unlock_address = "{url}"\n }}'))
+    (ws / "main.tf").write_text(main_tf(http_backend(url)))
     terraform(ws, "init")
     terraform(ws, "apply", "-auto-approve")
     assert run_kl("state", "set", "prod", "--workdir", str(ws)).returncode == 0

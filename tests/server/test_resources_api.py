@@ -12,25 +12,13 @@ from typing import Any
 import pytest
 
 from kit.paths import LOCAL_V, RANDOM_V
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, terraform_block, tool_binary
 
 ROOT = ("root", "root-pw")
 
 
 def config(url: str, out: Path, env: str) -> str:
-    return f"""
-terraform {{
-  required_providers {{
-    null   = {{ source = "registry.terraform.io/hashicorp/null", version = "2.1.2" }}
-    local  = {{ source = "registry.terraform.io/hashicorp/local", version = "{LOCAL_V}" }}
-    random = {{ source = "registry.terraform.io/hashicorp/random", version = "{RANDOM_V}" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-}}
+    return terraform_block({"null": "2.1.2", "local": LOCAL_V, "random": RANDOM_V}, url) + f"""
 resource "null_resource" "n" {{
   triggers = {{ env = "{env}", port = "80" }}
 }}

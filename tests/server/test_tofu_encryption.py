@@ -12,38 +12,14 @@ import json
 
 import psycopg
 
-from kit.tfcli import Workspace, tool_binary
+from kit.tfcli import Workspace, terraform_block, tool_binary
+from kit.tofuenc import PASSPHRASE, encryption_hcl
 
 TOOL = "tofu-1.8.5"
-PASSPHRASE = "correct-horse-battery-staple-kl"  # pbkdf2 wants 16 characters or more
 
 
 def _main_tf(url: str, resources: str) -> str:
-    return f"""
-terraform {{
-  required_providers {{
-    null = {{ source = "registry.terraform.io/hashicorp/null", version = "2.1.2" }}
-  }}
-  backend "http" {{
-    address        = "{url}"
-    lock_address   = "{url}"
-    unlock_address = "{url}"
-  }}
-  encryption {{
-    key_provider "pbkdf2" "main" {{
-      passphrase = "{PASSPHRASE}"
-    }}
-    method "aes_gcm" "main" {{
-      keys = key_provider.pbkdf2.main
-    }}
-    state {{
-      method   = method.aes_gcm.main
-      enforced = true
-    }}
-  }}
-}}
-{resources}
-"""
+    return terraform_block({"null": "2.1.2"}, url, encryption_hcl(PASSPHRASE)) + resources + "\n"
 
 
 def _versions(db_url: str, name: str) -> list[tuple[int, str, bool, str, str]]:
