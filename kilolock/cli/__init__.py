@@ -263,6 +263,26 @@ def run_process(argv: Sequence[str] | None = None) -> NoReturn:
     exit_process(main(argv))
 
 
+def _parse_intermixed(args: argparse.Namespace, argv: list[str],
+                      extra: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """ARGV read again by its command's own parser with options and positionals intermixed: argparse
+    settles a command's optional positionals at the first option, so `kl state diff prod --observed
+    7` leaves 7 over where the command has a place for it (and a message when it does not fit)."""
+    command_parser = getattr(args, "_parser", None)
+    if command_parser is None:
+        return args, extra
+    words = command_parser.prog.split()[1:]
+    start = next((i for i in range(len(argv) - len(words) + 1) if argv[i:i + len(words)] == words), None)
+    if start is None:
+        return args, extra
+    try:
+        again, rest = command_parser.parse_known_intermixed_args(argv[start + len(words):])
+    except (TypeError, KlError):  # a parser intermixing cannot read: the first reading's error stands
+        return args, extra
+    merged = argparse.Namespace(**{**vars(args), **vars(again)})
+    return merged, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, argv = _parser_for(argv)
@@ -271,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = CommandContext()
     try:
         args, extra = parser.parse_known_args(argv)
+        if extra:
+            args, extra = _parse_intermixed(args, argv, extra)
         if extra:  # said by the command they were given to: its usage, its flags to suggest
             (getattr(args, "_parser", None) or parser).error("unrecognized arguments: " + " ".join(extra))
         command: Command | None = getattr(args, "_command", None)

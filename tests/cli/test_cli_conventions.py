@@ -132,6 +132,21 @@ def test_a_mistyped_worker_poll_is_one_line_before_the_worker_starts(run_kl):
     assert r.returncode == 2 and err.strip() == "kl: KL_WORKER_POLL: invalid duration '2 secs': use forms like 30s, 5m, 1h, 1d or 1m30s", err
 
 
+def test_positionals_after_an_option_reach_the_command(capsys):
+    from kilolock.cli import _parse_intermixed
+
+    argv = ["state", "diff", "prod", "--format", "json", "3", "4.2"]
+    first, extra = build_parser(argv[:2]).parse_known_args(argv)
+    args, extra = _parse_intermixed(first, argv, extra)
+    assert extra == [] and (args.name, args.serial_from, args.serial_to, args.format) == ("prod", (3, None), (4, 2), "json")
+
+    assert main(["state", "diff", "prod", "--observed", "7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kl: kl state diff: --observed compares Terraform's current version"), err
+    assert main(["state", "diff", "prod", "--observed", "1", "2", "3"]) == 2
+    assert "unrecognized arguments: 3" in capsys.readouterr().err
+
+
 def test_progress_redraws_at_most_ten_times_a_second(monkeypatch):
     from kilolock.cli.refreshcmd import _Progress
 
