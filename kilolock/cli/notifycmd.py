@@ -209,10 +209,10 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_log(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock.store import notify
+    from kilolock.store import deliveries
 
     with context.open_store() as conn:
-        rows = notify.delivery_log(conn, failed=args.failed, channel=args.channel, limit=args.limit)
+        rows = deliveries.delivery_log(conn, failed=args.failed, channel=args.channel, limit=args.limit)
     if args.format == "json":
         render.emit_json({"version": 1, "deliveries": [
             {"id": r["id"], "channel": r["channel"], "event": r["event"], "state": r["state"], "serial": r["serial"],

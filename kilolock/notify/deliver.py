@@ -3,7 +3,7 @@
 Who sends: the process that committed the event, before it exits (``after_command``: it waits a
 short bounded time for retries); else the next kl process that opens the store (it found them due
 in open_store's cheap check); `kl serve`'s background thread (``Background``); any later process.
-A delivery is leased to one process at a time (store.notify.claim: FOR UPDATE SKIP LOCKED and a
+A delivery is leased to one process at a time (store.deliveries.claim: FOR UPDATE SKIP LOCKED and a
 lease longer than one attempt can take), every attempt is recorded, and every retry of an event
 carries its idempotency key: a receiver that dedupes on it sees each event once.
 """
@@ -29,7 +29,7 @@ from kilolock import drift, redact
 from kilolock.errors import KlError
 from kilolock.notify import payload
 from kilolock.redact import Redactor
-from kilolock.store import db, history
+from kilolock.store import db, deliveries, history
 from kilolock.store import notify as outbox
 from kilolock.store.db import first_line
 
@@ -113,7 +113,7 @@ def _attempt(conn: psycopg.Connection, d: Mapping[str, Any], rows: Mapping[str, 
         error = str(exc)
     ok = status is not None and 200 <= status < 300
     error = None if ok else secrets.redact(error or f"HTTP {status}")
-    outcome = outbox.finish_attempt(conn, d["delivery_id"], owner, ok=ok, http_status=status, error=error,
+    outcome = deliveries.finish_attempt(conn, d["delivery_id"], owner, ok=ok, http_status=status, error=error,
                                     duration_ms=int((time.monotonic() - started) * 1000),
                                     retry_for_s=RETRY_FOR_S, max_delay_s=MAX_DELAY_S)
     if not ok:
@@ -132,20 +132,20 @@ def deliver_due(conn: psycopg.Connection, *, budget_s: float, wait_for_retries: 
     delivered = 0
     first = True
     while first or time.monotonic() < deadline:
-        batch = outbox.claim(conn, owner, lease_s=LEASE_S, limit=BATCH)
+        batch = deliveries.claim(conn, owner, lease_s=LEASE_S, limit=BATCH)
         in_budget = first or time.monotonic() < deadline
         first = False
         if not batch:
-            wait = outbox.seconds_to_next(conn) if wait_for_retries else None
+            wait = deliveries.seconds_to_next(conn) if wait_for_retries else None
             if wait is None or time.monotonic() + wait >= deadline:
                 break
             time.sleep(wait + 0.05)
             continue
-        rows = outbox.resources(conn, sorted({i for d in batch for i in payload.resource_ids(d["detail"])}))
+        rows = deliveries.resources(conn, sorted({i for d in batch for i in payload.resource_ids(d["detail"])}))
         schemas = history.cached_schemas(conn, drift.schema_keys(rows.values()))  # paths as kl drift shows them
         for i, d in enumerate(batch):
             if not in_budget:
-                outbox.release(conn, [x["delivery_id"] for x in batch[i:]], owner)
+                deliveries.release(conn, [x["delivery_id"] for x in batch[i:]], owner)
                 break
             if _attempt(conn, d, rows, owner, post_fn, schemas) == "delivered":
                 delivered += 1
@@ -198,7 +198,7 @@ class Background:
             try:
                 if conn is None or conn.closed:
                     conn = self._connect()
-                if outbox.check_due(conn):
+                if deliveries.check_due(conn):
                     deliver_due(conn, budget_s=self._interval * 5, wait_for_retries=False)
             except (KlError, psycopg.Error) as exc:
                 log.warning("notification sender: %s; retrying", first_line(exc))

@@ -38,7 +38,7 @@ _COMMANDS = {"drift": "kl drift {state}", "refresh": "kl runs {state}", "resourc
 def addresses(detail: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]],
               schemas: drift.Schemas | None = None) -> list[dict[str, Any]]:
     """A drift event's addresses, each with its changed paths and masked before/after values.
-    ROWS: the lifecycle rows the event names (store.notify.resources), by id; SCHEMAS (cached)
+    ROWS: the lifecycle rows the event names (store.deliveries.resources), by id; SCHEMAS (cached)
     shape the paths as kl drift's."""
     out = []
     for a in detail.get("addresses", []):

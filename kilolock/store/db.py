@@ -262,7 +262,7 @@ def open_store(migrate: bool | None = None, target: Target | None = None) -> psy
     migrated explicitly with `kl db migrate`, unless `migrate=True`. ``target``: the database, when
     the caller resolved it already (resolve_target otherwise).
     """
-    from kilolock.store import notify
+    from kilolock.store import deliveries
     from kilolock.store.migrate import apply_migrations, pending_migrations
 
     target = target or resolve_target()
@@ -279,7 +279,7 @@ def open_store(migrate: bool | None = None, target: Target | None = None) -> psy
                     f"the database schema is not current ({len(pending)} pending migration(s), first {pending[0]}); run `kl db migrate`"
                 )
         # One indexed EXISTS: any notification a crashed or impatient process left to deliver?
-        notify.check_due(conn)
+        deliveries.check_due(conn)
     except psycopg.OperationalError as exc:
         # The server went away between connecting and the schema check (a restart, a terminated
         # backend): a fault to name in one line, not an internal error with the query quoted.

@@ -197,6 +197,7 @@ def populate(conn: psycopg.Connection) -> None:
     from kilolock import schema as sch
     from kilolock.server import store_ops
     from kilolock.store import (
+        deliveries,
         ignore_rules,
         locks,
         notify,
@@ -402,10 +403,10 @@ def populate(conn: psycopg.Connection) -> None:
         "data_source_schemas": {},
     }))
     # Two deliveries tried: one delivered, one failed once and waiting to retry.
-    sent, refused = notify.claim(conn, "fixture-host:1", lease_s=60, limit=2)
-    notify.finish_attempt(conn, sent["delivery_id"], "fixture-host:1", ok=True, http_status=200, error=None,
+    sent, refused = deliveries.claim(conn, "fixture-host:1", lease_s=60, limit=2)
+    deliveries.finish_attempt(conn, sent["delivery_id"], "fixture-host:1", ok=True, http_status=200, error=None,
                           duration_ms=12, retry_for_s=3600, max_delay_s=300)
-    notify.finish_attempt(conn, refused["delivery_id"], "fixture-host:1", ok=False, http_status=500,
+    deliveries.finish_attempt(conn, refused["delivery_id"], "fixture-host:1", ok=False, http_status=500,
                           error="HTTP 500 Internal Server Error", duration_ms=30, retry_for_s=3600, max_delay_s=300)
     # Never due: the kl processes that describe() and the upgrade test run would otherwise send them
     # (to nowhere), and the fixture's counts would depend on when and where it was made.
