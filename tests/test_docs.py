@@ -36,6 +36,41 @@ def test_the_readme_is_short_and_opens_with_the_two_commands() -> None:
     ]
 
 
+def _readme_kl_commands() -> list[str]:
+    """The `kl ...` lines of the README's shell blocks (the tour a newcomer copies), each cut at its
+    comment and before a redirection or pipe."""
+    import shlex
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["kl"]:
+                cut = next((i for i, w in enumerate(words) if w in (">", ">>", "|", "&&")), len(words))
+                commands.append(shlex.join(words[1:cut]))
+    return commands
+
+
+def test_the_tours_commands_parse_with_todays_parser() -> None:
+    """A renamed option or command breaks the tour where a newcomer meets it first: each line must
+    parse as kl would parse it (nothing is run)."""
+    import shlex
+
+    from kilolock.cli import _parser_for
+
+    commands = _readme_kl_commands()
+    assert len(commands) >= 15, commands
+    refused = []
+    for command in commands:
+        parser, argv = _parser_for(shlex.split(command))
+        try:
+            parser.parse_args(argv)
+        except Exception as exc:  # noqa: BLE001 - any refusal is the finding, with its message
+            refused.append(f"kl {command}: {exc}")
+    assert not refused, refused
+
+
 def _local_links(page: Path) -> list[str]:
     return [t for t in LINK.findall(page.read_text(encoding="utf-8")) if not re.match(r"[a-z]+:", t)]
 
