@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 KL_SETUP_CLIS="${KL_SETUP_CLIS-background}" bash scripts/setup-dev.sh
 bash scripts/lint.sh
 # The documentation site: --strict fails on any warning, so a broken link or anchor between the
-# pages fails the run (mkdocs.yml's validation settings). The extra's pins are in pyproject.toml.
-NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict --quiet
+# pages fails the run (mkdocs.yml's validation settings; not --quiet, under which mkdocs stops
+# counting warnings and --strict passes anything). The extra's pins are in pyproject.toml.
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 # The Rust codec's own tests read the same vector file as the Python suite. Debug builds use far
 # bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a
