@@ -6,7 +6,7 @@
 #   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5,
 #     1.12.2 and 1.13.3, OpenTofu 1.6.3, 1.8.5 and 1.12.6 (test-providers.sh, test-terraform.sh)
 # What it installs can be narrowed (the defaults are what the tests and CI need):
-#   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint; empty: none)
+#   KL_SETUP_EXTRAS      pip extras of kilolock, comma-separated (default test,bench,lint,docs; empty: none)
 #   KL_SETUP_PROVIDERS   providers for test-providers.sh, space-separated (default all)
 #   KL_SETUP_TERRAFORMS  CLIs for test-terraform.sh, space-separated (default all)
 #   KL_SETUP_CLIS=background  with all CLIs: those needing a Go build build in the background
@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="${KL_SETUP_EXTRAS-test,bench,lint}"
+extras="${KL_SETUP_EXTRAS-test,bench,lint,docs}"
 setup_log="${KL_SETUP_LOG:-}"
 
 log() { echo "setup: $*" >&2; }

@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 KL_SETUP_CLIS="${KL_SETUP_CLIS-background}" bash scripts/setup-dev.sh
 bash scripts/lint.sh
+# The documentation site: --strict fails on any warning, so a broken link or anchor between the
+# pages fails the run (mkdocs.yml's validation settings; not --quiet, under which mkdocs stops
+# counting warnings and --strict passes anything). The extra's pins are in pyproject.toml.
+NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 export KL_TEST_CACHE="${KL_TEST_CACHE:-$HOME/.cache/kilolock-test}"
 # The Rust codec's own tests read the same vector file as the Python suite. Debug builds use far
 # bigger stack frames than the release build Python loads, so the 64-deep nesting vectors need a
@@ -16,7 +20,7 @@ RUST_MIN_STACK=67108864 cargo test -q --manifest-path codec_rs/Cargo.toml --no-d
 export KL_TEST_PYZ="$PWD/dist/kl.pyz"
 # The web UI's browser tests leave a screenshot of every page here (desktop and phone width).
 export KL_UI_SCREENSHOTS="${KL_UI_SCREENSHOTS:-$PWD/dist/ui-screenshots}"
-# The slowest tests are listed at the end: the budget (README, CI) is spent there first.
+# The slowest tests are listed at the end: the budget (CI) is spent there first.
 .venv/bin/python -m pytest tests --durations=25 "$@"
 # The benchmarks race every CLI: a background build of them (setup-dev.sh) must be over, and good.
 cli_bin="$KL_TEST_CACHE/bin"

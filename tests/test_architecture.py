@@ -1,4 +1,4 @@
-"""The layers of README's Architecture section, enforced: each part of kilolock imports only what its
+"""The layers of docs/architecture.md, enforced: each part of kilolock imports only what its
 layer may see. Lazy imports inside functions count too: the CLI loads its commands lazily, and a
 lazy import is still a dependency."""
 from __future__ import annotations
@@ -113,14 +113,14 @@ def _modules() -> list[tuple[str, Path]]:
 def test_every_part_has_a_place_in_the_layers() -> None:
     units = {unit_of(name) for name, _ in _modules()}
     unplaced = units - MODEL - set(ALLOWED)
-    assert not unplaced, f"new parts of kilolock need a layer in tests/test_architecture.py and README: {sorted(unplaced)}"
+    assert not unplaced, f"new parts of kilolock need a layer in tests/test_architecture.py and docs/architecture.md: {sorted(unplaced)}"
     unordered = [name for name, _ in _modules() if name not in PACKAGE_ORDER.get(unit_of(name), [name])]
-    assert not unordered, f"new modules of an ordered package need a place in PACKAGE_ORDER and README: {unordered}"
+    assert not unordered, f"new modules of an ordered package need a place in PACKAGE_ORDER and docs/architecture.md: {unordered}"
 
 
 def test_imports_follow_the_layers() -> None:
     found = [v for name, path in _modules() for v in violations(name, path.read_text(encoding="utf-8"))]
-    assert not found, "imports that break README's Architecture rules:\n" + "\n".join(found)
+    assert not found, "imports that break docs/architecture.md's rules:\n" + "\n".join(found)
 
 
 def test_the_rule_catches_a_layer_break() -> None:

@@ -12,8 +12,8 @@ Canonical JSON is the same bytes for the same value: keys sorted by UTF-8 bytes,
 in go-cty's fixed notation (a float64 from the wire as go-cty's 53-bit big.Float prints it, as
 Terraform writes state), strings NFC, sets sorted (primitives in cty's order, other elements by
 their canonical text) and deduplicated, dynamic values with the type their value has.
-``t.decode(t.encode(x))`` is the canonical form of a JSON value ``x``. README "Values: what
-Terraform would write" says where and why it differs from go-cty.
+``t.decode(t.encode(x))`` is the canonical form of a JSON value ``x``. docs/paths-and-values.md
+("Values: what Terraform would write") says where and why it differs from go-cty.
 
 Rust dev build (the .so is gitignored):
     cargo build --release --manifest-path codec_rs/Cargo.toml

@@ -64,7 +64,7 @@ def ui_link(ui_url: str | None, state: str) -> str | None:
 
 
 def document(event: Mapping[str, Any], found: list[dict[str, Any]]) -> dict[str, Any]:
-    """The `json` format's body, version PAYLOAD_VERSION (README "Notifications")."""
+    """The `json` format's body, version PAYLOAD_VERSION (docs/notifications.md)."""
     kind, state = event["kind"], event["state_name"]
     created: datetime = event["created_at"]
     if kind == "resource.unmanaged":

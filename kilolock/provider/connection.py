@@ -170,7 +170,7 @@ def connect_spawned(process: PluginProcess, choice: TlsChoice, *, start_timeout:
         spawn.tls_failed_here.add(binary)
         tlsmemo.remember_failure(binary, client)
         # Expected with every current Go provider under grpcio (P-521 certificate under TLS 1.3,
-        # which grpcio cannot verify: README "Provider transport"), so INFO, not a warning on every run.
+        # which grpcio cannot verify: docs/refresh.md "Provider transport and logs"), so INFO, not a warning on every run.
         _log.info(
             "%s could not complete AutoMTLS with %s (%s); falling back to plaintext gRPC on a private "
             "0700 unix socket directory (set KL_DISABLE_PLUGIN_TLS=1 to skip the attempt; remembered in %s)",

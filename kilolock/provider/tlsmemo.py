@@ -1,6 +1,6 @@
 """Provider binaries whose AutoMTLS attempt failed, remembered across runs.
 
-Every current Go provider fails AutoMTLS with grpcio (README "Provider transport"; kl's native
+Every current Go provider fails AutoMTLS with grpcio (docs/refresh.md "Provider transport and logs"; kl's native
 client completes it), and finding out costs a whole extra launch (~0.1 s) per provider per run. A
 failure depends only on the binary and on the client, so it is recorded with the binary's real
 path, size and mtime and the client's id ("grpcio 1.76.0", "kl-h2 0.1.0"); a new build of either

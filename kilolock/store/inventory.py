@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from kilolock import schema as sch
 from kilolock.store.ui_queries import MARK_STEPS
 
-# The keys of each instance, in this order (README "kl resources"): the JSON, the CSV header and
+# The keys of each instance, in this order (docs/inventory.md): the JSON, the CSV header and
 # the API's items.
 COLUMNS = ("state", "address", "deposed", "mode", "type", "provider", "provider_alias", "id", "identity",
            "identity_schema_version", "evidence", "status", "drift")

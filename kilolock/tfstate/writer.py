@@ -59,7 +59,7 @@ def is_dynamic_wrapper(v: Any) -> bool:
     """Whether V is how ctyjson wrote a dynamically typed value: an object of exactly ``value`` and
     ``type``, the type a type specification that the value fits. Without the provider's schema that
     is the only sign; an object attribute with exactly these two keys that happens to pass is laid
-    out the same way (README, "What kl reads")."""
+    out the same way (docs/reading-states.md)."""
     if not (isinstance(v, dict) and len(v) == 2 and "value" in v and "type" in v):
         return False
     try:

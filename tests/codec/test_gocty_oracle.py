@@ -2,7 +2,7 @@
 versions Terraform 1.12.2 and 1.8.5 pin and at the newest go-cty the proxy serves): fixed edge cases and random types and values, each
 decoded from msgpack as a provider sends it and encoded from JSON as state holds it. Each case
 must give byte-identical results from the two backends, and what go-cty gives (see the oracle's
-doc comment for how results are compared). README "Values: what Terraform would write" lists
+doc comment for how results are compared). docs/paths-and-values.md ("Values: what Terraform would write") lists
 what is deliberately different, and none of it is drawn here.
 
 KL_GOCTY_CASES sets the number of random cases (CI: 2,000; a longer run: 100,000), KL_GOCTY_SEED

@@ -67,7 +67,7 @@ resource "random_password" "p" {{ length = 12 }}
 """
 
 # fault -> (weight, exit codes allowed). Kills may land after the run finished, hence 0 with them;
-# a SIGTERM that lands during the run cancels it, 143 (README: 130 after Ctrl-C, 143 after SIGTERM).
+# a SIGTERM that lands during the run cancels it, 143 (docs/cli/index.md: 130 after Ctrl-C, 143 after SIGTERM).
 FAKE_FAULTS = {
     "none": (2, {0}), "crash": (1, {1}), "timeout": (1, {1}), "error": (1, {1}), "gone": (1, {0}),
     "sigkill": (2, {0, -9}), "sigterm": (2, {0, 1, 143, -15}), "sigint": (2, {0, 130, -2}), "dbcut": (2, {0, 1}),

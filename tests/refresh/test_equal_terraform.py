@@ -377,7 +377,7 @@ def test_an_instance_stored_without_identity_gets_the_identity_its_read_returns(
     identity, the read then returns one and Terraform stores it; the framework passes the empty
     identity to testfw's upgrader, which refuses it, and Terraform's refresh fails. kl does not ask
     for that upgrade: its refresh succeeds, stores the identity the read returns, and writes what
-    Terraform writes where Terraform succeeds (README: "Equal to Terraform")."""
+    Terraform writes where Terraform succeeds (docs/refresh.md: "Equal to Terraform")."""
     row = next(r for r in PROVIDERS if r.name == row_name)
     old, new = Cli("terraform-1.8.5", tool_binary("terraform-1.8.5")), Cli("terraform-1.12.2", tool_binary("terraform-1.12.2"))
     ws = tmp_path / "applied"

@@ -121,14 +121,14 @@ def test_inventory_duplicates_and_the_api_over_real_states(fleet, run_kl, db_url
         assert bad.status == 400 and fragment in bad.text, (query, bad.text)
 
 
-def test_the_readme_sql_cookbook_runs_against_the_inventory_view(fleet, db_url) -> None:
+def test_the_docs_sql_cookbook_runs_against_the_inventory_view(fleet, db_url) -> None:
     import re
 
     from kit.fleet import q
     from kit.paths import REPO
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    cookbook = readme.split("**SQL cookbook**", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
+    page = (REPO / "docs" / "inventory.md").read_text(encoding="utf-8")
+    cookbook = page.split("## SQL cookbook", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
     queries = [x.strip() for x in re.split(r";\s*\n", cookbook) if x.strip()]
     assert len(queries) == 3
     by_type = q(db_url, queries[0])
@@ -138,3 +138,19 @@ def test_the_readme_sql_cookbook_runs_against_the_inventory_view(fleet, db_url) 
     assert all(r[2] == 2 and r[3] == 2 for r in by_type)
     assert q(db_url, queries[1]) == []  # no bucket in these states
     assert q(db_url, queries[2]) == []  # nor a module.net
+
+
+def test_the_readme_tour_sql_runs_against_its_views(fleet, db_url) -> None:
+    import re
+
+    from kit.fleet import q
+    from kit.paths import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("### 7. Ask the database", 1)[1].split("```sql", 1)[1].split("```", 1)[0]
+    queries = [x.strip() for x in re.split(r";\s*\n", block) if x.strip()]
+    assert len(queries) == 2
+    assert q(db_url, queries[0]) == []  # these states have no drift
+    assert {(r[0], r[1]) for r in q(db_url, queries[1])} == {("registry.terraform.io/hashicorp/null", "null_resource"),
+                                                              ("registry.terraform.io/hashicorp/local", "local_file"),
+                                                              ("registry.terraform.io/hashicorp/random", "random_id")}

@@ -61,7 +61,7 @@ def nfc(text: str) -> str:
     """Unicode Normalization Form C, as ``cty.StringVal`` applies to every string and map key.
     Python's own tables (Unicode 13.0 on 3.10 up to 15.1 on 3.13) and the Rust crate's (18.0) give
     the same result for every string of characters Python's version knows (Unicode's
-    normalization stability policy); see README "Values: what Terraform would write"."""
+    normalization stability policy); see docs/paths-and-values.md, "Values: what Terraform would write"."""
     if text.isascii():
         return text
     return unicodedata.normalize("NFC", text)
