@@ -34,7 +34,7 @@ def _build_and_cache() -> tuple[str, str]:
     pyz = sys.modules.get("kilolock._pyz.entry")  # loaded only when running from kl.pyz
     if pyz is not None:
         return pyz.build_id(), pyz.cache_dir_description()
-    return os.environ.get("KL_BUILD_ID", "source"), os.environ.get("KL_CACHE_RESOLVED", "-")
+    return os.environ.get("KL_BUILD_ID", "source"), "-"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
