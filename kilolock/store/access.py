@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from kilolock import globs
 from kilolock.errors import KlError
@@ -48,8 +48,20 @@ def audit(conn: psycopg.Connection, actor: str, action: str, target: str | None,
     conn.execute(_AUDIT, (actor, action, target, state, detail))
 
 
-def audit_log(conn: psycopg.Connection, limit: int = 100) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(
+class AuditEntry(TypedDict):
+    """A row of `kl access log`: who did (or was refused) what, on which state."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str | None
+    state: str | None
+    detail: str | None
+
+
+def audit_log(conn: psycopg.Connection, limit: int = 100) -> list[AuditEntry]:
+    return conn.cursor(row_factory=class_row(AuditEntry)).execute(
         "SELECT id, at, actor, action, target, state, detail FROM access_audit ORDER BY id DESC LIMIT %s",
         (limit,)).fetchall()
 
@@ -66,8 +78,21 @@ def grants_of(conn: psycopg.Connection, principal: str) -> list[StoredGrant]:
         (principal,)).fetchall())
 
 
-def list_grants(conn: psycopg.Connection, principal: str | None = None) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(
+class ListedGrant(TypedDict):
+    """A row of `kl access list`: a grant, with its token's state when the principal is a token."""
+
+    id: int
+    principal: str
+    role: str
+    states_glob: str
+    created_at: datetime
+    created_by: str | None
+    token_revoked_at: datetime | None
+    token_expires_at: datetime | None
+
+
+def list_grants(conn: psycopg.Connection, principal: str | None = None) -> list[ListedGrant]:
+    return conn.cursor(row_factory=class_row(ListedGrant)).execute(
         """SELECT g.id, g.principal, g.role, g.states_glob, g.created_at, g.created_by,
                   t.revoked_at AS token_revoked_at, t.expires_at AS token_expires_at
            FROM access_grants g
@@ -166,8 +191,21 @@ def count_usable_tokens(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def list_tokens(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(
+class ListedToken(TypedDict):
+    """A row of `kl token list`: a token (never its secret) and the grants it holds."""
+
+    name: str
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    expired: bool
+    grants: list[str]  # "ROLE on GLOB"
+
+
+def list_tokens(conn: psycopg.Connection) -> list[ListedToken]:
+    return conn.cursor(row_factory=class_row(ListedToken)).execute(
         """SELECT t.name, t.created_at, t.created_by, t.expires_at, t.revoked_at, t.last_used_at,
                   (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
                   COALESCE((SELECT array_agg(g.role || ' on ' || g.states_glob ORDER BY g.id)

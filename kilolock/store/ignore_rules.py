@@ -12,10 +12,11 @@ as jsonb path steps, with a set element it ends on (``member[={"name":"eve"}]``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, TypedDict
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row
 from psycopg.types.json import Jsonb
 
 from kilolock import globs
@@ -142,8 +143,23 @@ def some_addresses(conn: psycopg.Connection, states_glob: str, limit: int) -> li
     return [r[0] for r in conn.execute(_SOME_ADDRESSES, {"states": globs.sql_regex(states_glob), "limit": limit})]
 
 
-def list_rules(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    return conn.cursor(row_factory=dict_row).execute(_LIST).fetchall()
+class ListedRule(TypedDict):
+    """A row of `kl drift ignore list`: a rule, whether it expired, and how many records it hides."""
+
+    id: int
+    states_glob: str
+    address_glob: str
+    path: str | None  # None: the whole instance
+    reason: str | None
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    expired: bool
+    hidden: int
+
+
+def list_rules(conn: psycopg.Connection) -> list[ListedRule]:
+    return conn.cursor(row_factory=class_row(ListedRule)).execute(_LIST).fetchall()
 
 
 def remove_rule(conn: psycopg.Connection, rule_id: int) -> None:
