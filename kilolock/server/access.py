@@ -57,6 +57,8 @@ PLAN_OPERATION = "OperationTypePlan"
 
 # A token's last_used_at is written at most this often (seconds): not a database write per request.
 TOUCH_EVERY = 60.0
+# The actor of a handshake refused for its client certificate: no principal was established.
+UNVERIFIED_CERTIFICATE = "cert:unverified"
 
 
 @lru_cache(maxsize=4096)
@@ -221,3 +223,6 @@ class Access:
 
     def refused(self, conn: psycopg.Connection, principal: Principal, what: str, state: str | None, reason: str) -> None:
         access_store.audit(conn, principal.id, "refused", what, state, reason)
+
+    def refused_handshake(self, conn: psycopg.Connection, address: str, reason: str) -> None:
+        access_store.audit(conn, UNVERIFIED_CERTIFICATE, "refused", f"TLS handshake from {address}", None, reason)

@@ -24,6 +24,8 @@ from kilolock.server import tls
 
 log = logging.getLogger("kilolock.server")
 
+_REFUSAL_EVERY_S = 60.0
+_REFUSALS_REMEMBERED = 10_000
 MAX_HEAD = 64 * 1024  # request line and headers together; BaseHTTPRequestHandler's own line limit is 64 KiB
 
 
@@ -140,8 +142,14 @@ class ConnectionManager:
     whose head is in ``connection.buffer`` and says whether the connection stays open."""
 
     def __init__(self, handle: Handle, *, workers: int, max_connections: int, header_timeout: float,
-                 idle_timeout: float, request_timeout: float) -> None:
+                 idle_timeout: float, request_timeout: float,
+                 on_refused_certificate: Callable[[str, str], None] | None = None) -> None:
         self._handle = handle
+        # Called on a worker with (client address, one-line reason) for a handshake refused because
+        # of the client's certificate: at most once a minute per address and reason, so a client
+        # retrying in a loop costs the audit one row a minute, and the selector never waits for it.
+        self._on_refused_certificate = on_refused_certificate
+        self._refusals_said: dict[tuple[str, str], float] = {}
         self._max = max_connections
         self._header_timeout = header_timeout
         self._idle_timeout = idle_timeout
@@ -276,6 +284,7 @@ class ConnectionManager:
                 refused = tls.refusal(exc) if isinstance(exc, ssl.SSLError) else None
                 if refused is not None:  # a client that tried to authenticate: its operator needs to hear why
                     log.warning("TLS handshake with %s: %s", conn.address[0], refused)
+                    self._say_refused(conn.address[0], refused)
                 else:
                     log.info("TLS handshake with %s failed: %s", conn.address[0], exc)
                 self._drop(conn)
@@ -302,6 +311,20 @@ class ConnectionManager:
         elif len(conn.buffer) > MAX_HEAD:
             self._refuse(conn, "431 Request Header Fields Too Large",
                          f"request line and headers exceed {MAX_HEAD // 1024} KiB")
+
+    def _say_refused(self, address: str, reason: str) -> None:
+        if self._on_refused_certificate is None:
+            return
+        now = time.monotonic()
+        if now - self._refusals_said.get((address, reason), -_REFUSAL_EVERY_S) < _REFUSAL_EVERY_S:
+            return
+        if len(self._refusals_said) > _REFUSALS_REMEMBERED:
+            self._refusals_said = {k: t for k, t in self._refusals_said.items() if now - t < _REFUSAL_EVERY_S}
+        self._refusals_said[(address, reason)] = now
+        try:
+            self._pool.submit(self._on_refused_certificate, address, reason)
+        except RuntimeError:  # closing: the log line above is all there is
+            pass
 
     def _sweep(self, now: float) -> None:
         for conn in list(self._watched):

@@ -125,8 +125,18 @@ class KilolockHTTPServer(TCPServer):
         # closes these too.
         self.connections = ConnectionManager(self._answer, workers=config.workers, max_connections=self.max_connections,
                                              header_timeout=config.header_timeout, idle_timeout=config.timeout,
-                                             request_timeout=config.timeout)
+                                             request_timeout=config.timeout,
+                                             on_refused_certificate=self._audit_refused_certificate)
         super().__init__(address, _Handler)
+
+    def _audit_refused_certificate(self, address: str, reason: str) -> None:
+        """A handshake refused for the client's certificate, in the access audit beside the refused
+        requests (`kl access log`): the certificate's subject is not known, only that it failed."""
+        try:
+            with self.pool.connection() as conn:
+                self.access.refused_handshake(conn, address, reason + "; nothing done")
+        except Exception as exc:  # noqa: BLE001 - the log line said it already; the audit is best effort
+            log.warning("TLS handshake refusal from %s not audited: %s", address, exc)
 
     def process_request(self, request, client_address):  # type: ignore[no-untyped-def]
         self.connections.add(request, client_address)

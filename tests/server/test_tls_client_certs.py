@@ -75,8 +75,14 @@ def test_a_client_certificate_is_a_principal_and_bad_ones_are_refused_with_one_l
     with psycopg.connect(db_url) as c:
         actors = c.execute("SELECT v.actor FROM state_versions v JOIN states s ON s.id = v.state_id "
                            "WHERE s.name = 'ci/a'").fetchall()
-        audit = c.execute("SELECT actor, state FROM access_audit WHERE action = 'refused'").fetchall()
-    assert actors == [("cert:CN=ci-runner",)] and audit == [("cert:CN=ci-runner", "prod")]
+        audit = c.execute("SELECT actor, target, state, detail FROM access_audit WHERE action = 'refused' ORDER BY id").fetchall()
+    # The handshakes refused for their certificates are audited beside the refused request.
+    assert actors == [("cert:CN=ci-runner",)] and audit == [
+        ("cert:CN=ci-runner", "GET /states/prod", "prod", "cert:CN=ci-runner has no grant on state 'prod' (read needs read); nothing done"),
+        ("cert:unverified", "TLS handshake from 127.0.0.1", None, "client certificate refused: certificate has expired; nothing done"),
+        ("cert:unverified", "TLS handshake from 127.0.0.1", None,
+         "client certificate refused: unable to get local issuer certificate (not issued by the --client-ca); nothing done"),
+    ], audit
     check = run_kl("access", "check", "cert:CN=ci-runner", "ci/x", "--format", "json")
     assert check.returncode == 0 and json.loads(check.stdout)["role"] == "write", check.stderr
 
