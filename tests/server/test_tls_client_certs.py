@@ -71,6 +71,9 @@ def test_a_client_certificate_is_a_principal_and_bad_ones_are_refused_with_one_l
             _handshake_fails(kl.https, _client_ctx(ca, bad))
             line = kl.wait_for(lambda s: "TLS handshake" in s, start=mark)
             assert line == f"WARNING kilolock.server: TLS handshake with 127.0.0.1: client certificate refused: {words}", line
+        mark = len(kl.lines)
+        _handshake_fails(kl.https, _client_ctx(ca, expired))  # again within the minute: logged, not audited again
+        kl.wait_for(lambda s: "TLS handshake" in s, start=mark)
         assert as_runner.request("GET", "/states/ci/a").status == 200  # still serving
     with psycopg.connect(db_url) as c:
         actors = c.execute("SELECT v.actor FROM state_versions v JOIN states s ON s.id = v.state_id "
