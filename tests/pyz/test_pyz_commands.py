@@ -151,3 +151,17 @@ def test_a_multi_host_url_follows_a_failover(run_pyz):
         r = run_pyz("state", "list", "--format", "json", env=env)
         assert r.returncode == 0, r.stderr
         assert [s["name"] for s in json.loads(r.stdout)["states"]] == ["app"], r.stdout
+
+
+def test_completion_scripts_come_from_the_bundled_shtab(run_pyz, db_url, make_state, tmp_path):
+    # shtab is one of kl.pyz's pure-Python wheels: kl completion works with nothing but Debian's python3.
+    for shell, registers in (("bash", "complete -o bashdefault -F _shtab_kl kl"), ("zsh", "#compdef kl"),
+                             ("fish", "complete -c kl ")):
+        r = run_pyz("completion", shell)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert registers in r.stdout and "_kl_complete_state_names" in r.stdout, shell
+    f = tmp_path / "s.tfstate"
+    f.write_bytes(make_state(1, {"a": {"id": "1"}}))
+    assert run_pyz("state", "import", "prod", str(f), env={"KL_DATABASE_URL": db_url}).returncode == 0
+    r = run_pyz("completion", "--state-names", env={"KL_DATABASE_URL": db_url})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "prod\n", "")
