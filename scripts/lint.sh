@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 [ -x "$py" ] || { echo "lint: no .venv: run bash scripts/setup-dev.sh first" >&2; exit 1; }
-"$py" -m ruff check --quiet kilolock tests benches scripts build_zipapp.py
+"$py" -m ruff check --quiet kilolock tests benches scripts examples build_zipapp.py
 "$py" -m mypy
 "$py" -m mypy --config-file tests/mypy.ini tests benches
 cargo clippy --version >/dev/null 2>&1 || { echo "lint: cargo clippy is missing: rustup component add clippy" >&2; exit 1; }

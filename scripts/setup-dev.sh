@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the tests and the demo need, installed idempotently on a fresh machine:
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
+#   - zsh and fish for the completion tests (Debian packages, when missing and we are root)
 #   - Debian's chromium and chromium-driver for the web UI's browser tests (when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
 #   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5,
@@ -83,6 +84,21 @@ fi
 have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
 done_step "chromium, chromium-driver" "$browser_status"
 if have_pgbouncer; then done_step pgbouncer present; else done_step pgbouncer missing; fi
+# zsh and fish for the completion tests (tests/cli/test_completion.py), which load kl's scripts into them.
+shells_status=present
+for shell in zsh fish; do
+    if ! command -v "$shell" >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing $shell for the completion tests (apt-get install $shell)"
+        quiet apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends "$shell" >/dev/null
+        shells_status=installed
+    fi
+    if ! command -v "$shell" >/dev/null; then
+        echo "setup: $shell is missing: the completion tests will fail until it is installed (Debian: apt-get install $shell)" >&2
+        shells_status=missing
+    fi
+done
+done_step "zsh, fish" "$shells_status"
 
 for tool in cargo go python3; do
     command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.26.6, Python >= 3.10)" >&2; exit 1; }

@@ -190,6 +190,8 @@ COMMANDS: tuple[Command, ...] = (
         Command("revoke", "refuse a token from now on", "kilolock.cli.accesscmd", "tokens_revoke",
                 example="kl token revoke ci-net"),
     )),
+    Command("completion", "print a shell completion script (bash, zsh, fish): commands, options and state names",
+            "kilolock.cli.completioncmd", example="source <(kl completion bash)"),
     _group("provider", "provider configuration, version pins and fleet-wide limits", "kilolock.cli.providercmd", (
         ("configure", 'store a provider\'s config (JSON; values may be {"env": "NAME"}, resolved at run time)',
          """echo '{"token": {"env": "GITHUB_TOKEN"}}' | kl provider configure integrations/github --config -"""),

@@ -24,6 +24,13 @@ def state_ids(conn: psycopg.Connection) -> dict[str, str]:
     return {str(r[0]): str(r[1]) for r in conn.execute("SELECT name, id::text FROM states ORDER BY name")}
 
 
+def names_within(conn: psycopg.Connection, timeout_s: float) -> list[str]:
+    """Every state's name in name order, or the database's error once TIMEOUT_S has passed (this
+    connection keeps that statement timeout): for a shell's completion, which must not hang."""
+    conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{int(timeout_s * 1000)}ms",))
+    return [str(r[0]) for r in conn.execute("SELECT name FROM states ORDER BY name")]
+
+
 def closest_name(conn: psycopg.Connection, name: str) -> str | None:
     """The stored state name most like NAME, if one is close enough to be a typo of it."""
     import difflib

@@ -6,14 +6,15 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from kit.paths import PLUGIN_CACHE
+from kit.paths import PLUGIN_CACHE, REPO
 from kit.procs import provider_pids
-from kit.pyz import extracted_files, unit_dir, version_fields
+from kit.pyz import clean_env, extracted_files, unit_dir, version_fields
 
 HEAVY = ("grpc", "psycopg", "google.protobuf", "kilolock.store", "kilolock.provider", "kilolock.refresh")
 
@@ -151,3 +152,38 @@ def test_a_multi_host_url_follows_a_failover(run_pyz):
         r = run_pyz("state", "list", "--format", "json", env=env)
         assert r.returncode == 0, r.stderr
         assert [s["name"] for s in json.loads(r.stdout)["states"]] == ["app"], r.stdout
+
+
+def test_completion_scripts_come_from_the_bundled_shtab(run_pyz, db_url, make_state, tmp_path):
+    # shtab is one of kl.pyz's pure-Python wheels: kl completion works with nothing but Debian's python3.
+    for shell, registers in (("bash", "complete -o bashdefault -F _shtab_kl kl"), ("zsh", "#compdef kl"),
+                             ("fish", "complete -c kl ")):
+        r = run_pyz("completion", shell)
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        assert registers in r.stdout and "_kl_complete_state_names" in r.stdout, shell
+    f = tmp_path / "s.tfstate"
+    f.write_bytes(make_state(1, {"a": {"id": "1"}}))
+    assert run_pyz("state", "import", "prod", str(f), env={"KL_DATABASE_URL": db_url}).returncode == 0
+    r = run_pyz("completion", "--state-names", env={"KL_DATABASE_URL": db_url})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "prod\n", "")
+
+
+def test_ci_drift_report_runs_kl_pyz_as_the_ci_examples_do(pyz, host_python, home, db_url, small_workspace, tmp_path):
+    # examples/ci/drift-report.sh with its default KL (python3 kl.pyz, from the job's checkout) and
+    # a CI runner's environment: a drift is exit 2 and a report naming it.
+    checkout = tmp_path / "checkout"
+    shutil.copytree(small_workspace, checkout / "infra", symlinks=True)
+    shutil.copyfile(pyz, checkout / "kl.pyz")
+    (checkout / "infra" / "out" / "two.txt").unlink()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(host_python)  # the runner's python3 is Debian's, without our packages
+    env = clean_env(home, PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    assert subprocess.run([str(host_python), "-I", "kl.pyz", "state", "import", "prod", "infra/terraform.tfstate",
+                           "--source", "apply"], cwd=checkout, env=env, capture_output=True, timeout=180).returncode == 0
+    r = subprocess.run(["sh", str(REPO / "examples" / "ci" / "drift-report.sh"), "prod", "--workdir", "infra",
+                        "--provider-search-path", "infra/.terraform/providers"], cwd=checkout, env=env,
+                       capture_output=True, text=True, timeout=300)
+    report = (checkout / "kl-drift.md").read_text()
+    assert r.returncode == 2, r.stderr
+    assert report.startswith("### Refresh of `prod`: succeeded") and '**`local_file.f["two"]`**: deleted' in report, report
