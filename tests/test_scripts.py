@@ -116,9 +116,9 @@ def test_setup_log_takes_the_installers_noise(tmp_path):
     # The log ends with what each step did, not with the last installer's noise.
     tail = logged[logged.index("setup: PostgreSQL server binaries: present (0 s)"):]
     assert [line.split(":")[1].strip() for line in tail] == [
-        "PostgreSQL server binaries", "chromium, chromium-driver", "pgbouncer", ".venv", "providers",
+        "PostgreSQL server binaries", "chromium, chromium-driver", "pgbouncer", "zsh, fish", ".venv", "providers",
         "Terraform/OpenTofu CLIs", "ready"], tail
-    assert "setup: providers: local ready" in tail[4], tail
+    assert "setup: providers: local ready" in tail[5], tail
     assert "test-providers: local" in r.stderr and r.stderr.rstrip().endswith("setup: ready"), r.stderr
     assert all(line.startswith(("setup: ", "test-providers: ")) for line in r.stderr.splitlines()), r.stderr
 
