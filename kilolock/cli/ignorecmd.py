@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def rule_id(text: str) -> int:
@@ -61,7 +64,7 @@ def run_add(args: argparse.Namespace, context: CommandContext) -> int:
 _NEAR_ADDRESSES = 10_000  # beyond this many instances, no closest address is looked for
 
 
-def _unmatched(conn: Any, states: str, address: str) -> str | None:
+def _unmatched(conn: psycopg.Connection, states: str, address: str) -> str | None:
     """What a new rule's globs match nothing of now, in a few words with the closest name; None: they match."""
     import difflib
 

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kilolock import gcpolicy  # the standard library's gc alone: no cost to import here
@@ -16,12 +17,14 @@ from kilolock.cli.commands import CommandContext
 from kilolock.errors import KlError, UsageError
 
 if TYPE_CHECKING:
+    import psycopg
     from typing_extensions import Self  # typing.Self needs 3.11
 
     from kilolock.redact import Redactor
     from kilolock.refresh.options import RefreshOverrides
     from kilolock.refresh.orchestrator import Cancellation
     from kilolock.refresh.prelaunch import Prelaunched
+    from kilolock.refresh.result import Failure, Result
 
 SHOWN_ADDRESSES = 25
 
@@ -102,7 +105,7 @@ class _Progress:
 
     INTERVAL = 0.1
 
-    def __init__(self, clock: Any = None) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or time.monotonic
         self._state: dict[str, tuple[int, int]] = {}
         self._waited = False
@@ -136,7 +139,7 @@ class _Progress:
             sys.stderr.flush()
 
 
-def result_json(result: Any, counts: tuple[int, int] | None = None) -> dict[str, Any]:
+def result_json(result: Result, counts: tuple[int, int] | None = None) -> dict[str, Any]:
     """``counts``: (open, ignored) from drift_counts, None when the run did not succeed."""
     return {
         "version": 1,
@@ -183,18 +186,18 @@ def _failure_json(f: Any) -> dict[str, Any]:
     return {"address": f.address, "message": f.message}
 
 
-def _failure_line(f: Any) -> str:
+def _failure_line(f: Failure) -> str:
     if f.address is None:
         return f"{f.message} ({len(f.addresses)} instance(s))"
     return f"{f.address}: {f.message}"
 
 
-def _committed(result: Any) -> bool:
+def _committed(result: Result) -> bool:
     """Whether the run recorded what it read: an observation, or with --commit a Terraform version."""
     return result.to_serial is not None or result.observation is not None
 
 
-def _serial_text(result: Any) -> str:
+def _serial_text(result: Result) -> str:
     if result.to_serial is not None:
         return f"v{result.from_serial} → v{result.to_serial}"
     if result.observation is not None:
@@ -215,7 +218,7 @@ def _item_status(item: dict[str, Any]) -> str:
     return ""
 
 
-def _counts_line(result: Any, counts: tuple[int, int] | None) -> str | None:
+def _counts_line(result: Result, counts: tuple[int, int] | None) -> str | None:
     if counts is None or not (result.drift or counts[0] or counts[1]):
         return None
     open_count, ignored = counts
@@ -225,7 +228,7 @@ def _counts_line(result: Any, counts: tuple[int, int] | None) -> str | None:
     return f"open drift now: {open_count}{rest} (kl drift {result.state}{' --all' if ignored else ''})"
 
 
-def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
+def render_table(result: Result, counts: tuple[int, int] | None = None) -> None:
     render.key_values(
         [
             ("state", result.state),
@@ -271,7 +274,7 @@ def render_table(result: Any, counts: tuple[int, int] | None = None) -> None:
             print(f"  ... and {more} more (--format json lists all)")
 
 
-def _upgrade_lines(result: Any) -> list[str]:
+def _upgrade_lines(result: Result) -> list[str]:
     """What the commit writes in the modern form, as Terraform 0.13+ does (not drift)."""
     how = "written" if result.to_serial is not None else "to be written when accepted"
     lines = [f"provider address: {old} → {new} ({how})" for old, new in result.provider_addresses.items()]
@@ -287,7 +290,7 @@ def show(value: Any) -> str:
     return show_value(value)
 
 
-def render_markdown(result: Any, counts: tuple[int, int] | None = None) -> None:
+def render_markdown(result: Result, counts: tuple[int, int] | None = None) -> None:
     """For CI step summaries and pull-request comments."""
     what = (f"v{result.from_serial} → v{result.to_serial}" if result.to_serial is not None
             else f"v{result.from_serial}, observed as {result.observation}" if result.observation is not None
@@ -325,7 +328,7 @@ def counts_used(args: argparse.Namespace) -> bool:
     return bool(args.format == "json" or not args.quiet or args.detailed_exitcode)
 
 
-def drift_counts(result: Any, conn: Any) -> tuple[int, int]:
+def drift_counts(result: Result, conn: psycopg.Connection) -> tuple[int, int]:
     """(open, ignored), after ignore rules: what --detailed-exitcode gates on (open). After this
     run's commit (or, when it committed nothing, now), kl drift's own counts; for a dry run, what
     this run found, as the drift records would count it once committed."""
@@ -524,7 +527,7 @@ class _StateLines:
     def start(self, names: list[str]) -> None:
         self._name_width = max(len(n) for n in names)
 
-    def __call__(self, result: Any) -> None:
+    def __call__(self, result: Result) -> None:
         to = f"v{result.to_serial}" if result.to_serial is not None else result.observation or "-"
         frm = f"v{result.from_serial}" if result.from_serial is not None else "-"
         counts = f"checked {result.checked:>4}, changed {result.changed:>4}, failed {result.failed:>4}"
