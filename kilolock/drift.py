@@ -12,7 +12,7 @@ from typing import Any
 from kilolock import schema as sch
 from kilolock import tfstate
 from kilolock.redact import MASK
-from kilolock.sensitive import marked_paths
+from kilolock.sensitive import marked_paths, sensitive_paths
 
 
 @dataclass(frozen=True)
@@ -424,14 +424,28 @@ def schema_blocks(schemas: Schemas, key: tuple[str, str, str] | None) -> list[sc
     return out
 
 
+def schema_sensitive(schemas: Schemas, key: tuple[str, str, str] | None, *values: Any) -> list[sch.AttributePath]:
+    """Paths any cached schema of KEY calls sensitive in any of VALUES (attribute objects; one
+    schema per provider version kl has seen: a mismatched shape only finds fewer paths). A state
+    written by Terraform < 1.8, OpenTofu < 1.8, or a state-only command since, does not list them
+    all in ``sensitive_attributes``; Terraform masks them from the schema all the same."""
+    paths: list[sch.AttributePath] = []
+    for block in schema_blocks(schemas, key):
+        for value in values:
+            if isinstance(value, dict):
+                paths += sensitive_paths(block, value)
+    return paths
+
+
 def entry(r: Mapping[str, Any], schemas: Schemas | None = None) -> dict[str, Any]:
     """One drift record row (store.drift.list_drift) as the document's entry. A deleted object's
     every attribute "→ null" says nothing more than "deleted", so its changes are empty. SCHEMAS
     (store.history.cached_schemas) give the paths their shape (``changes``)."""
-    block = choose_block(schema_blocks(schemas or {}, schema_key(r)), r["current_attributes"], r["previous_attributes"])
+    key = schema_key(r)
+    block = choose_block(schema_blocks(schemas or {}, key), r["current_attributes"], r["previous_attributes"])
     changed = [] if r["drift_kind"] == "deleted" else changes(
         r["previous_attributes"], r["current_attributes"], r["previous_sensitive_attributes"], r["current_sensitive_attributes"],
-        block=block)
+        schema_sensitive(schemas or {}, key, r["previous_attributes"], r["current_attributes"]), block=block)
     open_for: timedelta = r["open_for"]
     resolved = None if r["resolved_serial"] is None else {
         "serial": r["resolved_serial"], "at": r["resolved_at"], "how": r["resolved_how"]}

@@ -12,7 +12,7 @@ from typing import Any
 from kilolock import drift
 from kilolock import schema as sch
 from kilolock.redact import MASK
-from kilolock.sensitive import block_contains_sensitive, sensitive_paths
+from kilolock.sensitive import block_contains_sensitive
 
 ACTIONS = ("added", "removed", "changed")
 
@@ -23,14 +23,8 @@ schema_keys = drift.schema_keys
 
 
 def _schema_sensitive(rows: Sequence[Row], schemas: Schemas) -> list[Any]:
-    """Paths a cached schema of the objects' provider calls sensitive, in either object (any version
-    kl has seen: a mismatched shape only finds fewer paths)."""
-    paths = []
-    for key in schema_keys(rows):
-        for block in drift.schema_blocks(schemas, key):
-            for r in rows:
-                paths += sensitive_paths(block, r["attributes"] or {})
-    return paths
+    """Paths a cached schema of the objects' provider calls sensitive, in either object."""
+    return [p for key in schema_keys(rows) for p in drift.schema_sensitive(schemas, key, *(r["attributes"] for r in rows))]
 
 
 # Every path lies under the empty one: drift.changes masks every value.

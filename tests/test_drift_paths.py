@@ -232,3 +232,41 @@ def test_stored_steps_reach_the_values_the_drift_rows_store() -> None:
         for step in drift.stored_steps(SCHEMA, sch.path_parse(path)):
             value = value[int(step)] if isinstance(value, list) else value[step]
         assert value == want, path
+
+
+def _drift_row(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """A drift record row (store.drift.list_drift) whose objects carry no marks: Terraform < 1.8 and
+    OpenTofu < 1.8 write none for a schema-sensitive attribute, and state-only commands keep that."""
+    from datetime import datetime, timedelta, timezone
+
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    return {"address": "x_thing.t", "deposed": "", "drift_kind": "changed", "type": "x_thing", "mode": "managed",
+            "provider": 'provider["registry.terraform.io/kilolock/testfw"]', "status": "open",
+            "previous_attributes": before, "current_attributes": after,
+            "previous_sensitive_attributes": [], "current_sensitive_attributes": [],
+            "detected_serial": 2, "detected_at": at, "first_detected_serial": 2, "first_detected_at": at,
+            "last_confirmed_serial": 2, "open_for": timedelta(0), "resolved_serial": None, "resolved_at": None,
+            "resolved_how": None, "refresh_run_id": None, "changed_attributes": ["secrets", "single"]}
+
+
+SCHEMAS = {("registry.terraform.io/kilolock/testfw", "managed", "x_thing"): [{"version": 0, "block": sch.block_to_json(SCHEMA)}]}
+UNMARKED_BEFORE = _whole({"single": {"a": "s", "n": 3, "token": "tok-before-1"}, "secrets": ["set-secret-1"]})
+UNMARKED_AFTER = _whole({"single": {"a": "s", "n": 3, "token": "tok-after-2"}, "secrets": ["set-secret-2"]})
+
+
+def test_kl_drift_masks_what_the_cached_schema_calls_sensitive_where_no_mark_says_so() -> None:
+    entry = drift.entry(_drift_row(UNMARKED_BEFORE, UNMARKED_AFTER), SCHEMAS)
+    assert entry["changes"] == [{"path": "secrets", "before": "(sensitive)", "after": "(sensitive)"},
+                                {"path": "single.token", "before": "(sensitive)", "after": "(sensitive)"}]
+
+
+def test_notifications_mask_what_the_cached_schema_calls_sensitive_where_no_mark_says_so() -> None:
+    from kilolock.notify import payload
+
+    row = {"mode": "managed", "type": "x_thing", "provider": 'provider["registry.terraform.io/kilolock/testfw"]',
+           "sensitive_attributes": []}
+    rows = {"1": {**row, "attributes": UNMARKED_BEFORE}, "2": {**row, "attributes": UNMARKED_AFTER}}
+    detail = {"addresses": [{"address": "x_thing.t", "deposed": "", "kind": "changed", "baseline": "1", "current": "2"}]}
+    [found] = payload.addresses(detail, rows, SCHEMAS)
+    assert found["changes"] == [{"path": "secrets", "before": "(sensitive)", "after": "(sensitive)"},
+                                {"path": "single.token", "before": "(sensitive)", "after": "(sensitive)"}]

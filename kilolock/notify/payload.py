@@ -3,7 +3,8 @@
 Both are built at send time from the event row (store/notify.py) and the lifecycle rows it names,
 which never change once written, so every retry of an event sends the same content with the same
 idempotency key (the event's id). Values are masked exactly as `kl drift` masks them
-(kilolock.drift.changes over the rows' sensitivity marks): a sensitive value never leaves kl.
+(kilolock.drift.changes over the rows' sensitivity marks and the cached schemas' sensitive
+attributes): a sensitive value never leaves kl.
 """
 from __future__ import annotations
 
@@ -43,11 +44,12 @@ def addresses(detail: Mapping[str, Any], rows: Mapping[str, Mapping[str, Any]],
     out = []
     for a in detail.get("addresses", []):
         before, after = rows.get(str(a.get("baseline"))), rows.get(str(a.get("current")))
+        key = None if after is None else drift.schema_key(after)
         block = None if after is None else drift.choose_block(
-            drift.schema_blocks(schemas or {}, drift.schema_key(after)), after["attributes"], (before or {}).get("attributes"))
+            drift.schema_blocks(schemas or {}, key), after["attributes"], (before or {}).get("attributes"))
         changes = [] if a["kind"] == "deleted" or before is None or after is None else drift.changes(
             before["attributes"], after["attributes"], before["sensitive_attributes"], after["sensitive_attributes"],
-            block=block)
+            drift.schema_sensitive(schemas or {}, key, before["attributes"], after["attributes"]), block=block)
         out.append({"address": a["address"], "deposed": a["deposed"] or None, "kind": a["kind"],
                     "paths": list(a.get("paths") or []),
                     "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes],

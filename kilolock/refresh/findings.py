@@ -34,9 +34,12 @@ def drift_of(entry: Entry, schemas: attribute_drift.Schemas) -> dict[str, Any]:
         before = after = None
     key = attribute_drift.schema_key({"provider": entry.inst.provider, "mode": entry.inst.mode, "type": entry.inst.type})
     block = attribute_drift.choose_block(attribute_drift.schema_blocks(schemas, key), after, before)
+    # The provider's schema marks what the new value holds (update.sensitive_paths); the prior value
+    # may hold sensitive parts the new one lacks (a list element gone), which its marks may not list.
     changes = attribute_drift.changes(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None,
                                       entry.inst.obj.get("sensitive_attributes"),
-                                      [path_to_state_json(p) for p in update.sensitive_paths], block=block)
+                                      [path_to_state_json(p) for p in update.sensitive_paths],
+                                      attribute_drift.schema_sensitive(schemas, key, before), block=block)
     return {"address": entry.inst.address, "deposed": deposed, "kind": "changed",
             "changes": [{"path": c.path, "before": c.before, "after": c.after} for c in changes]}
 
