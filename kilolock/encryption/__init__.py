@@ -7,7 +7,8 @@ opened or sealed.
 """
 from kilolock.encryption.config import SUPPORTED, EncryptionConfigError, load_config_file, parse_config
 from kilolock.encryption.envelope import DecryptError
+from kilolock.encryption.masking import SchemaSource
 from kilolock.encryption.reading import Keys, Opened, index_text, keys_for, open_envelope
 
-__all__ = ["SUPPORTED", "DecryptError", "EncryptionConfigError", "Keys", "Opened", "index_text", "keys_for",
+__all__ = ["SUPPORTED", "DecryptError", "EncryptionConfigError", "Keys", "Opened", "SchemaSource", "index_text", "keys_for",
            "load_config_file", "open_envelope", "parse_config"]

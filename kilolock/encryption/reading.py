@@ -9,7 +9,7 @@ from typing import Any
 from kilolock import tfstate
 from kilolock.encryption.config import EncryptionConfig, Passphrases, parse_config, resolve
 from kilolock.encryption.envelope import DecryptError, decrypt, encrypt
-from kilolock.encryption.masking import mask_sensitive
+from kilolock.encryption.masking import SchemaSource, mask_sensitive
 from kilolock.redact import Redactor
 
 
@@ -41,20 +41,23 @@ class Opened:
     index: tfstate.State
 
 
-def index_text(plaintext: bytes, keys: Keys, where: str) -> tuple[bytes, tfstate.State]:
-    """The document kl may keep in its lifecycle index, and that document's instance index."""
+def index_text(plaintext: bytes, keys: Keys, where: str, schemas: SchemaSource | None = None) -> tuple[bytes, tfstate.State]:
+    """The document kl may keep in its lifecycle index, and that document's instance index.
+    SCHEMAS: the cached schemas of its resource types (store.history.cached_schemas); without them
+    every value is masked."""
     doc = tfstate.load_json(plaintext, where)
     if not keys.store_decrypted_attributes:
-        doc = mask_sensitive(doc)
+        doc = mask_sensitive(doc, schemas)
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return text, tfstate.parse_state(doc, where, keep_objects=False)
 
 
-def open_envelope(doc: dict[str, Any], keys: Keys, where: str) -> Opened:
+def open_envelope(doc: dict[str, Any], keys: Keys, where: str, schemas: SchemaSource | None = None) -> Opened:
     """Decrypt envelope DOC; DecryptError or StateError (one line, no key material) when it cannot
-    be read, or when its plaintext does not carry the serial and lineage written beside it."""
+    be read, or when its plaintext does not carry the serial and lineage written beside it. SCHEMAS
+    as for index_text."""
     plaintext = decrypt(doc, keys.config, keys.passphrases, where)
-    text, index = index_text(plaintext, keys, f"{where} (decrypted)")
+    text, index = index_text(plaintext, keys, f"{where} (decrypted)", schemas)
     ids = tfstate.envelope_ids(doc, where)
     if ids is not None and (ids.serial, ids.lineage) != (index.serial, index.lineage):
         raise DecryptError(f"{where}: the envelope says serial {ids.serial}, lineage {ids.lineage}, its decrypted state "

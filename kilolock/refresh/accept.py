@@ -10,6 +10,7 @@ from reports, not from Terraform's state.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ import kilolock
 from kilolock import globs, tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
-from kilolock.store import locks, observations, states, versions, writes
+from kilolock.store import history, locks, observations, states, versions, writes
 from kilolock.store.versions import VersionRow
 
 
@@ -107,7 +108,8 @@ def accept(conn: psycopg.Connection, accepting: AcceptPlan, actor: str, *, lock_
         from kilolock import encryption
 
         plaintext = raw.encode("utf-8")
-        index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}")
+        index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}",
+                                                  functools.partial(history.cached_schemas, conn))
         keys_index = writes.DecryptedIndex(index, index_text, masked=not keys.store_decrypted_attributes)
         sealed = keys.seal(plaintext, accepting.to_serial, accepting.base.lineage)
     info = locks.lock_info("OperationTypeApply", actor, f"kl {kilolock.__version__}",

@@ -7,6 +7,7 @@ lock row must not outlive it), and finishing the run's audit row even on a fresh
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -15,7 +16,7 @@ import kilolock
 from kilolock import tfstate
 from kilolock.errors import KlError
 from kilolock.refresh.lockwait import LockWaitFn, SleepFn, wait_for_lock
-from kilolock.store import db, locks, observations, refresh_runs, versions, writes
+from kilolock.store import db, history, locks, observations, refresh_runs, versions, writes
 from kilolock.store.db import first_line, reconnected
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def commit_refresh(conn: psycopg.Connection, name: str, sid: str, state: tfstate
     # any stored version out as Terraform does. A str: the store sends its UTF-8 a slice at a
     # time, so the bytes (and libpq's copy of them as a parameter) never exist whole beside it.
     raw: str | bytes = parser.dumps_compact(state.raw)
-    sealed = _sealed(name, state, raw, keys) if keys is not None and isinstance(raw, str) else None
+    sealed = _sealed(conn, name, state, raw, keys) if keys is not None and isinstance(raw, str) else None
     if sealed is not None:
         raw = sealed[0]  # what is stored, and what a lost commit is looked for by
     # A connection that died during the reads fails here, before anything is sent, so that case is
@@ -96,13 +97,16 @@ def resumed_after_reads(conn: psycopg.Connection, run_id: str | None) -> psycopg
     return fresh
 
 
-def _sealed(name: str, state: tfstate.State, text: str, keys: Keys) -> tuple[bytes, writes.DecryptedIndex]:
-    """The refreshed document encrypted with the state's primary key, and what kl indexes of it.
-    Done before the lock is taken: the key derivation takes a moment."""
+def _sealed(conn: psycopg.Connection, name: str, state: tfstate.State, text: str,
+            keys: Keys) -> tuple[bytes, writes.DecryptedIndex]:
+    """The refreshed document encrypted with the state's primary key, and what kl indexes of it
+    (masked by the schemas the run's providers cached). Done before the lock is taken: the key
+    derivation takes a moment."""
     from kilolock import encryption
 
     plaintext = text.encode("utf-8")
-    index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}")
+    index_text, index = encryption.index_text(plaintext, keys, f"state {name!r}",
+                                              functools.partial(history.cached_schemas, conn))
     return (keys.seal(plaintext, state.serial, state.lineage),
             writes.DecryptedIndex(index, index_text, masked=not keys.store_decrypted_attributes))
 
@@ -117,7 +121,7 @@ def record_observation(conn: psycopg.Connection, name: str, sid: str, state: tfs
     raw: str | bytes = parser.dumps_compact(state.raw)
     sealed = None
     if keys is not None and not same_as_base and isinstance(raw, str):
-        envelope, index = _sealed(name, state, raw, keys)
+        envelope, index = _sealed(conn, name, state, raw, keys)
         raw, sealed = envelope, index
     db.ping(conn)  # as in commit_refresh: a connection that died during the reads is a plain failure
     before = observations.last_number(conn, base.id)

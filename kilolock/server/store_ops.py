@@ -7,6 +7,7 @@ kilolock.store.writes (store_document, store_envelope). No SQL here: that lives 
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ import psycopg
 
 from kilolock import tfstate
 from kilolock.errors import KlError
-from kilolock.store import errors, locks, settings, states, versions, writes
+from kilolock.store import errors, history, locks, settings, states, versions, writes
 from kilolock.store.locks import StateLocked
 
 log = logging.getLogger("kilolock.server.store_ops")
@@ -78,7 +79,7 @@ def decrypted_index(conn: psycopg.Connection, name: str, doc: dict[str, Any],
     from kilolock import encryption
 
     keys = encryption.keys_for(stored.encryption, bool(stored.store_decrypted_attributes), f"state {name!r}")
-    opened = encryption.open_envelope(doc, keys, origin)
+    opened = encryption.open_envelope(doc, keys, origin, functools.partial(history.cached_schemas, conn))
     return writes.DecryptedIndex(opened.index, opened.index_text, masked=not keys.store_decrypted_attributes)
 
 

@@ -160,6 +160,7 @@ def filters(conn: psycopg.Connection, state_ids: list[str] | None, type_glob: st
 # as a refresh reads it, or none on either side) and at least one claim has no identity (two
 # identities that differ are two objects). An id alone is weak: the same name in two accounts, or
 # local_file's hash of its content. Claims outside STATE_IDS are shown too, for a group with one inside.
+# An id an encrypted state's index holds masked (redact.MASK) names no object.
 DUPLICATES = """
 WITH claims AS MATERIALIZED (
     SELECT x.resource_id, x.state_id, x.provider_source, x.provider_alias, x.type, x.identity_key, x.object_id
@@ -168,9 +169,10 @@ WITH claims AS MATERIALIZED (
       AND ((x.identity_key IS NOT NULL AND (x.provider_source, x.type, x.identity_key) IN (
                SELECT provider_source, type, identity_key FROM resource_identities
                WHERE identity_key IS NOT NULL AND NOT gone AND mode = 'managed' GROUP BY 1, 2, 3 HAVING count(*) > 1))
-        OR (x.object_id IS NOT NULL AND (x.provider_source, x.type, x.object_id) IN (
+        OR (x.object_id IS NOT NULL AND x.object_id <> '(sensitive)' AND (x.provider_source, x.type, x.object_id) IN (
                SELECT provider_source, type, object_id FROM resource_identities
-               WHERE object_id IS NOT NULL AND NOT gone AND mode = 'managed' GROUP BY 1, 2, 3 HAVING count(*) > 1)))
+               WHERE object_id IS NOT NULL AND object_id <> '(sensitive)' AND NOT gone AND mode = 'managed'
+               GROUP BY 1, 2, 3 HAVING count(*) > 1)))
 ),
 configured AS (
     SELECT c.*, (SELECT p.config FROM provider_configs p

@@ -12,6 +12,7 @@ import json
 import psycopg
 
 from kilolock import tfstate
+from kilolock.redact import MASK
 from kilolock.store import identities
 from kilolock.store.versions import VersionRow
 
@@ -77,12 +78,27 @@ r.attributes IS NULL AND i.obj -> 'attributes' IS NOT NULL AND to_jsonb(r.status
 # includes the identity (_IDENTITY_ADDED), and is not drift.
 _IDENTITY_FIRST = "i.hash_without_identity = r.content_hash"
 
-# An open row no incoming object continues (same content, only reshaped, or only given its first
-# identity): the object is gone or changed, so its lifecycle closes.
+# An encrypted state's open row indexed with every value masked (its resource type had no cached
+# schema: kilolock.encryption.masking) and an incoming object of the same status, identity and
+# attribute names, null where the row is null: every difference is one kl could not see, so it is
+# the same object, and its lifecycle takes the form the schema now lets kl index (_UNMASK). Only
+# for a masked index (%(masked)s): a plain state's value spelled like the mask is a value.
+_UNMASKED = f"""
+%(masked)s AND to_jsonb(r.status) IS NOT DISTINCT FROM i.obj -> 'status'
+AND r.identity IS NOT DISTINCT FROM i.obj -> 'identity'
+AND jsonb_typeof(r.attributes) = 'object' AND jsonb_typeof(i.obj -> 'attributes') = 'object'
+AND NOT EXISTS (SELECT 1 FROM jsonb_each(r.attributes) e WHERE e.value NOT IN ('null'::jsonb, '{json.dumps(MASK)}'::jsonb))
+AND NOT EXISTS (SELECT 1 FROM jsonb_each(r.attributes) e FULL JOIN jsonb_each(i.obj -> 'attributes') n USING (key)
+                WHERE e.key IS NULL OR n.key IS NULL OR (e.value = 'null'::jsonb) <> (n.value = 'null'::jsonb))
+"""
+
+# An open row no incoming object continues (same content, only reshaped, only given its first
+# identity, or only unmasked): the object is gone or changed, so its lifecycle closes.
+_CONTINUES = f"(i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST} OR ({_UNMASKED}))"
 _NOT_INCOMING_AS_IS = f"""NOT EXISTS (
       SELECT 1 FROM kl_incoming i
       WHERE i.address = r.address AND i.deposed = r.deposed
-        AND (i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST})
+        AND {_CONTINUES}
   )"""
 
 _CLOSE_GONE_OR_CHANGED = f"""
@@ -118,6 +134,16 @@ UPDATE resources r SET content_hash = i.content_hash, identity = i.obj -> 'ident
 FROM kl_incoming i
 WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
   AND {_IDENTITY_FIRST}
+"""
+
+_UNMASK = f"""
+UPDATE resources r
+SET attributes = i.obj -> 'attributes', content_hash = i.content_hash, provider = i.provider,
+    schema_version = i.schema_version, sensitive_attributes = i.sensitive_attributes,
+    identity_schema_version = i.identity_schema_version
+FROM kl_incoming i
+WHERE r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
+  AND r.content_hash <> i.content_hash AND {_UNMASKED}
 """
 
 # Same object, new metadata: the open row follows it, one statement, no new lifecycle.
@@ -158,7 +184,7 @@ SELECT %(vid)s, %(sid)s, r.address, r.deposed, r.id, i.address IS NULL, i.obj ->
 FROM kl_scope s
 JOIN resources r ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = s.address AND r.deposed = s.deposed
 LEFT JOIN kl_incoming i ON i.address = r.address AND i.deposed = r.deposed
-WHERE i.address IS NULL OR NOT COALESCE(i.content_hash = r.content_hash OR ({_RESHAPED}) OR {_IDENTITY_FIRST}, false)
+WHERE i.address IS NULL OR NOT COALESCE({_CONTINUES}, false)
 """
 
 
@@ -193,14 +219,17 @@ def _load_incoming(cur: psycopg.Cursor[tuple[object, ...]], state: tfstate.State
 
 
 def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
-          touched: set[tuple[str, str]] | None, pieced: bool) -> tuple[int, int, int]:
-    """Index the version's objects; returns (opened, closed, metadata updated in place)."""
+          touched: set[tuple[str, str]] | None, pieced: bool, *, masked: bool = False) -> tuple[int, int, int]:
+    """Index the version's objects; returns (opened, closed, metadata updated in place). MASKED:
+    the document is an encrypted state's index, its sensitive values masked."""
     cur = conn.cursor()
     _load_incoming(cur, state, touched, pieced)
-    params = {"sid": sid, "vid": version.id, "serial": version.serial}
+    params = {"sid": sid, "vid": version.id, "serial": version.serial, "masked": masked}
     closed = cur.execute(_CLOSE_GONE_OR_CHANGED_SCOPED if touched is not None else _CLOSE_GONE_OR_CHANGED, params).rowcount
     relabelled = cur.execute(_RESHAPE, params).rowcount
     relabelled += cur.execute(_IDENTITY_ADDED, params).rowcount
+    if masked:
+        relabelled += cur.execute(_UNMASK, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
     cur.execute(identities.FROM_TERRAFORM, params)
@@ -209,7 +238,7 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
 
 
 def observe(conn: psycopg.Connection, sid: str, observation: VersionRow, state: tfstate.State,
-            touched: set[tuple[str, str]], pieced: bool, *, on_current: bool = True) -> int:
+            touched: set[tuple[str, str]], pieced: bool, *, on_current: bool = True, masked: bool = False) -> int:
     """Record what the observation's TOUCHED objects are where they differ from the open rows (the
     Terraform version it is based on, which must be the current one): each changed or gone object
     one observed_objects row. The index itself is Terraform's and stays as it is; a change of
@@ -218,7 +247,7 @@ def observe(conn: psycopg.Connection, sid: str, observation: VersionRow, state: 
     what it read is what is open now (the identity index follows it)."""
     cur = conn.cursor()
     _load_incoming(cur, state, touched, pieced)
-    found = cur.execute(_OBSERVE, {"sid": sid, "vid": observation.id}).rowcount
+    found = cur.execute(_OBSERVE, {"sid": sid, "vid": observation.id, "masked": masked}).rowcount
     if on_current:
         cur.execute(identities.FROM_OBSERVATION, {"sid": sid})
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too

@@ -116,7 +116,7 @@ def store_envelope(conn: psycopg.Connection, name: str, raw: bytes, ids: tfstate
             drift_records.record(conn, sid, version.id, version.serial, version.created_at, source)
             return WriteResult(state_id=sid, version=version, created=True)
         _put_document(conn, index.text, origin)
-        opened, closed, relabelled = lifecycles.index(conn, sid, version, index.state, None, False)
+        opened, closed, relabelled = lifecycles.index(conn, sid, version, index.state, None, False, masked=index.masked)
         conn.execute("DROP TABLE kl_descriptors, kl_doc")
         if accepted is not None:  # as in _store
             drift_records.accept(conn, sid, version.id, version.serial, version.created_at, accepted)
@@ -217,7 +217,7 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
             assert version is not None
             _put_document(conn, sealed.text, "state")
             found = lifecycles.observe(conn, sid, version, sealed.state, touched if on_current else set(), False,
-                                       on_current=on_current)
+                                       on_current=on_current, masked=sealed.masked)
             conn.execute("DROP TABLE kl_descriptors, kl_doc")
         else:
             _put_document(conn, raw, "state")

@@ -14,7 +14,25 @@ ENV = "KL_TEST_TOFU_PASSPHRASE"
 SECRET = "kl-tofu-sensitive-7f3a9c"  # a local_file's sensitive_content: masked wherever kl keeps it
 
 
-def encryption_hcl(passphrase: str = PASSPHRASE, fallback_passphrase: str | None = None) -> str:
+def encryption_hcl(passphrase: str = PASSPHRASE, fallback_passphrase: str | None = None,
+                   migrating: bool = False) -> str:
+    """The encryption block; MIGRATING adds OpenTofu's unencrypted fallback, which reads a state
+    written before encryption was turned on (and writes it encrypted)."""
+    if migrating:
+        return f"""
+  encryption {{
+    key_provider "pbkdf2" "main" {{
+      passphrase = "{passphrase}"
+    }}
+    method "aes_gcm" "main" {{
+      keys = key_provider.pbkdf2.main
+    }}
+    method "unencrypted" "migrate" {{}}
+    state {{
+      method = method.aes_gcm.main
+      fallback {{ method = method.unencrypted.migrate }}
+    }}
+  }}"""
     fallback = ""
     if fallback_passphrase is not None:
         fallback = f"""
@@ -40,15 +58,18 @@ def encryption_hcl(passphrase: str = PASSPHRASE, fallback_passphrase: str | None
   }}"""
 
 
-def main_tf(files: dict[str, str], backend_url: str | None = None, passphrase: str = PASSPHRASE) -> str:
-    """local_file resources (name -> sensitive content) in a configuration with encrypted state."""
+def main_tf(files: dict[str, str], backend_url: str | None = None, passphrase: str = PASSPHRASE,
+            encryption: str | None = None) -> str:
+    """local_file resources (name -> sensitive content) in a configuration with encrypted state
+    (ENCRYPTION: the block, default encryption_hcl(PASSPHRASE); "" for a plain state)."""
     resources = "".join(f"""
 resource "local_file" "{name}" {{
   filename          = "${{path.module}}/{name}.txt"
   sensitive_content = "{content}"
 }}
 """ for name, content in files.items())
-    return terraform_block({"local": LOCAL_V}, backend_url, encryption_hcl(passphrase)) + resources
+    return terraform_block({"local": LOCAL_V}, backend_url,
+                           encryption_hcl(passphrase) if encryption is None else encryption) + resources
 
 
 def kl_config(env: str = ENV, fallback_env: str | None = None) -> dict:

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from kit.leaks import db_rows, leaks
+from kit.paths import PLUGIN_CACHE
 from kit.tfcli import tool_binary
 from kit.tofuenc import ENV, PASSPHRASE, SECRET, apply_local, main_tf, tofu, write_kl_config
 
@@ -45,18 +46,32 @@ def test_import_decrypts_and_indexes_with_sensitive_values_masked(db_url, run_kl
 
     rows = _open_rows(db_url, "enc")
     assert set(rows) == {"local_file.a", "local_file.b"}
-    assert rows["local_file.a"]["sensitive_content"] == "(sensitive)"
-    assert rows["local_file.a"]["filename"].endswith("a.txt")  # what is not sensitive is indexed as is
+    # No refresh has cached local_file's schema yet: nothing says which of its values are safe.
+    assert rows["local_file.a"]["sensitive_content"] == rows["local_file.a"]["filename"] == "(sensitive)"
     [(serial, encrypted, unindexed, raw)] = _versions(db_url, "enc")
     assert (serial, encrypted, unindexed) == (envelope["serial"], True, None)
     assert json.loads(raw) == envelope  # the version is the envelope as OpenTofu wrote it
+
+    # A refresh caches the schema; OpenTofu's next version is indexed by it. local_file.a did not
+    # change: it keeps its lifecycle, which now shows what is not sensitive.
+    r = run_kl("refresh", "enc", "--provider-search-path", str(PLUGIN_CACHE), cwd=tmp_path, env={ENV: PASSPHRASE})
+    assert r.returncode == 0, r.stderr
+    apply_local(TOOL, tmp_path, {"a": SECRET, "b": "plain-but-marked", "c": SECRET})
+    r = run_kl("state", "import", "enc", str(tmp_path / "terraform.tfstate"), env={ENV: PASSPHRASE})
+    assert r.returncode == 0, r.stderr
+    rows = _open_rows(db_url, "enc")
+    assert rows["local_file.a"]["sensitive_content"] == rows["local_file.c"]["sensitive_content"] == "(sensitive)"
+    assert rows["local_file.a"]["filename"].endswith("a.txt")  # what is not sensitive is indexed as is
+    with psycopg.connect(db_url) as c:
+        assert c.execute("SELECT count(*) FROM resources WHERE address = 'local_file.a'").fetchone() == (1,)
+    assert json.loads(run_kl("drift", "enc", "--format", "json").stdout)["drift"] == []
     # The secret is nowhere in the database, state tables included; the passphrase neither.
     everywhere = db_rows(db_url, exclude=frozenset())
     assert not leaks({"sensitive_content": SECRET, "passphrase": PASSPHRASE}, everywhere)
     assert not leaks({"passphrase": PASSPHRASE}, {"import": r.stdout + r.stderr, "set": set_.stdout + set_.stderr})
 
     status = json.loads(run_kl("status", "enc", "--format", "json").stdout)
-    assert status["managed"] == 2 and status["encrypted"] is True and status["unindexed"] is None
+    assert status["managed"] == 3 and status["encrypted"] is True and status["unindexed"] is None
 
 
 def test_import_opt_in_stores_decrypted_attributes(db_url, run_kl, tmp_path):
