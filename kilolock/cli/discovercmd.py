@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from kilolock import jsondoc
@@ -74,11 +76,35 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
                           search_paths=tuple(os.path.abspath(p) for p in args.provider_search_path or ()),
                           rpc_timeout=args.rpc_timeout)
     with context.open_store() as conn:
-        outcome = service.discover(conn, req)
+        with _terminate_as_interrupt():
+            outcome = service.discover(conn, req)
         row = _run_row(conn, outcome.run_id)
         objects = discovery_results.objects(conn, outcome.run_id)
     _show(args, row, objects)
     return 0
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd, docker stop, a CI timeout) ends the run as Ctrl-C does, and is said as
+    SIGTERM: the listing is cancelled, the provider ended, the run recorded as cancelled (exit 143)."""
+    import signal
+
+    from kilolock.unmanaged.service import Terminated
+
+    raised = False
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        nonlocal raised
+        if not raised:  # once: a second one must not interrupt the recording of the first
+            raised = True
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_row(conn: Any, run_id: str) -> RunRow:

@@ -4,8 +4,9 @@ holding one of the provider's fleet-wide slots where `kl provider limit` caps it
 match each against the open instances (kilolock.unmanaged.matching), record the run and what it
 found (store/discovery_runs), the run's failure too.
 
-Ctrl-C while the provider streams ends the listing: the call is cancelled, the provider ended as a
-refresh ends it (Shutdown, then SIGKILL), and the run recorded as cancelled.
+Ctrl-C (or SIGTERM, raised as Terminated) while the provider streams ends the listing: the call is
+cancelled, the provider ended as a refresh ends it (Shutdown, then SIGKILL), and the run recorded as
+cancelled.
 """
 from __future__ import annotations
 
@@ -28,9 +29,17 @@ from kilolock.unmanaged import matching
 
 
 class DiscoveryCancelled(KlError):
-    """Ctrl-C ended the run: recorded as cancelled, and kl exits as an interrupted refresh does."""
+    """Ctrl-C or SIGTERM ended the run: recorded as cancelled, and kl exits as an interrupted
+    refresh does (128 + the signal's number)."""
 
-    exit_code = 130
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (by kl discover's handler): the run
+    ends as Ctrl-C ends it, and says it was terminated."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +112,9 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
     except KlError as exc:
         discovery_runs.finish(conn, run_id, found, status="failed", error=str(exc))
         raise
-    except KeyboardInterrupt:
-        discovery_runs.finish(conn, run_id, found, status="cancelled", error="interrupted (SIGINT)")
-        raise DiscoveryCancelled(f"discovery cancelled: interrupted (SIGINT); recorded as run {run_id}") from None
+    except KeyboardInterrupt as exc:
+        why, code = ("terminated (SIGTERM)", 143) if isinstance(exc, Terminated) else ("interrupted (SIGINT)", 130)
+        discovery_runs.finish(conn, run_id, found, status="cancelled", error=why)
+        raise DiscoveryCancelled(f"discovery cancelled: {why}; recorded as run {run_id}", code) from None
     discovery_runs.finish(conn, run_id, found, status="succeeded")
     return Outcome(run_id, client.info, found)

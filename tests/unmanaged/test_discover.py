@@ -254,6 +254,19 @@ def test_ctrl_c_cancels_the_listing_ends_the_provider_and_records_the_run(kl: Kl
     assert_no_new_providers(before)
 
 
+def test_sigterm_cancels_the_listing_as_ctrl_c_does_and_exits_143(kl: Kl, db_url: str) -> None:
+    before = provider_pids()
+    proc = _slow_listing(kl)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kl: discovery cancelled: terminated (SIGTERM); recorded as run "), lines
+    run = json.loads(kl.ok("discover", "--results", "--format", "json"))["run"]
+    assert (run["status"], run["error"], run["id"]) == ("cancelled", "terminated (SIGTERM)", lines[0].rsplit(" ", 1)[1])
+    assert_no_new_providers(before)
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
