@@ -150,8 +150,9 @@ COMMANDS: tuple[Command, ...] = (
     )),
     Command("serve", 'serve Terraform\'s backend "http" (state and locking) from the store', "kilolock.cli.servecmd",
             example="KL_SERVE_TOKEN=... kl serve --listen 127.0.0.1:8080"),
-    Command("schedule", "when the fleet's workers refresh which states", actions=(
-        Command("set", "add a schedule: --states GLOB, --every DURATION or --cron EXPR; prints its ID",
+    Command("schedule", "when the fleet's workers refresh which states (and run which discoveries)", actions=(
+        Command("set", "add a schedule: --states GLOB or --discover SOURCE --type TYPE, --every DURATION or --cron EXPR; "
+                "prints its ID",
                 "kilolock.cli.schedulecmd", "set", example="kl schedule set --states 'prod/**' --every 6h --jitter 30m"),
         Command("list", "the schedules, with each next run time (and its time zone)", "kilolock.cli.schedulecmd", "list",
                 example="kl schedule list --format json"),

@@ -1,7 +1,10 @@
-"""``kl schedule set|list|pause|resume|remove|run-now``: when the fleet's workers refresh which states."""
+"""``kl schedule set|list|pause|resume|remove|run-now``: when the fleet's workers refresh which states,
+and which discoveries (``kl schedule set --discover SOURCE --type TYPE``) they run how often."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -11,7 +14,7 @@ from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
 from kilolock.cron import CronError, parse
 from kilolock.durations import format_duration
-from kilolock.errors import KlError
+from kilolock.errors import KlError, UsageError
 
 
 def _schedule_id(text: str) -> int:
@@ -25,8 +28,21 @@ def _schedule_id(text: str) -> int:
 
 
 def add_set_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--states", required=True, type=cli_args.state_glob, metavar="GLOB",
+    parser.add_argument("--states", type=cli_args.state_glob, metavar="GLOB",
                         help="the states to refresh (* within a /-segment, ** across); states added later count too")
+    discover = parser.add_argument_group("a scheduled discovery (as kl discover runs it) instead of a refresh")
+    discover.add_argument("--discover", metavar="SOURCE", type=cli_args.utf8_text,
+                          help="the provider whose objects to list: NAMESPACE/TYPE or HOST/NAMESPACE/TYPE")
+    discover.add_argument("--type", dest="type_", metavar="TYPE", type=cli_args.utf8_text,
+                          help="with --discover: the resource type to list")
+    discover.add_argument("--list-config", metavar="JSON", type=cli_args.utf8_text,
+                          help="with --discover: the list block's own configuration, a JSON object (default: {})")
+    discover.add_argument("--state", type=cli_args.state_name,
+                          help="with --discover: configure the provider as this state's refresh does")
+    discover.add_argument("--alias", type=cli_args.utf8_text, help="with --discover: the provider configuration's alias")
+    discover.add_argument("--limit", type=cli_args.positive, metavar="N", help="with --discover: ask for at most N objects")
+    discover.add_argument("--provider-search-path", action="append", metavar="DIR",
+                          help="with --discover: where the workers look for provider binaries first (repeatable)")
     when = parser.add_mutually_exclusive_group(required=True)
     when.add_argument("--every", type=cli_args.duration, metavar="DURATION",
                       help="refresh this often, first now: 30s, 15m, 6h, 1d")
@@ -47,12 +63,49 @@ def _cron(text: str) -> str:
     return text
 
 
+_DISCOVERY_FLAGS = (("type_", "--type"), ("list_config", "--list-config"), ("state", "--state"), ("alias", "--alias"),
+                    ("limit", "--limit"), ("provider_search_path", "--provider-search-path"))
+
+
+def _discovery(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The discovery a schedule runs (None: it refreshes --states); UsageError for flags that do not go together."""
+    if args.discover is None:
+        if args.states is None:
+            raise UsageError("kl schedule set needs --states GLOB (to refresh) or --discover SOURCE --type TYPE (to discover)")
+        given = [flag for attr, flag in _DISCOVERY_FLAGS if getattr(args, attr) is not None]
+        if given:
+            raise UsageError(f"{given[0]} goes with --discover SOURCE, not with --states (a refresh schedule)")
+        return None
+    if args.states is not None:
+        raise UsageError("--states and --discover do not go together: a schedule refreshes states or runs one discovery")
+    if not args.type_:
+        raise UsageError("--discover needs --type TYPE (the resource type to list)")
+    from kilolock.cli.discovercmd import _list_config
+    from kilolock.cli.providercmd import normalize_source
+
+    return {"source": normalize_source(args.discover), "alias": args.alias or "", "state": args.state, "type": args.type_,
+            "list_config": _list_config(args.list_config or "{}"), "limit": args.limit,
+            "search_paths": [os.path.abspath(p) for p in args.provider_search_path or ()]}
+
+
 def run_set(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.store import fleet
 
+    discovery = _discovery(args)
     now = datetime.now(timezone.utc)
     first = now if args.every else parse(args.cron).next_after(now)
     assert first is not None  # _cron refused expressions that never match
+    if discovery is not None:
+        with context.open_store() as conn:
+            if discovery["state"] is not None:
+                from kilolock.store import states
+
+                states.state_id(conn, discovery["state"])  # StateNotFound: one line naming it
+            schedule_id = fleet.add_discovery_schedule(conn, discovery, every_s=args.every, cron=args.cron,
+                                                       jitter_s=args.jitter or 0.0, first_run_at=first,
+                                                       actor=args.actor or cli_args.default_actor())
+        print(schedule_id)
+        return 0
     with context.open_store() as conn:
         schedule_id = fleet.add_schedule(conn, args.states, every_s=args.every, cron=args.cron, jitter_s=args.jitter or 0.0,
                                          first_run_at=first, actor=args.actor or cli_args.default_actor())
@@ -70,8 +123,21 @@ def _when(s: Any) -> str:
     return f"every {format_duration(s.every_s)}"
 
 
+def _what(s: Any) -> str:
+    """What a schedule runs, as `kl schedule set` was told it."""
+    if s.discovery is None:
+        return f"--states {s.states_glob!r}"
+    d = s.discovery
+    return (f"--discover {d['source']} --type {d['type']}" + (f" --alias {d['alias']}" if d.get("alias") else "")
+            + (f" --state {d['state']}" if d.get("state") else "")
+            + (f" --list-config '{json.dumps(d['list_config'], sort_keys=True)}'" if d.get("list_config") else "")
+            + (f" --limit {d['limit']}" if d.get("limit") else ""))
+
+
 def _schedule_json(s: Any) -> dict[str, Any]:
-    return {"id": s.id, "states": s.states_glob, "matching_states": s.states, "every_s": s.every_s, "cron": s.cron,
+    return {"id": s.id, "kind": s.kind, "states": s.states_glob,
+            "matching_states": s.states if s.discovery is None else None, "discovery": s.discovery,
+            "every_s": s.every_s, "cron": s.cron,
             "cron_time_zone": "UTC" if s.cron else None, "jitter_s": s.jitter_s, "paused": s.paused,
             "next_run_at": s.next_run_at, "last_run_at": s.last_run_at, "created_at": s.created_at,
             "created_by": s.created_by}
@@ -94,7 +160,7 @@ def run_list(args: argparse.Namespace, context: CommandContext) -> int:
         print("no schedules (kl schedule set --states GLOB --every DURATION adds one)")
         return 0
     render.table(["id", "states", "matching", "when", "jitter", "next run", "last run", "paused"],
-                 [(s.id, s.states_glob, s.states, _when(s), format_duration(s.jitter_s) if s.jitter_s else "-",
+                 [(s.id, s.states_glob if s.discovery is None else _what(s), s.states if s.discovery is None else "-", _when(s), format_duration(s.jitter_s) if s.jitter_s else "-",
                    _next_run(s, now), s.last_run_at, "yes" if s.paused else "no")
                   for s in schedules])
     if not live and any(not s.paused for s in schedules):
@@ -143,7 +209,7 @@ def run_remove(args: argparse.Namespace, context: CommandContext) -> int:
     if removed is None:
         raise KlError(f"no schedule {args.id} (kl schedule list shows them)")
     s, dropped = removed
-    print(f"removed schedule {s.id}: --states {s.states_glob!r}, {_when(s)}; "
+    print(f"removed schedule {s.id}: {_what(s)}, {_when(s)}; "
           f"{dropped} queued job(s) dropped (running ones finish)")
     return 0
 

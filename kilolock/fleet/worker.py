@@ -271,7 +271,10 @@ class Worker:
         try:
             with db.reconnect(self.conn) as conn:
                 try:
-                    self._refresh_job(conn, flight)
+                    if flight.job.kind == fleet.DISCOVER:
+                        self._discovery_job(conn, flight)
+                    else:
+                        self._refresh_job(conn, flight)
                 except psycopg.Error as exc:
                     # Judged while the connection is open: once closed, any connection looks lost,
                     # and a bug (a psycopg error without SQLSTATE) would pass for a lost database.
@@ -313,6 +316,41 @@ class Worker:
                     else f" observed {result.observation}" if result.observation else "")
                  + f" in {result.duration_s:.2f}s{lag}" + (f": {result.error}" if result.error else "")
                  + ("" if kept else " (the job's lease had been taken over)"))
+
+    def _discovery_job(self, conn: psycopg.Connection, flight: _InFlight) -> None:
+        """A scheduled discovery, run as `kl discover` runs it (its run recorded and linked to the
+        job as it begins, its provider's fleet-wide slot held while it lists)."""
+        from kilolock.store.discovery_runs import Scope
+        from kilolock.unmanaged import service
+
+        job = flight.job
+        d = job.discovery or {}
+        scope = Scope(d["source"], d.get("alias") or "", d.get("state"), d["type"], d.get("list_config") or {})
+        req = service.Request(scope, limit=d.get("limit"), actor=self.overrides.default_actor,
+                              search_paths=tuple(d.get("search_paths") or ()), fleet_job=job.id, cancel=flight.cancel)
+        started = time.monotonic()
+        status, error, outcome = "succeeded", None, None
+        try:
+            outcome = service.discover(conn, req)
+        except service.DiscoveryCancelled as exc:
+            if flight.shutdown:
+                _on_live(conn, lambda c: fleet.requeue(c, job.id, self.worker_id, 0.0, f"worker {self.name} stopped during the run"))
+                self.say(f"kl worker {self.name}: {job.state}: cancelled at shutdown; queued again")
+                return
+            status, error = "cancelled", first_line(exc)
+        except KlError as exc:
+            status, error = "failed", first_line(exc)
+        kept = _on_live(conn, lambda c: fleet.finish_job(c, job.id, self.worker_id, status, None, error))
+        if status == "succeeded":
+            self.completed += 1
+        else:
+            self.failed += 1
+        found = ""
+        if outcome is not None:
+            found = (f" {len(outcome.found)} listed, {outcome.count('unmanaged')} unmanaged, "
+                     f"{outcome.count('managed twice')} managed twice")
+        self.say(f"kl worker {self.name}: {job.state}: {status}{found} in {time.monotonic() - started:.2f}s"
+                 + (f": {error}" if error else "") + ("" if kept else " (the job's lease had been taken over)"))
 
     def _warm_factory(self, conn: psycopg.Connection, state_id: str, options: RefreshOptions) -> ProviderFactory:
         return self.warm.factory(conn, state_id, options.search_paths, rpc_timeout=options.rpc_timeout,

@@ -87,21 +87,34 @@ FROM (SELECT count(*) AS listed, count(*) FILTER (WHERE match = 'managed') AS ma
 WHERE r.id = %(run)s AND r.status = 'running'
 """
 
-def begin(conn: psycopg.Connection, scope: Scope, limit: int | None, actor: str | None) -> str:
+# In begin's transaction: a worker that dies at any point after leaves a run its job names, which
+# the take-over of the job's expired lease finishes.
+_LINK_JOB = "UPDATE fleet_jobs SET discovery_run_id = %s WHERE id = %s AND kind = 'discover' AND status = 'running'"
+
+
+def begin(conn: psycopg.Connection, scope: Scope, limit: int | None, actor: str | None, *,
+          fleet_job: int | None = None) -> str:
+    """The run's row, `running`; linked to FLEET_JOB (a worker's discover job) when given."""
     with conn.transaction():
         row = conn.execute(_BEGIN, {"source": scope.source, "alias": scope.alias, "state": scope.state, "type": scope.type,
                                     "config": Jsonb(scope.list_config), "hash": scope.config_hash, "limit": limit,
                                     "actor": actor}).fetchone()
-    assert row is not None  # INSERT … RETURNING
+        assert row is not None  # INSERT … RETURNING
+        if fleet_job is not None:
+            conn.execute(_LINK_JOB, (row[0], fleet_job))
     return str(row[0])
 
 
 def finish(conn: psycopg.Connection, run_id: str, found: Sequence[Found], *, status: str, error: str | None = None) -> None:
     """Stores what RUN_ID listed and ends it. Only a succeeded run marks its new unmanaged objects
     (and notifies resource.unmanaged of them): a run that failed or was cancelled listed part of
-    them, and the next one compares with the last complete listing."""
+    them, and the next one compares with the last complete listing. A run finished meanwhile (by
+    the take-over of a worker that looked dead) is left as it is."""
     payload = [{"identity": f.identity, "display_name": f.display_name, "match": f.match, "claims": f.claims} for f in found]
     with conn.transaction():
+        row = conn.execute("SELECT status FROM discovery_runs WHERE id = %s FOR UPDATE", (run_id,)).fetchone()
+        if row is None or row[0] != "running":
+            return  # finished meanwhile: a worker's take-over found this run's worker dead
         if payload:
             conn.execute(_OBJECTS, {"run": run_id, "objects": Jsonb(payload)})
         if status == "succeeded":

@@ -1,4 +1,6 @@
 """The fleet's schedules, job queue and workers (migration 0010): every claim, lease and heartbeat.
+A schedule and its jobs are of a kind (migration 0026): 'refresh' (the states a glob matches) or
+'discover' (one discovery scope, run as `kl discover` runs it).
 
 Each call is one short transaction and relies on no session state, so a worker's claim lives in
 its row (``lease_expires_at``), not in a connection. Claims use FOR UPDATE SKIP LOCKED: workers on
@@ -15,17 +17,20 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import class_row, dict_row
+from psycopg.types.json import Jsonb
 
 from kilolock.globs import sql_regex
 from kilolock.store import locks, provider_limits, refresh_runs
 
+REFRESH, DISCOVER = "refresh", "discover"
+
 
 @dataclass(frozen=True)
 class Schedule:
-    """A fleet schedule: which states, how often."""
+    """A fleet schedule: which states (or which discovery), how often."""
 
     id: int
-    states_glob: str
+    states_glob: str | None  # None for a discover schedule
     every_s: float | None
     cron: str | None
     jitter_s: float
@@ -35,17 +40,22 @@ class Schedule:
     created_at: datetime
     created_by: str | None
     states: int  # how many states the glob matches now
+    kind: str = REFRESH
+    # A discover schedule's scope: {source, alias, state, type, list_config, limit}.
+    discovery: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Job:
-    """A due refresh of one state, for a fleet worker to claim."""
+    """A due refresh of one state (or a due discovery), for a fleet worker to claim."""
 
     id: int
-    state_id: str
-    state: str
+    state_id: str | None  # None for a discovery
+    state: str  # a discovery's: what it lists ("discover SOURCE TYPE"), for messages
     due_at: datetime
     attempts: int
+    kind: str = REFRESH
+    discovery: dict[str, Any] | None = None
 
 
 # States a fleet refreshes: those with a current version kl can read (an OpenTofu-encrypted one
@@ -70,8 +80,10 @@ def refreshable_states(conn: psycopg.Connection, glob: str) -> list[tuple[str, s
 
 _SCHEDULE_COLS = """
 sc.id, sc.states_glob, sc.every_s, sc.cron, sc.jitter_s, sc.paused, sc.next_run_at, sc.last_run_at, sc.created_at,
-sc.created_by, (SELECT count(*) FROM states s WHERE s.name ~ sc.states_regex)::int AS states
+sc.created_by, (SELECT count(*) FROM states s WHERE s.name ~ sc.states_regex)::int AS states, sc.kind, sc.discovery
 """
+# What a job is, said in messages and `kl fleet status`: its state, or what its discovery lists.
+_JOB_LABEL = "coalesce(s.name, 'discover ' || (j.discovery ->> 'source') || ' ' || (j.discovery ->> 'type'))"
 
 
 def add_schedule(conn: psycopg.Connection, glob: str, *, every_s: float | None, cron: str | None, jitter_s: float,
@@ -81,6 +93,19 @@ def add_schedule(conn: psycopg.Connection, glob: str, *, every_s: float | None, 
             "INSERT INTO fleet_schedules (states_glob, states_regex, every_s, cron, jitter_s, next_run_at, created_by) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (glob, sql_regex(glob), every_s, cron, jitter_s, first_run_at, actor)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def add_discovery_schedule(conn: psycopg.Connection, discovery: dict[str, Any], *, every_s: float | None,
+                           cron: str | None, jitter_s: float, first_run_at: datetime, actor: str) -> int:
+    """A schedule that queues one discovery (DISCOVERY: {source, alias, state, type, list_config,
+    limit}) each time it fires."""
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO fleet_schedules (kind, discovery, every_s, cron, jitter_s, next_run_at, created_by) "
+            "VALUES ('discover', %s, %s, %s, %s, %s, %s) RETURNING id",
+            (Jsonb(discovery), every_s, cron, jitter_s, first_run_at, actor)).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -119,6 +144,11 @@ def remove_schedule(conn: psycopg.Connection, schedule_id: int) -> tuple[Schedul
     return found, dropped
 
 
+def get_schedule(conn: psycopg.Connection, schedule_id: int) -> Schedule | None:
+    return conn.cursor(row_factory=class_row(Schedule)).execute(
+        f"SELECT {_SCHEDULE_COLS} FROM fleet_schedules sc WHERE sc.id = %s", (schedule_id,)).fetchone()
+
+
 def set_next_run(conn: psycopg.Connection, schedule_id: int, at: datetime) -> None:
     with conn.transaction():
         conn.execute("UPDATE fleet_schedules SET next_run_at = %s WHERE id = %s", (at, schedule_id))
@@ -135,6 +165,15 @@ JOIN LATERAL (SELECT encrypted FROM state_versions v WHERE v.state_id = s.id AND
               ORDER BY serial DESC LIMIT 1) cur ON true
 WHERE s.name ~ %(regex)s AND """ + _READABLE + """
 ON CONFLICT (state_id) WHERE status IN ('queued', 'running') DO NOTHING
+"""
+# A discovery's offset inside the jitter window is fixed too (a hash of the schedule). A discovery
+# still queued or running when its schedule fires again is not queued twice.
+_ENQUEUE_DISCOVERY = """
+INSERT INTO fleet_jobs (kind, discovery, schedule_id, due_at)
+SELECT 'discover', sc.discovery, sc.id,
+       %(at)s + make_interval(secs => sc.jitter_s * ((hashtextextended('discover/' || sc.id::text, 0) & 1048575) / 1048576.0))
+FROM fleet_schedules sc WHERE sc.id = %(schedule)s
+ON CONFLICT (schedule_id) WHERE kind = 'discover' AND status IN ('queued', 'running') DO NOTHING
 """
 
 
@@ -155,8 +194,12 @@ def enqueue_due_schedules(conn: psycopg.Connection, next_run: Callable[[Schedule
         assert row is not None
         now: datetime = row[0]
         for sc in due:
-            queued += conn.execute(_ENQUEUE, {"schedule": sc.id, "at": now, "jitter": sc.jitter_s,
-                                              "regex": sql_regex(sc.states_glob)}).rowcount
+            if sc.kind == DISCOVER:
+                queued += conn.execute(_ENQUEUE_DISCOVERY, {"schedule": sc.id, "at": now}).rowcount
+            else:
+                assert sc.states_glob is not None  # a refresh schedule's (migration 0026's check)
+                queued += conn.execute(_ENQUEUE, {"schedule": sc.id, "at": now, "jitter": sc.jitter_s,
+                                                  "regex": sql_regex(sc.states_glob)}).rowcount
             conn.execute("UPDATE fleet_schedules SET next_run_at = %s, last_run_at = %s WHERE id = %s",
                          (next_run(sc, now), now, sc.id))
     return queued
@@ -227,15 +270,15 @@ def stop_worker(conn: psycopg.Connection, worker_id: int) -> None:
 
 # ---------------------------------------------------------------- jobs
 
-_CLAIM = """
+_CLAIM = f"""
 UPDATE fleet_jobs j SET status = 'running', claimed_by = %(worker)s, claimed_at = now(), heartbeat_at = now(),
     lease_expires_at = now() + make_interval(secs => %(lease)s), attempts = j.attempts + 1,
-    refresh_run_id = NULL, finished_at = NULL
-FROM states s
-WHERE s.id = j.state_id AND j.id IN (
+    refresh_run_id = NULL, discovery_run_id = NULL, finished_at = NULL
+FROM fleet_jobs q LEFT JOIN states s ON s.id = q.state_id
+WHERE q.id = j.id AND j.id IN (
     SELECT id FROM fleet_jobs WHERE status = 'queued' AND due_at <= now()
     ORDER BY due_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
-RETURNING j.id, j.state_id::text AS state_id, s.name AS state, j.due_at, j.attempts
+RETURNING j.id, j.state_id::text AS state_id, {_JOB_LABEL} AS state, j.due_at, j.attempts, j.kind, j.discovery
 """
 
 
@@ -268,8 +311,8 @@ def requeue(conn: psycopg.Connection, job_id: int, worker_id: int, delay_s: floa
 
 
 _EXPIRED = """
-SELECT j.id, j.state_id::text AS state_id, j.claimed_at, j.heartbeat_at, j.attempts, j.refresh_run_id::text AS run_id,
-       coalesce(w.name, '?') AS worker
+SELECT j.id, j.kind, j.state_id::text AS state_id, j.claimed_at, j.heartbeat_at, j.attempts,
+       j.refresh_run_id::text AS run_id, j.discovery_run_id::text AS discovery_run_id, coalesce(w.name, '?') AS worker
 FROM fleet_jobs j LEFT JOIN fleet_workers w ON w.id = j.claimed_by
 WHERE j.status = 'running' AND j.lease_expires_at < now()
 ORDER BY j.lease_expires_at
@@ -288,19 +331,31 @@ WHERE rr.status = 'running' AND rr.state_id = %(state)s
            AND NOT coalesce(rr.heartbeat_at > now() - make_interval(secs => %(stale)s), false)))
 RETURNING rr.id::text
 """
+# A dead worker's discovery run, linked to its job as it began, ends at the job's last heartbeat.
+_FAIL_DEAD_DISCOVERY = """
+UPDATE discovery_runs SET status = 'failed', finished_at = greatest(started_at, least(now(), %(heartbeat)s)),
+    error = 'worker ' || %(worker)s || ' stopped heartbeating (lease expired); its run was taken over'
+WHERE id = %(run)s::uuid AND status = 'running'
+"""
 
 
 def recover_expired(conn: psycopg.Connection, max_attempts: int) -> list[tuple[int, str]]:
     """Take back every running job whose lease expired (its worker died or lost the database):
-    finish its refresh run as failed at the last heartbeat, release a state lock that run held,
-    and queue the job again, due now, or fail it after MAX_ATTEMPTS claims. (job id, what was done)."""
+    finish its refresh run (or discovery run) as failed at the last heartbeat, release a state lock
+    that run held, and queue the job again, due now, or fail it after MAX_ATTEMPTS claims. (job id, what was done)."""
     done: list[tuple[int, str]] = []
     with conn.transaction():
         expired = conn.cursor(row_factory=dict_row).execute(_EXPIRED).fetchall()
         for j in expired:
-            runs = [str(r[0]) for r in conn.execute(_FAIL_DEAD_RUN, {
-                "heartbeat": j["heartbeat_at"], "worker": j["worker"], "state": j["state_id"], "run": j["run_id"],
-                "claimed": j["claimed_at"], "stale": refresh_runs.HEARTBEAT_STALE_S}).fetchall()]
+            if j["kind"] == DISCOVER:
+                if j["discovery_run_id"] is not None:
+                    conn.execute(_FAIL_DEAD_DISCOVERY, {"heartbeat": j["heartbeat_at"], "worker": j["worker"],
+                                                        "run": j["discovery_run_id"]})
+                runs: list[str] = []
+            else:
+                runs = [str(r[0]) for r in conn.execute(_FAIL_DEAD_RUN, {
+                    "heartbeat": j["heartbeat_at"], "worker": j["worker"], "state": j["state_id"], "run": j["run_id"],
+                    "claimed": j["claimed_at"], "stale": refresh_runs.HEARTBEAT_STALE_S}).fetchall()]
             for run_id in runs:
                 locks.force_release(conn, j["state_id"], f"kl worker (lease of {j['worker']} expired)",
                                     only_info=refresh_runs.lock_note(run_id))
@@ -312,7 +367,8 @@ def recover_expired(conn: psycopg.Connection, max_attempts: int) -> list[tuple[i
                 done.append((int(j["id"]), "failed"))
             else:
                 conn.execute("UPDATE fleet_jobs SET status = 'queued', due_at = now(), claimed_by = NULL, claimed_at = NULL, "
-                             "heartbeat_at = NULL, lease_expires_at = NULL, refresh_run_id = NULL, error = %s WHERE id = %s",
+                             "heartbeat_at = NULL, lease_expires_at = NULL, refresh_run_id = NULL, discovery_run_id = NULL, "
+                             "error = %s WHERE id = %s",
                              (note, j["id"]))
                 done.append((int(j["id"]), "requeued"))
     return done
@@ -366,9 +422,10 @@ def prune_workers(conn: psycopg.Connection, older_than_s: float) -> list[dict[st
 _WORKERS = f"""
 SELECT w.id, w.name, w.host, w.pid, w.status, w.parallel_states, w.lease_s, w.started_at, w.heartbeat_at,
        {_ALIVE} AS alive,
-       coalesce((SELECT json_agg(json_build_object('state', s.name, 'since', j.claimed_at, 'job', j.id,
-                                                    'run_id', j.refresh_run_id) ORDER BY s.name)
-                 FROM fleet_jobs j JOIN states s ON s.id = j.state_id
+       coalesce((SELECT json_agg(json_build_object('state', {_JOB_LABEL}, 'since', j.claimed_at, 'job', j.id,
+                                                    'run_id', coalesce(j.refresh_run_id, j.discovery_run_id))
+                                  ORDER BY {_JOB_LABEL})
+                 FROM fleet_jobs j LEFT JOIN states s ON s.id = j.state_id
                  WHERE j.claimed_by = w.id AND j.status = 'running'), '[]') AS running
 FROM fleet_workers w
 WHERE (w.status <> 'stopped' OR w.stopped_at > now() - interval '{SHOW_STOPPED}')
@@ -399,9 +456,10 @@ SELECT count(*) FILTER (WHERE status = 'queued' AND due_at <= now())::int AS due
 FROM fleet_jobs
 """
 
-_ERRORS = """
-SELECT s.name AS state, j.finished_at AS at, j.error, j.refresh_run_id::text AS run_id, coalesce(w.name, '-') AS worker
-FROM fleet_jobs j JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
+_ERRORS = f"""
+SELECT {_JOB_LABEL} AS state, j.finished_at AS at, j.error, coalesce(j.refresh_run_id, j.discovery_run_id)::text AS run_id,
+       coalesce(w.name, '-') AS worker
+FROM fleet_jobs j LEFT JOIN states s ON s.id = j.state_id LEFT JOIN fleet_workers w ON w.id = j.claimed_by
 WHERE j.status = 'failed'
 ORDER BY j.finished_at DESC LIMIT %s
 """

@@ -6,11 +6,13 @@ found (store/discovery_runs), the run's failure too.
 
 Ctrl-C (or SIGTERM, raised as Terminated) while the provider streams ends the listing: the call is
 cancelled, the provider ended as a refresh ends it (Shutdown, then SIGKILL), and the run recorded as
-cancelled.
+cancelled. A run on another thread (a fleet worker's) is cancelled through its Cancellation instead:
+the provider is shut down under the listing, which then ends.
 """
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import psycopg
 
 from kilolock.errors import KlError
 from kilolock.redact import Redactor
+from kilolock.refresh.cancel import Cancellation
 from kilolock.refresh.client import ListedObject, ListingError, OpenedProvider
 from kilolock.refresh.encoding import EncodingClient
 from kilolock.refresh.factory import ProviderFactory
@@ -49,6 +52,8 @@ class Request:
     actor: str | None = None
     search_paths: tuple[str, ...] = ()  # where provider binaries are looked for first (a state's own after them)
     rpc_timeout: float | None = None
+    fleet_job: int | None = None  # the fleet job this run is (linked to it as the run begins)
+    cancel: Cancellation | None = None  # set from another thread: the listing ends, the run is cancelled
 
 
 @dataclass
@@ -77,6 +82,31 @@ def _slot(conn: psycopg.Connection, scope: Scope) -> Iterator[None]:
             slots.release()
 
 
+@contextmanager
+def _cancelled_by(cancel: Cancellation | None, client: EncodingClient) -> Iterator[None]:
+    """While the block runs, CANCEL shuts the provider down (killed at once when it says so): the
+    listing the block reads fails, and discover() records the run as cancelled."""
+    if cancel is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if cancel.wait(0.2):
+                if not done.is_set():
+                    client.shut_down(at_once=cancel.at_once)
+                return
+
+    watcher = threading.Thread(target=watch, name="kl-discover-cancel", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 def _classify(claims: list[matching.Claim]) -> str:
     return "unmanaged" if not claims else "managed" if len(claims) == 1 else "managed twice"
 
@@ -91,7 +121,7 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
         stored = settings.get(conn, sid)
         search_paths += stored.provider_search_paths or ()
         workdir = stored.workdir
-    run_id = discovery_runs.begin(conn, scope, req.limit, req.actor)
+    run_id = discovery_runs.begin(conn, scope, req.limit, req.actor, fleet_job=req.fleet_job)
     found: list[Found] = []
     try:
         factory = ProviderFactory(conn, sid, search_paths, rpc_timeout=req.rpc_timeout, workdir=workdir, list_schemas=True)
@@ -100,7 +130,7 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
             if not isinstance(client, EncodingClient):
                 raise ListingError(f"provider {scope.source}: this source of processes cannot list")
             config = json.dumps(scope.list_config).encode()
-            with _slot(conn, scope):
+            with _slot(conn, scope), _cancelled_by(req.cancel, client):
                 listed: list[ListedObject] = list(client.list_objects(scope.type, config, req.limit or 0))
             version = client.identity_schema_version(scope.type) or 0
         finally:
@@ -110,6 +140,10 @@ def discover(conn: psycopg.Connection, req: Request) -> Outcome:
         found = [Found(identity, obj.display_name, _classify(c), [x.as_json() for x in c])
                  for identity, obj, c in zip(identities, listed, claimed, strict=True)]
     except KlError as exc:
+        if req.cancel is not None and req.cancel.cancelled:  # the listing failed because it was cancelled
+            why = req.cancel.reason or "cancelled"
+            discovery_runs.finish(conn, run_id, found, status="cancelled", error=why)
+            raise DiscoveryCancelled(f"discovery cancelled: {why}; recorded as run {run_id}") from None
         discovery_runs.finish(conn, run_id, found, status="failed", error=str(exc))
         raise
     except KeyboardInterrupt as exc:

@@ -477,6 +477,27 @@ def populate(conn: psycopg.Connection) -> None:
         # Their resource.unmanaged deliveries, never due as the others above.
         conn.execute("UPDATE notify_deliveries SET next_attempt_at = 'infinity' WHERE status = 'pending'")
 
+    # Discovery by the fleet's workers (0026): a discover schedule, its job claimed by a worker and
+    # linked to the discovery run it began, finished; and another firing of it still queued.
+    if hasattr(fleet, "add_discovery_schedule"):
+        from kilolock.store import discovery_runs
+
+        spec: dict[str, Any] = {"source": "registry.terraform.io/hashicorp/null", "alias": "", "state": None, "type": "null_resource",
+                "list_config": {}, "limit": None, "search_paths": ["/opt/kl/providers"]}
+        disco = fleet.add_discovery_schedule(conn, spec, every_s=21600.0, cron=None, jitter_s=300.0, first_run_at=start,
+                                             actor="fixture@cli")
+        fleet.enqueue_due_schedules(conn, lambda sc, now: now + timedelta(hours=6))
+        conn.execute("UPDATE fleet_jobs SET due_at = now() - interval '1 day' WHERE schedule_id = %s", (disco,))  # first claimed
+        [job] = fleet.claim(conn, worker, 1, 60.0)
+        assert job.kind == fleet.DISCOVER
+        scope = discovery_runs.Scope(spec["source"], "", None, spec["type"], {})
+        scheduled_run = discovery_runs.begin(conn, scope, None, "fixture-worker", fleet_job=job.id)
+        discovery_runs.finish(conn, scheduled_run, [discovery_runs.Found({"id": "plain"}, "plain", "managed", [claim])],
+                              status="succeeded")
+        fleet.finish_job(conn, job.id, worker, "succeeded", None, None)
+        conn.execute("UPDATE fleet_schedules SET next_run_at = now() WHERE id = %s", (disco,))
+        fleet.enqueue_due_schedules(conn, lambda sc, now: now + timedelta(hours=6))
+
 
 def main() -> int:
     """Write fixtures/schema-<head>.{sql,json} from a fresh database at the current head schema."""

@@ -16,10 +16,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from kit.clis import compiled_cli
+from kit.fleet import q, start_worker, stop, wait_for
 from kit.kl import kl_cmd, kl_env
 from kit.paths import PLUGIN_CACHE
 from kit.procs import assert_no_new_providers, default_signals, provider_pids
@@ -307,3 +309,115 @@ def test_only_new_unmanaged_objects_notify_resource_unmanaged(kl: Kl, receiver: 
         "Kilolock: new unmanaged objects: 2 testfw_thing of registry.terraform.io/kilolock/testfw (provider config of tf-one)"]
     assert len(got["/elsewhere"]) == 2  # the runs without a state, not tf-one's
     assert got["/defaults"] == []
+
+
+# ---------------------------------------------------------------- discovery scheduled for the fleet's workers
+
+def _discover_schedule(kl: Kl, *extra: str) -> int:
+    return int(kl.ok("schedule", "set", "--discover", "kilolock/testfw", "--type", "testfw_thing",
+                     "--provider-search-path", str(PLUGIN_CACHE), "--every", "1h", *extra))
+
+
+def _discovery_runs(db_url: str) -> list[tuple[Any, ...]]:
+    """(status, actor, error, new unmanaged) of every discovery run, oldest first."""
+    return q(db_url, "SELECT status, actor, error, new_unmanaged FROM discovery_runs ORDER BY started_at")
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--every", "1h"], "kl: kl schedule set needs --states GLOB (to refresh) or --discover SOURCE --type TYPE (to discover)"),
+    (["--discover", "kilolock/testfw", "--every", "1h"], "kl: --discover needs --type TYPE (the resource type to list)"),
+    (["--discover", "kilolock/testfw", "--type", "testfw_thing", "--states", "**", "--every", "1h"],
+     "kl: --states and --discover do not go together: a schedule refreshes states or runs one discovery"),
+    (["--states", "**", "--type", "testfw_thing", "--every", "1h"],
+     "kl: --type goes with --discover SOURCE, not with --states (a refresh schedule)"),
+    (["--discover", "kilolock/testfw", "--type", "testfw_thing", "--list-config", "[1]", "--every", "1h"],
+     "kl: --list-config must be a JSON object (the list block's attributes)"),
+])
+def test_a_discovery_schedule_refuses_flags_that_do_not_go_together_in_one_line(run_kl: Any, db_url: str, args: list[str],
+                                                                                 line: str) -> None:
+    r = run_kl("schedule", "set", *args)
+    assert (r.returncode, r.stderr.decode().splitlines()) == (2, [line])
+    assert q(db_url, "SELECT count(*) FROM fleet_schedules") == [(0,)]
+
+
+def test_discovery_schedules_are_listed_and_removed_like_refresh_schedules(kl: Kl, db_url: str) -> None:
+    first = _discover_schedule(kl, "--list-config", '{"prefix": "x-"}', "--limit", "5", "--jitter", "10m")
+    second = int(kl.ok("schedule", "set", "--discover", "kilolock/testfw", "--type", "testfw_thing", "--state", "tf-one",
+                       "--cron", "@daily"))
+    r = kl("schedule", "set", "--discover", "kilolock/testfw", "--type", "testfw_thing", "--state", "nope", "--every", "1h")
+    assert r.returncode == 1 and len(r.stderr.decode().splitlines()) == 1 and "nope" in r.stderr.decode()
+
+    listed = json.loads(kl.ok("schedule", "list", "--format", "json"))["schedules"]
+    assert [(s["id"], s["kind"], s["states"], s["matching_states"], s["every_s"], s["cron"], s["jitter_s"])
+            for s in listed] == [(first, "discover", None, None, 3600.0, None, 600.0),
+                                 (second, "discover", None, None, None, "@daily", 0.0)]
+    assert listed[0]["discovery"] == {"source": "registry.terraform.io/kilolock/testfw", "alias": "", "state": None,
+                                      "type": "testfw_thing", "list_config": {"prefix": "x-"}, "limit": 5,
+                                      "search_paths": [str(PLUGIN_CACHE)]}
+    assert listed[1]["discovery"]["state"] == "tf-one"
+    text = kl.ok("schedule", "list")
+    assert "--discover registry.terraform.io/kilolock/testfw --type testfw_thing --list-config '{\"prefix\": \"x-\"}' --limit 5" in text
+    assert kl.ok("schedule", "remove", str(second)).startswith(
+        f"removed schedule {second}: --discover registry.terraform.io/kilolock/testfw --type testfw_thing --state tf-one, ")
+    assert [s["id"] for s in json.loads(kl.ok("schedule", "list", "--format", "json"))["schedules"]] == [first]
+
+
+def test_a_worker_runs_a_scheduled_discovery_and_new_unmanaged_objects_notify_once(kl: Kl, db_url: str,
+                                                                                   receiver: Receiver) -> None:
+    kl.ok("notify", "add", "hook", "--webhook", receiver.url, "--events", "resource.unmanaged")
+    kl.behind_terraforms_back("x-1")
+    schedule = _discover_schedule(kl)
+    worker = start_worker(db_url, "disco")
+    try:
+        wait_for("the scheduled discovery", lambda: _discovery_runs(db_url) == [("succeeded", ANY, None, 1)])
+        kl.behind_terraforms_back("x-2")
+        q(db_url, "UPDATE fleet_schedules SET next_run_at = now() WHERE id = %s", (schedule,))
+        runs = wait_for("the schedule's second discovery", lambda: (r := _discovery_runs(db_url))[1:] and r[1][0] != "running" and r)
+        assert [(status, new) for status, _, _, new in runs] == [("succeeded", 1), ("succeeded", 1)]
+        q(db_url, "UPDATE fleet_schedules SET next_run_at = now() WHERE id = %s", (schedule,))
+        runs = wait_for("the third", lambda: (r := _discovery_runs(db_url))[2:] and r[2][0] != "running" and r)
+        assert runs[2][0] == "succeeded" and runs[2][3] == 0  # nothing new: x-1 and x-2 were unmanaged before
+        wait_for("two deliveries", lambda: len(receiver.requests) >= 2)
+    finally:
+        code, out = stop(worker)
+    assert code == 0, out
+    # What kl discover would have found, recorded as its runs are: seen by --results (and so by the UI,
+    # kl status and /metrics, which read the same rows).
+    latest = json.loads(kl.ok("discover", "--results", "--format", "json"))
+    assert _by_id(latest)["x-1"] == ("unmanaged", [], False) and _by_id(latest)["t-a"][0] == "managed twice"
+    assert latest["run"]["counts"] == {"listed": 4, "managed": 1, "unmanaged": 2, "managed_twice": 1, "new_unmanaged": 0}
+    assert [[o["identity"]["id"] for o in r.json["discovery"]["objects"]] for r in receiver.requests] == [["x-1"], ["x-2"]]
+    assert q(db_url, "SELECT count(*) FROM notify_events WHERE kind = 'resource.unmanaged'") == [(2,)]
+    jobs = q(db_url, "SELECT kind, status, schedule_id, discovery_run_id IS NOT NULL FROM fleet_jobs ORDER BY id")
+    assert jobs == [("discover", "succeeded", schedule, True)] * 3
+    assert "discover registry.terraform.io/kilolock/testfw testfw_thing: succeeded 4 listed, 2 unmanaged" in out
+
+
+def test_a_worker_that_dies_mid_discovery_is_taken_over_and_its_run_does_not_stay_running(kl: Kl, db_url: str) -> None:
+    kl.ok("provider", "limit", "kilolock/testfw", "--max-in-flight", "1")
+    kl.behind_terraforms_back(*(f"x-{i:03d}" for i in range(200)))
+    _discover_schedule(kl)
+    slow = start_worker(db_url, "slow", env={"KL_TESTPROVIDER_READ_DELAY_MS": "1000"})
+    try:
+        wait_for("the listing", lambda: (kl.remote / ".listing-started").exists() and _slots_held(kl) == 1, timeout=60)
+        job = q(db_url, "SELECT id, discovery_run_id::text FROM fleet_jobs WHERE status = 'running'")
+        assert len(job) == 1 and job[0][1] is not None  # linked to its run as the run began
+        slow.kill()
+        slow.communicate(timeout=30)
+        (kl.remote / ".listing-started").unlink()
+        last_beat = q(db_url, "SELECT heartbeat_at FROM fleet_jobs WHERE id = %s FOR UPDATE", (job[0][0],))[0][0]
+        other = start_worker(db_url, "other")
+        try:
+            wait_for("the job done by another worker", lambda: q(
+                db_url, "SELECT 1 FROM fleet_jobs WHERE id = %s AND status = 'succeeded'", (job[0][0],)), timeout=60)
+        finally:
+            code, out = stop(other)
+        assert code == 0, out
+    finally:
+        stop(slow, signal.SIGKILL)
+    dead = q(db_url, "SELECT status, error, finished_at FROM discovery_runs WHERE id = %s", (job[0][1],))[0]
+    assert dead[:2] == ("failed", "worker slow stopped heartbeating (lease expired); its run was taken over")
+    assert dead[2] <= last_beat
+    assert [r[0] for r in _discovery_runs(db_url)] == ["failed", "succeeded"]
+    assert q(db_url, "SELECT attempts FROM fleet_jobs") == [(2,)]
+    assert "took over job" in out and _slots_held(kl) == 0
