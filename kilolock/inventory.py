@@ -55,6 +55,11 @@ def cursor_after(row: dict[str, Any]) -> str:
 
 
 def read_cursor(text: str) -> tuple[str, str, str]:
+    key = _decode_cursor(text, 3)
+    return key[0], key[1], key[2]
+
+
+def _decode_cursor(text: str, fields: int) -> list[str]:
     import base64
     import binascii
     import json
@@ -63,6 +68,22 @@ def read_cursor(text: str) -> tuple[str, str, str]:
         key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, binascii.Error):
         key = None
-    if not (isinstance(key, list) and len(key) == 3 and all(isinstance(k, str) for k in key)):
+    if not (isinstance(key, list) and len(key) == fields and all(isinstance(k, str) for k in key)):
         raise UsageError(f"cursor {text!r} is not one this API gave (next_cursor of the previous page)")
-    return key[0], key[1], key[2]
+    return key
+
+
+# A duplicate group's place in the API's pages: what the caller sees of it (its claims' hash
+# stands for its claims, some of which may be in states it may not read).
+DUPLICATE_KEY = ("provider", "type", "confidence", "key", "claims_hash")
+
+
+def duplicates_cursor_after(group: dict[str, Any]) -> str:
+    import base64
+    import json
+
+    return base64.urlsafe_b64encode(json.dumps([group[k] for k in DUPLICATE_KEY]).encode()).decode().rstrip("=")
+
+
+def read_duplicates_cursor(text: str) -> list[str]:
+    return _decode_cursor(text, len(DUPLICATE_KEY))

@@ -55,7 +55,8 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
     """`kl resources --format json` of the states the caller may read, a page at a time:
     ``states``, ``type``, ``provider``, ``address`` (globs and a source as the CLI's options),
     ``where`` (repeatable PATH=VALUE), ``drifted=1``, ``limit`` (default 100, at most
-    MAX_RESOURCES_PAGE) and ``cursor`` (the previous page's ``next_cursor``)."""
+    MAX_RESOURCES_PAGE) and ``cursor`` (the previous page's ``next_cursor``). ``duplicates=1``:
+    `kl resources --duplicates` instead (see _duplicates)."""
     from kilolock import globs, inventory
     from kilolock.errors import UsageError
     from kilolock.store import inventory as inventory_store
@@ -65,6 +66,8 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
         values = params.get(key) or []
         return values[-1] if values and values[-1] != "" else None
 
+    if one("duplicates") in ("1", "true"):
+        return _duplicates(conn, params, one, may_read)
     try:
         glob = one("states") or "**"
         globs.compile_glob(glob)
@@ -72,10 +75,7 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
         provider = inventory.provider_source(p) if (p := one("provider")) else None
         address = globs.check_address_glob(a) if (a := one("address")) else None
         wheres = [inventory.where(w) for w in params.get("where") or [] if w]
-        limit_text = one("limit") or "100"
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_RESOURCES_PAGE:
-            raise UsageError(f"limit {limit_text!r} is not a whole number from 1 to {MAX_RESOURCES_PAGE}")
-        limit = int(limit_text)
+        limit = _page_limit(one)
         after = inventory.read_cursor(c) if (c := one("cursor")) else None
     except UsageError as exc:
         return text(400, str(exc))
@@ -88,6 +88,47 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
     rows = rows[:limit]
     return json_body(200, {"version": 1, "resources": [{k: r[k] for k in inventory_store.COLUMNS} for r in rows],
                            "next_cursor": inventory.cursor_after(rows[-1]) if more else None})
+
+
+def _page_limit(one: Callable[[str], str | None]) -> int:
+    from kilolock.errors import UsageError
+
+    limit_text = one("limit") or "100"
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_RESOURCES_PAGE:
+        raise UsageError(f"limit {limit_text!r} is not a whole number from 1 to {MAX_RESOURCES_PAGE}")
+    return int(limit_text)
+
+
+def _duplicates(conn: psycopg.Connection, params: Mapping[str, list[str]], one: Callable[[str], str | None],
+                may_read: Callable[[str], bool]) -> Response:
+    """`kl resources --duplicates --format json` a page at a time: the objects claimed more than
+    once with a claim in a state (of ``states``) the caller may read. A claim in a state it may not
+    read is counted (``hidden_claims``), not named, as the web UI's discovery page does."""
+    from kilolock import globs, inventory
+    from kilolock.errors import UsageError
+    from kilolock.store import inventory as inventory_store
+    from kilolock.store import ui_queries
+
+    try:
+        other = next((k for k in ("type", "provider", "address", "where", "drifted") if one(k) is not None), None)
+        if other is not None:
+            raise UsageError(f"duplicates=1 takes states, limit and cursor only, not {other}")
+        glob = one("states") or "**"
+        globs.compile_glob(glob)
+        limit = _page_limit(one)
+        after = inventory.read_duplicates_cursor(c) if (c := one("cursor")) else None
+    except UsageError as exc:
+        return text(400, str(exc))
+    with conn.transaction():
+        names = [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)]
+        groups = inventory_store.duplicates_page(conn, ui_queries.state_ids(conn, names), limit + 1, after)
+    more = len(groups) > limit
+    groups = groups[:limit]
+    shown = [{"confidence": g["confidence"], "evidence": g["evidence"], "provider": g["provider"], "type": g["type"],
+              "key": g["key"], "claims": [c for c in g["claims"] if may_read(c["state"])],
+              "hidden_claims": sum(1 for c in g["claims"] if not may_read(c["state"]))} for g in groups]
+    return json_body(200, {"version": 1, "duplicates": shown,
+                           "next_cursor": inventory.duplicates_cursor_after(groups[-1]) if more else None})
 
 
 def health(conn: psycopg.Connection) -> Response:

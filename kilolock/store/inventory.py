@@ -207,6 +207,29 @@ ORDER BY g.provider_source, g.type, min(s.name), g.confidence, g.key
 """
 
 
+# A page of them, for the API: in an order a cursor can resume (DUPLICATE_KEY of kilolock.inventory),
+# not the CLI's (by its first claim's state, which may be one the caller may not read).
+_DUPLICATES_PAGE = f"""
+SELECT d.confidence, d.evidence, d.provider, d.type, d.key, d.claims, md5(d.claims::text) AS claims_hash
+FROM ({DUPLICATES}) d
+WHERE %(after)s::text[] IS NULL
+   OR (d.provider, d.type, d.confidence, d.key, md5(d.claims::text))
+      > (%(after)s[1], %(after)s[2], %(after)s[3], %(after)s[4], %(after)s[5])
+ORDER BY d.provider, d.type, d.confidence, d.key, md5(d.claims::text)
+LIMIT %(limit)s
+"""
+
+
+def duplicates_page(conn: psycopg.Connection, state_ids: Sequence[str], limit: int,
+                    after: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Up to LIMIT groups of duplicates() (with ``claims_hash``, their place in the pages), after the
+    one whose DUPLICATE_KEY is AFTER."""
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")
+        return conn.cursor(row_factory=dict_row).execute(_DUPLICATES_PAGE, {
+            "state_ids": list(state_ids), "after": None if after is None else list(after), "limit": limit}).fetchall()
+
+
 def duplicates(conn: psycopg.Connection, state_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Each object claimed more than once (DUPLICATES) with one of its claims in STATE_IDS (None:
     any): ``confidence``, ``evidence``, ``provider``, ``type``, ``key`` (the identity key or the id)

@@ -154,3 +154,51 @@ def test_the_readme_tour_sql_runs_against_its_views(fleet, db_url) -> None:
     assert {(r[0], r[1]) for r in q(db_url, queries[1])} == {("registry.terraform.io/hashicorp/null", "null_resource"),
                                                               ("registry.terraform.io/hashicorp/local", "local_file"),
                                                               ("registry.terraform.io/hashicorp/random", "random_id")}
+
+
+def _duplicate_pages(client: Any, query: str, limit: int) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = client.request("GET", f"/api/v1/resources?duplicates=1&limit={limit}{query}"
+                                     + (f"&cursor={cursor}" if cursor else ""))
+        assert page.status == 200, page.text
+        body = page.json()
+        assert len(body["duplicates"]) <= limit
+        got += body["duplicates"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return got
+
+
+def test_duplicates_over_the_api_are_paged_and_name_only_the_states_the_caller_may_read(fleet, run_kl, tmp_path: Path) -> None:
+    # net/c: a copy of net/a's state, so that each of net/a's objects is claimed twice (by id: no
+    # identities before Terraform 1.12), local_file's by app/b as well.
+    copy = tmp_path / "copy.tfstate"
+    copy.write_bytes(ok(run_kl("state", "pull", "net/a")).stdout)
+    ok(run_kl("state", "import", "net/c", str(copy), "--source", "apply"))
+    everything = json.loads(ok(run_kl("resources", "--duplicates", "--format", "json")).stdout)
+    assert len(everything) >= 3 and any(len(g["claims"]) == 3 for g in everything)
+
+    def same(groups: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return sorted((g["provider"], g["type"], g["confidence"], g["key"], json.dumps(g["claims"], sort_keys=True))
+                      for g in groups)
+
+    admin = fleet.basic(*ROOT)
+    paged = _duplicate_pages(admin, "", limit=1)
+    assert same(paged) == same(everything)  # every group once, across pages of one
+    assert all(g["hidden_claims"] == 0 for g in paged)
+    assert _duplicate_pages(admin, "&states=app/*", limit=100) == [g for g in paged if g["type"] == "local_file"]
+
+    token = json.loads(ok(run_kl("token", "create", "ci-app", "--role", "read", "--states", "app/*",
+                                 "--format", "json")).stdout)["token"]
+    reader = fleet.with_auth(f"Bearer {token}")
+    [local] = _duplicate_pages(reader, "", limit=1)  # the only group with a claim in app/b
+    assert (local["type"], [c["state"] for c in local["claims"]], local["hidden_claims"]) == ("local_file", ["app/b"], 2)
+    assert "net/" not in json.dumps(local)
+    assert _duplicate_pages(reader, "&states=net/**", limit=10) == []
+
+    for query, fragment in (("type=local_file", "not type"), ("limit=1001", "limit"), ("cursor=zz", "cursor"),
+                            ("drifted=1", "not drifted")):
+        bad = admin.request("GET", f"/api/v1/resources?duplicates=1&{query}")
+        assert bad.status == 400 and fragment in bad.text, (query, bad.text)
