@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +54,18 @@ def _default(v: Any) -> Any:
 def emit_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=False, default=_default)
     sys.stdout.write("\n")
+
+
+def emit_json_list(items: Iterable[Any]) -> None:
+    """ITEMS as emit_json(list(ITEMS)) prints them, byte for byte, written as they come: a listing
+    of a million rows is never held at once."""
+    out = sys.stdout
+    first = True
+    for item in items:
+        out.write("[\n  " if first else ",\n  ")
+        out.write(json.dumps(item, indent=2, default=_default).replace("\n", "\n  "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
 
 
 def _md_code(text: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from kilolock import globs
@@ -43,9 +44,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         ids = None if len(names) == len(all_names) else ui_queries.state_ids(conn, names)
         if args.duplicates:
             return _show_duplicates(inventory.duplicates(conn, ids), args.format)
-        rows = inventory.instances(conn, inventory.filters(conn, ids, args.type, args.provider, args.address, args.where,
-                                                 args.drifted))
-    _show(rows, args.format)
+        # Streamed: printed as the server-side cursor yields them, within the store's connection.
+        rows = inventory.stream_instances(conn, inventory.filters(conn, ids, args.type, args.provider, args.address,
+                                                                  args.where, args.drifted))
+        _show(rows, args.format)
     return 0
 
 
@@ -54,11 +56,11 @@ def _cell(v: Any) -> str:
     return "" if v is None else json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (dict, list)) else str(v)
 
 
-def _show(rows: list[dict[str, Any]], fmt: str) -> None:
+def _show(rows: Iterable[dict[str, Any]], fmt: str) -> None:
     from kilolock.store.inventory import COLUMNS
 
     if fmt == "json":
-        render.emit_json([{k: r[k] for k in COLUMNS} for r in rows])
+        render.emit_json_list({k: r[k] for k in COLUMNS} for r in rows)
     elif fmt == "csv":
         import csv
 
@@ -67,12 +69,13 @@ def _show(rows: list[dict[str, Any]], fmt: str) -> None:
         for r in rows:
             out.writerow([_cell(r[k]) for k in COLUMNS])
     else:
-        render.table(["state", "address", "type", "provider", "identity / id", "status", "drift"], [
-            [r["state"], r["address"] + (f" (deposed {r['deposed']})" if r["deposed"] else ""), r["type"],
-             r["provider"] + (f".{r['provider_alias']}" if r["provider_alias"] else ""),
-             _cell(r["identity"]) if r["evidence"] == "identity" else r["id"], r["status"], r["drift"]]
-            for r in rows])
-        print(f"{len(rows)} instance(s)")
+        # Aligned columns need every row's width first: the table keeps its cells (not the rows).
+        cells = [[r["state"], r["address"] + (f" (deposed {r['deposed']})" if r["deposed"] else ""), r["type"],
+                  r["provider"] + (f".{r['provider_alias']}" if r["provider_alias"] else ""),
+                  _cell(r["identity"]) if r["evidence"] == "identity" else r["id"], r["status"], r["drift"]]
+                 for r in rows]
+        render.table(["state", "address", "type", "provider", "identity / id", "status", "drift"], cells)
+        print(f"{len(cells)} instance(s)")
 
 
 def _show_duplicates(groups: list[dict[str, Any]], fmt: str) -> int:

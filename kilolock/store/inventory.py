@@ -9,7 +9,7 @@ tell a secret by its yes or no.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,10 +102,7 @@ def _conditions(f: Filters) -> tuple[sql.Composed, dict[str, Any]]:
     return sql.SQL(" AND ").join(parts), params
 
 
-def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
-              after: tuple[str, str, str] | None = None) -> list[dict[str, Any]]:
-    """The open instances matching F, by state, address and deposed key (COLUMNS each): at most
-    LIMIT of them, those after AFTER (the (state, address, deposed) of the last one of a page)."""
+def _instances_query(f: Filters, limit: int | None, after: tuple[str, str, str] | None) -> tuple[sql.Composed, dict[str, Any]]:
     where, params = _conditions(f)
     if after is not None:
         where = sql.SQL("{} AND (i.state_name, i.address, i.deposed) > (%(after_state)s, %(after_address)s, "
@@ -114,11 +111,36 @@ def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
     query = sql.SQL("{select} WHERE {where} ORDER BY i.state_name, i.address, i.deposed LIMIT %(limit)s").format(
         select=sql.SQL(_SELECT), where=where)
     params["limit"] = limit
+    return query, params
+
+
+def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
+              after: tuple[str, str, str] | None = None) -> list[dict[str, Any]]:
+    """The open instances matching F, by state, address and deposed key (COLUMNS each): at most
+    LIMIT of them, those after AFTER (the (state, address, deposed) of the last one of a page)."""
+    query, params = _instances_query(f, limit, after)
     with conn.transaction():
         # Not JIT-compiled: the planner's estimates over the view's joins pass jit_above_cost for
         # queries that read an index range, and compiling cost more than running them.
         conn.execute("SET LOCAL jit = off")
         return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+
+
+# Rows fetched at a time from a streamed listing: enough to amortize the round trips, few enough
+# that a million-instance fleet is never held at once.
+STREAM_BATCH = 2000
+
+
+def stream_instances(conn: psycopg.Connection, f: Filters) -> Iterator[dict[str, Any]]:
+    """instances() of F, all of them, read through a server-side cursor a batch at a time (one
+    transaction, held while the caller consumes them): `kl resources` of a whole fleet."""
+    query, params = _instances_query(f, None, None)
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")  # as instances()
+        with conn.cursor(name="kl_resources", row_factory=dict_row) as cur:
+            cur.itersize = STREAM_BATCH
+            cur.execute(query, params)
+            yield from cur
 
 
 def kinds(conn: psycopg.Connection, f: Filters, first_step: str) -> list[dict[str, Any]]:
