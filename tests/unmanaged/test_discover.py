@@ -421,3 +421,22 @@ def test_a_worker_that_dies_mid_discovery_is_taken_over_and_its_run_does_not_sta
     assert [r[0] for r in _discovery_runs(db_url)] == ["failed", "succeeded"]
     assert q(db_url, "SELECT attempts FROM fleet_jobs") == [(2,)]
     assert "took over job" in out and _slots_held(kl) == 0
+
+
+def test_a_stopping_worker_cancels_its_discovery_after_the_grace_period_and_queues_it_again(kl: Kl, db_url: str) -> None:
+    before = provider_pids()
+    kl.behind_terraforms_back(*(f"x-{i:03d}" for i in range(200)))
+    _discover_schedule(kl)
+    worker = start_worker(db_url, "w1", "--grace", "1s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "1000"})
+    try:
+        wait_for("the listing", lambda: (kl.remote / ".listing-started").exists(), timeout=60)
+        running = json.loads(kl.ok("fleet", "status", "--format", "json"))["workers"][0]["running"]
+        assert [r["state"] for r in running] == ["discover registry.terraform.io/kilolock/testfw testfw_thing"]
+    finally:
+        code, out = stop(worker)
+    assert code == 0, out
+    assert "cancelled at shutdown; queued again" in out
+    [(status, _, error, _)] = _discovery_runs(db_url)
+    assert (status, error) == ("cancelled", "worker w1 stopping (grace period of 1s over)")
+    assert q(db_url, "SELECT status, attempts, error FROM fleet_jobs") == [("queued", 0, "worker w1 stopped during the run")]
+    assert_no_new_providers(before)
