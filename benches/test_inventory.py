@@ -79,7 +79,7 @@ def test_a_typed_query_costs_a_few_counts_of_the_index(benchmark, fleet_db: str,
 
     where = [inventory.where("tags.env=prod")]
     with psycopg.connect(fleet_db, autocommit=True) as conn:
-        def typed() -> list[dict[str, object]]:
+        def typed() -> list[store.InventoryRow]:
             return store.instances(conn, store.filters(conn, None, "cloud_t3", None, None, where, False))
 
         def count() -> int:

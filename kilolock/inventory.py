@@ -4,6 +4,7 @@ read once for both: a type glob, a provider source, ``PATH=VALUE`` conditions, a
 one line naming what is wrong."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kilolock import schema as sch
@@ -45,7 +46,7 @@ def where(text: str) -> tuple[sch.AttributePath, list[str]]:
     return path, attrsearch.loose_values(split[1])
 
 
-def cursor_after(row: dict[str, Any]) -> str:
+def cursor_after(row: Mapping[str, Any]) -> str:
     """The cursor of the page after ROW (the last one of a page): opaque to clients."""
     import base64
     import json
@@ -78,7 +79,7 @@ def _decode_cursor(text: str, fields: int) -> list[str]:
 DUPLICATE_KEY = ("provider", "type", "confidence", "key", "claims_hash")
 
 
-def duplicates_cursor_after(group: dict[str, Any]) -> str:
+def duplicates_cursor_after(group: Mapping[str, Any]) -> str:
     import base64
     import json
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kilolock import globs
@@ -56,7 +56,7 @@ def _cell(v: Any) -> str:
     return "" if v is None else json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (dict, list)) else str(v)
 
 
-def _show(rows: Iterable[dict[str, Any]], fmt: str) -> None:
+def _show(rows: Iterable[Mapping[str, Any]], fmt: str) -> None:
     from kilolock.store.inventory import COLUMNS
 
     if fmt == "json":
@@ -78,7 +78,7 @@ def _show(rows: Iterable[dict[str, Any]], fmt: str) -> None:
         print(f"{len(cells)} instance(s)")
 
 
-def _show_duplicates(groups: list[dict[str, Any]], fmt: str) -> int:
+def _show_duplicates(groups: Sequence[Mapping[str, Any]], fmt: str) -> int:
     if fmt == "json":
         render.emit_json(groups)
     elif fmt == "csv":

@@ -86,7 +86,7 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
         rows = inventory_store.instances(conn, f, limit=limit + 1, after=after)
     more = len(rows) > limit
     rows = rows[:limit]
-    return json_body(200, {"version": 1, "resources": [{k: r[k] for k in inventory_store.COLUMNS} for r in rows],
+    return json_body(200, {"version": 1, "resources": [dict(r) for r in rows],  # COLUMNS, in order
                            "next_cursor": inventory.cursor_after(rows[-1]) if more else None})
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from kilolock import schema as sch
@@ -25,6 +25,47 @@ from kilolock.store.ui_queries import MARK_STEPS
 # the API's items.
 COLUMNS = ("state", "address", "deposed", "mode", "type", "provider", "provider_alias", "id", "identity",
            "identity_schema_version", "evidence", "status", "drift")
+
+
+class InventoryRow(TypedDict):
+    """An open instance as `kl resources` and /api/v1/resources list it (COLUMNS, in order)."""
+
+    state: str
+    address: str
+    deposed: str | None
+    mode: str
+    type: str
+    provider: str  # the provider's source address
+    provider_alias: str | None
+    id: str | None  # the object's id attribute
+    identity: dict[str, Any] | None  # the resource identity (JSON)
+    identity_schema_version: int | None
+    evidence: str | None  # 'identity', 'id' or None: what duplicates compare
+    status: str
+    drift: str | None  # the open drift's kind
+
+
+class InstanceKind(TypedDict):
+    provider: str
+    mode: str
+    type: str
+
+
+class Duplicate(TypedDict):
+    """An object claimed more than once: how sure (``certain``: one identity; ``likely``: one id
+    with matching provider configurations), by what, and every claim (JSON: state, address,
+    deposed, provider_alias, id, identity, identity_schema_version)."""
+
+    confidence: str
+    evidence: str
+    provider: str
+    type: str
+    key: str  # the identity key, or the id
+    claims: list[dict[str, Any]]
+
+
+class DuplicatesPageRow(Duplicate):
+    claims_hash: str  # the group's place in the pages, after its key
 
 
 @dataclass(frozen=True)
@@ -115,7 +156,7 @@ def _instances_query(f: Filters, limit: int | None, after: tuple[str, str, str] 
 
 
 def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
-              after: tuple[str, str, str] | None = None) -> list[dict[str, Any]]:
+              after: tuple[str, str, str] | None = None) -> list[InventoryRow]:
     """The open instances matching F, by state, address and deposed key (COLUMNS each): at most
     LIMIT of them, those after AFTER (the (state, address, deposed) of the last one of a page)."""
     query, params = _instances_query(f, limit, after)
@@ -123,7 +164,7 @@ def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
         # Not JIT-compiled: the planner's estimates over the view's joins pass jit_above_cost for
         # queries that read an index range, and compiling cost more than running them.
         conn.execute("SET LOCAL jit = off")
-        return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+        return conn.cursor(row_factory=class_row(InventoryRow)).execute(query, params).fetchall()
 
 
 # Rows fetched at a time from a streamed listing: enough to amortize the round trips, few enough
@@ -131,25 +172,25 @@ def instances(conn: psycopg.Connection, f: Filters, *, limit: int | None = None,
 STREAM_BATCH = 2000
 
 
-def stream_instances(conn: psycopg.Connection, f: Filters) -> Iterator[dict[str, Any]]:
+def stream_instances(conn: psycopg.Connection, f: Filters) -> Iterator[InventoryRow]:
     """instances() of F, all of them, read through a server-side cursor a batch at a time (one
     transaction, held while the caller consumes them): `kl resources` of a whole fleet."""
     query, params = _instances_query(f, None, None)
     with conn.transaction():
         conn.execute("SET LOCAL jit = off")  # as instances()
-        with conn.cursor(name="kl_resources", row_factory=dict_row) as cur:
+        with conn.cursor(name="kl_resources", row_factory=class_row(InventoryRow)) as cur:
             cur.itersize = STREAM_BATCH
             cur.execute(query, params)
             yield from cur
 
 
-def kinds(conn: psycopg.Connection, f: Filters, first_step: str) -> list[dict[str, Any]]:
+def kinds(conn: psycopg.Connection, f: Filters, first_step: str) -> list[InstanceKind]:
     """The (provider, mode, type) of every instance F may match, by every filter but the values (whose
     schemas say where a value at a path starting with FIRST_STEP is stored, and whether it is secret)."""
     where, params = _conditions(Filters(**{**f.__dict__, "wheres": ()}))
     query = sql.SQL("SELECT DISTINCT i.provider, i.mode, i.type FROM inventory i WHERE {} AND i.attributes ? %(first)s").format(
         where)
-    return conn.cursor(row_factory=dict_row).execute(query, {**params, "first": first_step}).fetchall()
+    return conn.cursor(row_factory=class_row(InstanceKind)).execute(query, {**params, "first": first_step}).fetchall()
 
 
 def filters(conn: psycopg.Connection, state_ids: list[str] | None, type_glob: str | None, provider: str | None,
@@ -243,16 +284,16 @@ LIMIT %(limit)s
 
 
 def duplicates_page(conn: psycopg.Connection, state_ids: Sequence[str], limit: int,
-                    after: Sequence[str] | None = None) -> list[dict[str, Any]]:
+                    after: Sequence[str] | None = None) -> list[DuplicatesPageRow]:
     """Up to LIMIT groups of duplicates() (with ``claims_hash``, their place in the pages), after the
     one whose DUPLICATE_KEY is AFTER."""
     with conn.transaction():
         conn.execute("SET LOCAL jit = off")
-        return conn.cursor(row_factory=dict_row).execute(_DUPLICATES_PAGE, {
+        return conn.cursor(row_factory=class_row(DuplicatesPageRow)).execute(_DUPLICATES_PAGE, {
             "state_ids": list(state_ids), "after": None if after is None else list(after), "limit": limit}).fetchall()
 
 
-def duplicates(conn: psycopg.Connection, state_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def duplicates(conn: psycopg.Connection, state_ids: Sequence[str] | None = None) -> list[Duplicate]:
     """Each object claimed more than once (DUPLICATES) with one of its claims in STATE_IDS (None:
     any): ``confidence``, ``evidence``, ``provider``, ``type``, ``key`` (the identity key or the id)
     and ``claims`` (``state``, ``address``, ``deposed``, ``provider_alias``, ``id``, ``identity``,
@@ -261,6 +302,5 @@ def duplicates(conn: psycopg.Connection, state_ids: Sequence[str] | None = None)
         conn.execute("SET LOCAL jit = off")
         rows = conn.cursor(row_factory=dict_row).execute(
             DUPLICATES, {"state_ids": None if state_ids is None else list(state_ids)}).fetchall()
-    for r in rows:
-        del r["first_state_id"], r["first_state"]
-    return rows
+    return [Duplicate(confidence=r["confidence"], evidence=r["evidence"], provider=r["provider"], type=r["type"],
+                      key=r["key"], claims=r["claims"]) for r in rows]

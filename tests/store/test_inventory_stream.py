@@ -31,7 +31,7 @@ def test_rows_come_through_a_server_side_cursor_a_batch_at_a_time(db_url: str, c
 
 def test_kl_resources_prints_a_listing_longer_than_a_batch_whole_and_in_order(run_kl: Any, db_url: str) -> None:
     add_states(db_url, ["big/a", "big/b"], instances=store.STREAM_BATCH // 2 + 3)
-    expected = [{k: r[k] for k in store.COLUMNS} for r in _all(db_url)]
+    expected = [dict(r) for r in _all(db_url)]
     assert len(expected) > store.STREAM_BATCH
 
     r = run_kl("resources", "--format", "json")
@@ -72,6 +72,6 @@ def test_kl_resources_writes_while_its_cursor_is_open(db_url: str) -> None:
     assert len(json.loads(out)) == store.STREAM_BATCH * 2
 
 
-def _all(db_url: str) -> list[dict[str, Any]]:
+def _all(db_url: str) -> list[store.InventoryRow]:
     with psycopg.connect(db_url, autocommit=True) as c:
         return store.instances(c, store.Filters())
