@@ -90,7 +90,8 @@ WITH keyed AS MATERIALIZED (
     SELECT s.id, s.name, s.instance_count, {order} AS sort_key
     FROM states s
     {drift_counts}
-    WHERE s.name = ANY(%(names)s) AND (%(regex)s::text IS NULL OR s.name ~ %(regex)s)
+    WHERE (%(readable)s::text[] IS NULL OR s.name ~ ANY(%(readable)s::text[]))
+      AND (%(regex)s::text IS NULL OR s.name ~ %(regex)s)
 ), page AS (
     SELECT id, name, instance_count, sort_key, count(*) OVER () AS total FROM keyed
     ORDER BY sort_key {direction} NULLS LAST, name
@@ -110,15 +111,18 @@ ORDER BY p.sort_key {direction} NULLS LAST, p.name
 """)
 
 
-def states_overview(conn: psycopg.Connection, names: list[str], name_regex: str | None, sort: str, descending: bool,
-                    limit: int, offset: int) -> Page:
-    """The states among NAMES (those the caller may see) whose name matches NAME_REGEX (a
-    PostgreSQL regex from kilolock.globs, or None), sorted by one of OVERVIEW_SORTS."""
+def states_overview(conn: psycopg.Connection, readable: list[str] | None, name_regex: str | None, sort: str,
+                    descending: bool, limit: int, offset: int) -> Page:
+    """The states the caller may see (whose name matches one of the anchored regexes READABLE, or
+    every state for None) whose name matches NAME_REGEX (a PostgreSQL regex from kilolock.globs, or
+    None), sorted by one of OVERVIEW_SORTS. The grants' regexes, not the names they allow: 10,000
+    names sent and matched cost 20 ms of a page that then read 9 ms."""
     query = _OVERVIEW.format(current=current_version_of(sql.SQL("p.id")), order=sql.SQL(OVERVIEW_SORTS[sort]),
                              direction=sql.SQL("DESC" if descending else "ASC"),
                              drift_counts=_DRIFT_COUNTS if sort == "drift" else sql.SQL(""))
-    rows = _dicts(conn).execute(query, {"names": names, "regex": name_regex, "limit": limit, "offset": offset}).fetchall()
-    return _paged(rows, conn, query, {"names": names, "regex": name_regex}, offset)
+    params = {"readable": readable, "regex": name_regex}
+    rows = _dicts(conn).execute(query, {**params, "limit": limit, "offset": offset}).fetchall()
+    return _paged(rows, conn, query, params, offset)
 
 
 def _paged(rows: list[dict[str, Any]], conn: psycopg.Connection, query: sql.Composed | str,
