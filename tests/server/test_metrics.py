@@ -190,3 +190,21 @@ def test_discovery_figures_match_kl_status_and_kl_discover_results(imported, sta
     for match, n in (("unmanaged", 2), ("managed", 1), ("managed twice", 1)):
         assert samples[key("kilolock_discovery_objects", "", {"prefix": "x-"}, ("match", match))] == n
     assert not [k for k in samples if k[0] == "kilolock_discovery_objects" and ("state", "prod") in k[1]]
+
+
+def test_a_run_as_long_as_a_bucket_bound_counts_in_that_bound(imported, start_server, conn):
+    """`le` is "less than or equal": a run of exactly 0.5 s is in le="0.5", one a microsecond
+    longer only from le="1.0" on, one over the last bound only in +Inf."""
+    for took in ("0.5 seconds", "0.500001 seconds", "1800 seconds", "1 day"):
+        conn.execute("""INSERT INTO refresh_runs (state_id, from_version_id, started_at, finished_at, status)
+                        SELECT s.id, v.id, now() - %s::interval, now(), 'failed'
+                        FROM states s JOIN state_versions v ON v.state_id = s.id WHERE s.name = 'prod' LIMIT 1""",
+                     (took,))
+    samples = _samples(start_server().request("GET", "/metrics").text)
+
+    def bucket(le: str) -> float:
+        return samples[("kilolock_fleet_refresh_duration_seconds_bucket", (("le", le), ("status", "failed")))]
+
+    assert (bucket("0.5"), bucket("1.0"), bucket("600.0"), bucket("1800.0"), bucket("+Inf")) == (1, 2, 2, 3, 4)
+    assert samples[("kilolock_fleet_refresh_duration_seconds_sum", (("status", "failed"),))] == pytest.approx(
+        0.5 + 0.500001 + 1800 + 86400)
