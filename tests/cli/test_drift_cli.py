@@ -96,6 +96,11 @@ def test_states_glob_reads_the_fleet_at_once_and_each_state_as_alone(drifted, ma
     sent.clear()
     _kl("drift", "--states", "**", "--all", "-q")
     assert len(sent) == four, sent
+    # -q prints nothing: its gate reads the open counts, not every record and schema.
+    printed = _kl("drift", "--states", "**", "--all", "--detailed-exitcode")[0]
+    sent.clear()
+    assert _kl("drift", "--states", "**", "--all", "--detailed-exitcode", "-q")[0] == printed == 2
+    assert sent and not [q for q in sent if "row_number()" in q], sent
 
 
 
