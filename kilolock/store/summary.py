@@ -7,6 +7,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.states import state_id
 from kilolock.store.versions import current_version_of
 
@@ -29,6 +30,21 @@ LEFT JOIN LATERAL ({current}) v ON true
 LEFT JOIN state_locks l ON l.state_id = s.id
 ORDER BY s.name
 """).format(current=current_version_of(sql.SQL("s.id")))
+
+# Many states at a glance, in one statement whatever their number: each state's current version
+# and last run are index probes, its open drift one lookup in the fleet's counts read once.
+_STATUSES = sql.SQL("""
+SELECT s.name AS state, v.serial, s.instance_count AS resources,
+       COALESCE((d.open ->> s.id::text)::bigint, 0) AS open_drift,
+       rr.status AS last_refresh_status, rr.started_at AS last_refresh_at, l.who AS locked_by
+FROM states s CROSS JOIN ({open}) d(open)
+LEFT JOIN LATERAL ({current}) v ON true
+LEFT JOIN LATERAL (SELECT x.status, x.started_at FROM refresh_runs x WHERE x.state_id = s.id
+                   ORDER BY x.started_at DESC LIMIT 1) rr ON true
+LEFT JOIN state_locks l ON l.state_id = s.id
+WHERE s.name ~ %(regex)s
+ORDER BY s.name
+""").format(open=sql.SQL(OPEN_BY_STATE), current=current_version_of(sql.SQL("s.id")))
 
 _STATUS = sql.SQL("""
 SELECT v.serial, v.lineage, v.terraform_version, v.encrypted, v.unindexed,
@@ -64,6 +80,13 @@ def states_as_json(conn: psycopg.Connection) -> list[tuple[str, str]]:
     """Every state as (name, its `kl state list --format json` object with its lock's LockInfo,
     as JSON text), in one snapshot."""
     return [(str(name), str(obj)) for name, obj in conn.execute(_LIST_JSON).fetchall()]
+
+
+def states_status(conn: psycopg.Connection, name_regex: str) -> list[dict[str, Any]]:
+    """`kl status --states`: each state whose name matches NAME_REGEX (kilolock.globs.sql_regex),
+    by name: serial, resources, open drift (as `kl status STATE` counts it), its latest refresh
+    run and who holds its lock."""
+    return conn.cursor(row_factory=dict_row).execute(_STATUSES, {"regex": name_regex}).fetchall()
 
 
 def state_status(conn: psycopg.Connection, name: str) -> dict[str, Any]:
