@@ -1,4 +1,4 @@
-"""``kl status``: one state at a glance."""
+"""``kl status``: one state at a glance, or with ``--states GLOB`` a line for each state."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,9 @@ from kilolock.cli.commands import CommandContext
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", type=cli_args.state_name, help="the state")
+    parser.add_argument("name", nargs="?", type=cli_args.state_name, help="the state (or use --states)")
+    parser.add_argument("--states", metavar="GLOB", type=cli_args.state_glob,
+                        help="a line for every state whose name matches: * within one /-separated segment, ** across")
     cli_args.add_format(parser)
 
 
@@ -42,10 +44,39 @@ def _discovery_json(d: Any) -> dict[str, Any]:
                        "managed_twice": d.managed_twice, "new_unmanaged": d.new_unmanaged}}
 
 
+def _run_many(args: argparse.Namespace, context: CommandContext) -> int:
+    from kilolock import globs
+    from kilolock.errors import KlError
+    from kilolock.store import states, summary
+
+    with context.open_store() as conn:
+        rows = summary.states_status(conn, globs.sql_regex(args.states))
+        if not rows:
+            raise KlError(states.no_state_matches(conn, args.states))
+    if args.format == "json":
+        render.emit_json({"version": 1, "states_glob": args.states,
+                          "states": [{"state": r["state"], "serial": r["serial"], "resources": r["resources"],
+                                      "open_drift": r["open_drift"], "locked_by": r["locked_by"],
+                                      "last_refresh": None if r["last_refresh_status"] is None else
+                                      {"status": r["last_refresh_status"], "started_at": r["last_refresh_at"]}}
+                                     for r in rows]})
+        return 0
+    render.table(["state", "serial", "resources", "open drift", "last refresh", "locked by"],
+                 [(r["state"], "-" if r["serial"] is None else f"v{r['serial']}", r["resources"], r["open_drift"],
+                   "never" if r["last_refresh_status"] is None else
+                   f"{r['last_refresh_status']}, {render.timestamp(r['last_refresh_at'])}", r["locked_by"] or "-")
+                  for r in rows])
+    return 0
+
+
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from kilolock.drift import duration
     from kilolock.store import discovery_results, refresh_runs, states, summary
 
+    if (args.name is None) == (args.states is None):
+        args._parser.error("name one state, or --states GLOB")  # with the usage line, as argparse's own
+    if args.states is not None:
+        return _run_many(args, context)
     with context.open_store() as conn:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, states.state_id(conn, args.name))

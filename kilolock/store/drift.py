@@ -96,13 +96,20 @@ class Counts:
 _NONE = Counts(0, 0, 0)
 
 
+def _uuid_array(sids: list[str]) -> str:
+    """SIDS as one array literal for ``%s::uuid[]``: psycopg adapts a list element by element in
+    Python, 57 ms for 10,000 ids, each time they are sent. A uuid's text needs no quoting."""
+    return "{" + ",".join(sids) + "}"
+
+
 def rows_of(conn: psycopg.Connection, sids: list[str], limit: int | None = None, *,
             include_resolved: bool = False) -> dict[str, list[dict[str, Any]]]:
     """The records of each state in SIDS (open ones, or all), at most LIMIT per state; a state
     without any is absent."""
     out: dict[str, list[dict[str, Any]]] = {}
     cur = conn.cursor(row_factory=dict_row)
-    for r in cur.execute(_LIST_ALL if include_resolved else _LIST_OPEN, {"sids": sids, "limit": limit}):
+    query = _LIST_ALL if include_resolved else _LIST_OPEN
+    for r in cur.execute(query, {"sids": _uuid_array(sids), "limit": limit}).fetchall():
         del r["k"]
         out.setdefault(r.pop("sid"), []).append(r)
     return out
@@ -110,7 +117,8 @@ def rows_of(conn: psycopg.Connection, sids: list[str], limit: int | None = None,
 
 def counts_of(conn: psycopg.Connection, sids: list[str]) -> dict[str, Counts]:
     """The counts of each state in SIDS; a state without any record is absent (``counts_of(...).get(sid, NONE)``)."""
-    return {r[0]: Counts(int(r[1]), int(r[2]), int(r[3])) for r in conn.execute(_COUNTS, {"sids": sids})}
+    return {r[0]: Counts(int(r[1]), int(r[2]), int(r[3]))
+            for r in conn.execute(_COUNTS, {"sids": _uuid_array(sids)}).fetchall()}
 
 
 def documents(conn: psycopg.Connection, states: list[tuple[str, str]], limit: int | None = None, *,

@@ -96,6 +96,11 @@ def test_states_glob_reads_the_fleet_at_once_and_each_state_as_alone(drifted, ma
     sent.clear()
     _kl("drift", "--states", "**", "--all", "-q")
     assert len(sent) == four, sent
+    # -q prints nothing: its gate reads the open counts, not every record and schema.
+    printed = _kl("drift", "--states", "**", "--all", "--detailed-exitcode")[0]
+    sent.clear()
+    assert _kl("drift", "--states", "**", "--all", "--detailed-exitcode", "-q")[0] == printed == 2
+    assert sent and not [q for q in sent if "row_number()" in q], sent
 
 
 
@@ -128,6 +133,49 @@ def test_status_points_at_runs_stale_when_a_run_looks_dead_and_shows_time_zones(
     assert len(json.loads(out)["dead_runs"]) == 1
     assert _kl("runs", "prod", "--stale")[0] == 0
     assert "--stale" not in _kl("status", "prod")[1]
+
+
+def test_status_of_many_states_says_what_each_states_status_says(drifted, make_state, monkeypatch):
+    """`kl status --states GLOB`: a line a state, each as `kl status STATE` says it (a dead run, a
+    lock, drift, none), in as many statements for twice the states."""
+    from kilolock.store import locks, refresh_runs
+    from kit.pg import record_statements
+
+    with psycopg.connect(drifted, autocommit=True) as c:
+        sid = states.state_id(c, "team/prod")
+        current = versions.current_version(c, sid)
+        assert current is not None
+        refresh_runs.begin(c, sid, current.id, "ghost@cli")
+        locks.acquire(c, states.state_id(c, "prod"), "prod", {"ID": "L1", "Operation": "OperationTypeApply", "Who": "ann@ci"},
+                      "ann@ci")
+    code, out, _ = _kl("status", "--states", "**", "--format", "json")
+    many = json.loads(out)
+    assert code == 0 and many["states_glob"] == "**"
+    listed = {r["name"]: r["resources"] for r in json.loads(_kl("state", "list", "--format", "json")[1])["states"]}
+    assert [r["state"] for r in many["states"]] == sorted(listed)
+    for row in many["states"]:
+        one = json.loads(_kl("status", row["state"], "--format", "json")[1])
+        last = one["last_refresh"] and {"status": one["last_refresh"]["status"], "started_at": one["last_refresh"]["started_at"]}
+        assert row == {"state": one["state"], "serial": one["serial"], "resources": listed[row["state"]],
+                       "open_drift": one["open_drift"], "locked_by": one["locked_by"], "last_refresh": last}, one
+    assert [(r["state"], r["open_drift"], r["locked_by"], r["last_refresh"] and r["last_refresh"]["status"])
+            for r in many["states"]] == [("prod", 0, "ann@ci", None), ("team/dev", 1, None, None),
+                                         ("team/dev/eu", 1, None, None), ("team/prod", 0, None, "running")]
+    code, out, _ = _kl("status", "--states", "team/*")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["STATE", "SERIAL", "RESOURCES", "OPEN", "DRIFT", "LAST", "REFRESH", "LOCKED", "BY"]
+    assert [line.split()[:4] for line in lines[1:]] == [["team/dev", "v2", "2", "1"], ["team/prod", "v1", "2", "0"]], out
+    assert _kl("status", "--states", "ghost/*") == (1, "", "kl: no state matches 'ghost/*' (see `kl state list`)\n")
+    assert _kl("status", "prod", "--states", "*")[0] == 2
+
+    sent = record_statements(monkeypatch)
+    _kl("status", "--states", "**")
+    before = len(sent)
+    for n in range(4):
+        _write(drifted, f"more/{n}", make_state(1, {"a": {"id": "1"}}), "apply")
+    sent.clear()
+    _kl("status", "--states", "**")
+    assert len(sent) == before, sent
 
 
 def test_provider_list_with_nothing_configured_says_so(db_url):

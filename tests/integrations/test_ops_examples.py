@@ -108,7 +108,7 @@ def test_every_metric_the_dashboard_queries_is_exported_by_kl_serve(populated: s
             with urllib.request.urlopen(f"{serve.http}/metrics", timeout=60) as reply:
                 text = reply.read().decode()
     names = exported(text)
-    assert "kilolock_refresh_duration_seconds_bucket" in names  # the series exist: a refresh ran
+    assert "kilolock_fleet_refresh_duration_seconds_bucket" in names  # the series exist: a refresh ran
     missing = {expr: sorted(n for n in metric_names if n not in names) for expr, metric_names in used.items()}
     assert not {e: m for e, m in missing.items() if m}, "queried but not exported by kl serve"
 

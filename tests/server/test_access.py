@@ -167,6 +167,11 @@ def test_lists_and_metrics_show_only_readable_states(seeded, run_kl):
     assert f'kilolock_state_open_drift{{state="{STATE_A}"}}' in metrics.text
     assert STATE_B not in metrics.text
     assert STATE_B in seeded.basic("root", "root-pw").request("GET", "/metrics").text
+    for sort in ("name", "drift", "updated"):  # the web UI's overview filters in SQL, by the grants' globs
+        overview = client.request("GET", f"/ui/?sort={sort}")
+        assert overview.status == 200 and STATE_A in overview.text and STATE_B not in overview.text, sort
+        everything = seeded.basic("root", "root-pw").request("GET", f"/ui/?sort={sort}").text
+        assert STATE_A in everything and STATE_B in everything, sort
 
 
 def test_users_file_and_env_token_keep_todays_rights_until_granted(seeded, run_kl, make_state):

@@ -71,20 +71,45 @@ def test_metrics_match_kl_status_and_runs(refreshed, start_server, conn):
     assert not any(k[0] == "kilolock_state_last_successful_refresh_timestamp_seconds" and k[1] == (("state", "never"),)
                    for k in samples), "a state never refreshed has no sample, not 1970"
 
-    for name, runs in (("prod", {"succeeded": 2}), ("empty-path", {"failed": 1})):
+    for name, outcome in (("prod", 1), ("empty-path", 0)):
+        assert _status(name)["last_refresh"]["status"] == ("succeeded" if outcome else "failed")
+        assert samples[("kilolock_state_last_refresh_succeeded", (("state", name),))] == outcome, name
+    assert ("kilolock_state_last_refresh_succeeded", (("state", "never"),)) not in samples, "no run, no outcome"
+
+    # The fleet's runs: one histogram by outcome, whatever the number of states.
+    finished: dict[str, int] = {}
+    for name in ("prod", "empty-path", "never"):
         r = kl("runs", name, "--format", "json")
         listed = json.loads(r.stdout)
-        rows = listed["runs"] if isinstance(listed, dict) else listed
-        assert {st: sum(1 for x in rows if x["status"] == st) for st in runs} == runs, rows
-        for status, n in runs.items():
-            assert samples[("kilolock_refresh_runs_total", (("state", name), ("status", status)))] == n
-        count = samples[("kilolock_refresh_duration_seconds_count", (("state", name),))]
-        assert count == sum(runs.values())
-        assert samples[("kilolock_refresh_duration_seconds_bucket", (("le", "+Inf"), ("state", name)))] == count
+        for run in listed["runs"] if isinstance(listed, dict) else listed:
+            finished[run["status"]] = finished.get(run["status"], 0) + 1
+    assert finished == {"succeeded": 2, "failed": 1}
+    for status, n in finished.items():
+        count = samples[("kilolock_fleet_refresh_duration_seconds_count", (("status", status),))]
+        assert count == n, status
+        assert samples[("kilolock_fleet_refresh_duration_seconds_bucket", (("le", "+Inf"), ("status", status)))] == count
         # Cumulative: no bucket holds fewer runs than a smaller one.
         buckets = sorted((float(dict(k[1])["le"]), v) for k, v in samples.items()
-                         if k[0] == "kilolock_refresh_duration_seconds_bucket" and dict(k[1])["state"] == name)
+                         if k[0] == "kilolock_fleet_refresh_duration_seconds_bucket" and dict(k[1])["status"] == status)
         assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+    assert samples[("kilolock_fleet_refresh_runs_running", ())] == 0
+
+
+def test_series_per_state_stay_a_few_gauges(refreshed, start_server, conn):
+    """A state adds at most one sample to each of three gauges: the run history is fleet-wide (a
+    histogram per state was 13 samples a state, most of /metrics at 10,000 states)."""
+    # A name stored before the naming rules (the table only refuses control characters): the
+    # label is escaped as the text format asks, and the parser reads the name back.
+    conn.execute("""UPDATE states SET name = 'old "quoted" \\ name' WHERE name = 'never'""")
+    samples = _samples(start_server().request("GET", "/metrics").text)
+    per_state: dict[str, set[str]] = {}
+    for metric, labels in samples:
+        if "state" in dict(labels) and not metric.startswith("kilolock_discovery_"):
+            per_state.setdefault(dict(labels)["state"], set()).add(metric)
+    gauges = {"kilolock_state_open_drift", "kilolock_state_last_successful_refresh_timestamp_seconds",
+              "kilolock_state_last_refresh_succeeded"}
+    assert per_state == {"prod": gauges, "empty-path": gauges - {"kilolock_state_last_successful_refresh_timestamp_seconds"},
+                         'old "quoted" \\ name': {"kilolock_state_open_drift"}}, per_state
 
 
 def test_requests_are_counted_by_route_not_by_state_name(imported, start_server):
@@ -165,3 +190,21 @@ def test_discovery_figures_match_kl_status_and_kl_discover_results(imported, sta
     for match, n in (("unmanaged", 2), ("managed", 1), ("managed twice", 1)):
         assert samples[key("kilolock_discovery_objects", "", {"prefix": "x-"}, ("match", match))] == n
     assert not [k for k in samples if k[0] == "kilolock_discovery_objects" and ("state", "prod") in k[1]]
+
+
+def test_a_run_as_long_as_a_bucket_bound_counts_in_that_bound(imported, start_server, conn):
+    """`le` is "less than or equal": a run of exactly 0.5 s is in le="0.5", one a microsecond
+    longer only from le="1.0" on, one over the last bound only in +Inf."""
+    for took in ("0.5 seconds", "0.500001 seconds", "1800 seconds", "1 day"):
+        conn.execute("""INSERT INTO refresh_runs (state_id, from_version_id, started_at, finished_at, status)
+                        SELECT s.id, v.id, now() - %s::interval, now(), 'failed'
+                        FROM states s JOIN state_versions v ON v.state_id = s.id WHERE s.name = 'prod' LIMIT 1""",
+                     (took,))
+    samples = _samples(start_server().request("GET", "/metrics").text)
+
+    def bucket(le: str) -> float:
+        return samples[("kilolock_fleet_refresh_duration_seconds_bucket", (("le", le), ("status", "failed")))]
+
+    assert (bucket("0.5"), bucket("1.0"), bucket("600.0"), bucket("1800.0"), bucket("+Inf")) == (1, 2, 2, 3, 4)
+    assert samples[("kilolock_fleet_refresh_duration_seconds_sum", (("status", "failed"),))] == pytest.approx(
+        0.5 + 0.500001 + 1800 + 86400)

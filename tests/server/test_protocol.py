@@ -258,6 +258,24 @@ def test_json_api(client, db_url, make_state):
     assert client.request("GET", "/healthz").json() == {"status": "ok"}
 
 
+def test_api_states_are_kl_state_list_with_each_lock(client, run_kl, make_state):
+    """The API's list is `kl state list --format json`'s rows, each with its lock's LockInfo (None
+    when unlocked): a state written twice, one never written (locked first, as Terraform does
+    before its first write: no serial), and one unlocked."""
+    assert client.request("POST", "/states/team/a", make_state(1, {"a": {"id": "1"}})).status == 200
+    assert client.request("POST", "/states/team/a", make_state(2, {"a": {"id": "2"}})).status == 200
+    assert client.request("POST", "/states/b", make_state(1, {})).status == 200
+    assert client.request("LOCK", "/states/team/a", _lock_info("LA")).status == 200
+    assert client.request("LOCK", "/states/new", _lock_info("LN", who='bob "the" \\ builder')).status == 200
+
+    reply = client.request("GET", "/api/v1/states")
+    assert reply.status == 200 and reply.headers["content-type"] == "application/json", reply.headers
+    listed = json.loads(run_kl("state", "list", "--format", "json").stdout)["states"]
+    locks = {"team/a": _lock_info("LA"), "new": _lock_info("LN", who='bob "the" \\ builder')}
+    assert [s["name"] for s in listed] == ["b", "new", "team/a"] and listed[1]["serial"] is None
+    assert reply.json() == {"version": 1, "states": [{**s, "lock": locks.get(s["name"])} for s in listed]}
+
+
 def test_chunked_bodies(start_server, make_state):
     """Terraform's force-unlock sends its (empty) body chunked; states may come chunked too."""
     import http.client

@@ -18,3 +18,9 @@ def visible(grants: Grants, state_name: str) -> bool:
 def visible_names(grants: Grants, names: Iterable[str]) -> list[str]:
     """The states among NAMES that the holder of GRANTS may see, in the order given."""
     return [n for n in names if visible(grants, n)]
+
+
+def visible_regexes(grants: Grants) -> list[str] | None:
+    """Anchored PostgreSQL regexes of the states the holder of GRANTS may see, for a list that
+    filters in SQL; None when it may see every state."""
+    return grants.sql_regexes("read")

@@ -147,8 +147,8 @@ def overview(conn: psycopg.Connection, request: Request) -> View:
         # a plain word finds the names that contain it; `*`, `**` and `?` make it a glob
         regex = globs.sql_regex(glob if globs.is_glob(glob) else f"**{glob}**")
     pager = Pager.of(request, "page")
-    names = access.visible_names(request.grants, ui_queries.state_names(conn))
-    found = ui_queries.states_overview(conn, names, regex, sort, order == "desc", pager.per, pager.offset)
+    found = ui_queries.states_overview(conn, access.visible_regexes(request.grants), regex, sort, order == "desc",
+                                       pager.per, pager.offset)
     sorts = {key: link("/ui/", {**request.current(), "sort": key, "page": None,
                                 "order": ("desc" if order == "asc" else "asc") if key == sort else ("asc" if key == "name" else "desc")})
              for key in ui_queries.OVERVIEW_SORTS}
