@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from kilolock.cli import args as cli_args
@@ -23,7 +24,7 @@ def _lock_text(info: dict[str, Any]) -> str:
     return f"by {who} ({what}, since {info.get('Created') or '?'}), lock ID {info.get('ID')}"
 
 
-def _encryption_text(s: dict[str, Any]) -> str:
+def _encryption_text(s: Mapping[str, Any]) -> str:
     if s["unindexed"]:
         # The index (resources, drift) stays at the last version kl could read.
         return f"OpenTofu-encrypted, not indexed: {s['unindexed']}"
@@ -63,7 +64,7 @@ def _run_many(args: argparse.Namespace, context: CommandContext) -> int:
         return 0
     render.table(["state", "serial", "resources", "open drift", "last refresh", "locked by"],
                  [(r["state"], "-" if r["serial"] is None else f"v{r['serial']}", r["resources"], r["open_drift"],
-                   "never" if r["last_refresh_status"] is None else
+                   "never" if r["last_refresh_status"] is None or r["last_refresh_at"] is None else
                    f"{r['last_refresh_status']}, {render.timestamp(r['last_refresh_at'])}", r["locked_by"] or "-")
                   for r in rows])
     return 0
@@ -81,9 +82,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         s = summary.state_status(conn, args.name)
         dead = refresh_runs.dead_runs(conn, states.state_id(conn, args.name))
         discovered = discovery_results.scopes(conn, args.name)
-    oldest = s.pop("open_drift_oldest_for")
+    oldest = s["open_drift_oldest_for"]
     if args.format == "json":
-        render.emit_json({"version": 1, **s, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),
+        shown = {k: v for k, v in s.items() if k != "open_drift_oldest_for"}
+        render.emit_json({"version": 1, **shown, "open_drift_oldest_s": None if oldest is None else int(oldest.total_seconds()),
                           "dead_runs": dead, "discovery": [_discovery_json(d) for d in discovered]})
         return 0
     last: Any = "never"

@@ -1,11 +1,12 @@
 """Read-only overviews of states for `kl state list` and `kl status`."""
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.states import state_id
@@ -72,7 +73,62 @@ ORDER BY rr.started_at DESC LIMIT 1
 """
 
 
-def _fleet_wide(conn: psycopg.Connection, query: sql.Composed, params: dict[str, Any] | None = None) -> list[Any]:
+class ListedState(TypedDict):
+    """A row of `kl state list`."""
+
+    name: str
+    serial: int | None  # None: no version yet
+    versions: int
+    resources: int
+    updated_at: datetime | None
+
+
+class StateLine(TypedDict):
+    """A row of `kl status --states`."""
+
+    state: str
+    serial: int | None
+    resources: int
+    open_drift: int
+    last_refresh_status: str | None  # None: never refreshed
+    last_refresh_at: datetime | None
+    locked_by: str | None
+
+
+class LastRefresh(TypedDict):
+    from_serial: int
+    to_serial: int | None  # Terraform's version it wrote (--commit)
+    observation: str | None  # or the observation it recorded, "v7.3"
+    status: str
+    started_at: datetime
+    run_id: str
+
+
+class _StatusRow(TypedDict):
+    serial: int | None
+    lineage: str | None
+    terraform_version: str | None
+    encrypted: bool | None
+    unindexed: bool | None
+    versions: int
+    managed: int
+    data: int
+    open_drift: int
+    open_drift_first_serial: int | None
+    open_drift_oldest_for: timedelta | None
+    locked_by: str | None
+    lock: dict[str, Any] | None  # the LockInfo
+
+
+class StateStatus(_StatusRow):
+    """`kl status STATE`: the current version (None fields before the first), counts, open drift,
+    the lock and the latest refresh run."""
+
+    state: str
+    last_refresh: LastRefresh | None
+
+
+def _fleet_wide(conn: psycopg.Connection, query: sql.Composed, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """QUERY's rows without JIT: a probe a state puts the planner's estimate past jit_above_cost
     from about 10,000 states on, and compiling took 55-85 ms of a statement that ran in 170."""
     with conn.transaction():
@@ -80,8 +136,10 @@ def _fleet_wide(conn: psycopg.Connection, query: sql.Composed, params: dict[str,
         return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
 
 
-def list_states(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    return _fleet_wide(conn, _LIST)
+def list_states(conn: psycopg.Connection) -> list[ListedState]:
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")  # as _fleet_wide
+        return conn.cursor(row_factory=class_row(ListedState)).execute(_LIST).fetchall()
 
 
 def states_as_json(conn: psycopg.Connection) -> list[tuple[str, str]]:
@@ -90,18 +148,19 @@ def states_as_json(conn: psycopg.Connection) -> list[tuple[str, str]]:
     return [(str(r["name"]), str(r["object"])) for r in _fleet_wide(conn, _LIST_JSON)]
 
 
-def states_status(conn: psycopg.Connection, name_regex: str) -> list[dict[str, Any]]:
+def states_status(conn: psycopg.Connection, name_regex: str) -> list[StateLine]:
     """`kl status --states`: each state whose name matches NAME_REGEX (kilolock.globs.sql_regex),
     by name: serial, resources, open drift (as `kl status STATE` counts it), its latest refresh
     run and who holds its lock."""
-    return _fleet_wide(conn, _STATUSES, {"regex": name_regex})
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")  # as _fleet_wide
+        return conn.cursor(row_factory=class_row(StateLine)).execute(_STATUSES, {"regex": name_regex}).fetchall()
 
 
-def state_status(conn: psycopg.Connection, name: str) -> dict[str, Any]:
+def state_status(conn: psycopg.Connection, name: str) -> StateStatus:
     """``open_drift`` counts exactly the rows `kl drift` lists (both read current_resource_drift)."""
     sid = state_id(conn, name)
-    cur = conn.cursor(row_factory=dict_row)
-    status = cur.execute(_STATUS, {"sid": sid}).fetchone()
+    status = conn.cursor(row_factory=class_row(_StatusRow)).execute(_STATUS, {"sid": sid}).fetchone()
     assert status is not None  # FROM (SELECT 1): always one row
-    last = cur.execute(_LAST_REFRESH, (sid,)).fetchone()
-    return {"state": name, **status, "last_refresh": last}
+    last = conn.cursor(row_factory=class_row(LastRefresh)).execute(_LAST_REFRESH, (sid,)).fetchone()
+    return StateStatus(state=name, **status, last_refresh=last)
