@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from kilolock.cli import args as cli_args
@@ -35,7 +36,7 @@ def run_status(args: argparse.Namespace, context: CommandContext) -> int:
 
     with context.open_store() as conn:
         doc = fleet.status(conn, args.errors)
-    workers = [{**w, "state": _state(w)} for w in doc["workers"]]
+    workers: list[dict[str, Any]] = [{**w, "state": _state(w)} for w in doc["workers"]]
     if args.format == "json":
         render.emit_json({"version": 1, "now": doc["now"], "queue": doc["queue"],
                           "workers": [{k: w[k] for k in ("id", "name", "host", "pid", "state", "status", "parallel_states",
@@ -74,7 +75,7 @@ def run_status(args: argparse.Namespace, context: CommandContext) -> int:
     return 0
 
 
-def _state(w: dict[str, Any]) -> str:
+def _state(w: Mapping[str, Any]) -> str:
     """alive, lost (no heartbeat within its lease: a draining worker too) or stopped."""
     if w["status"] == "stopped":
         return "stopped"

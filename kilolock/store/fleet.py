@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg.rows import class_row, dict_row
@@ -374,9 +374,16 @@ def recover_expired(conn: psycopg.Connection, max_attempts: int) -> list[tuple[i
     return done
 
 
-def running_job(conn: psycopg.Connection, state_id: str) -> dict[str, Any] | None:
+class RunningJob(TypedDict):
+    id: int
+    claimed_at: datetime
+    run_id: str | None  # None until its run began
+    worker: str  # its name, '?' when the worker row is gone
+
+
+def running_job(conn: psycopg.Connection, state_id: str) -> RunningJob | None:
     """The live fleet job refreshing the state now (its lease not expired), with its worker."""
-    return conn.cursor(row_factory=dict_row).execute(
+    return conn.cursor(row_factory=class_row(RunningJob)).execute(
         "SELECT j.id, j.claimed_at, j.refresh_run_id::text AS run_id, coalesce(w.name, '?') AS worker "
         "FROM fleet_jobs j LEFT JOIN fleet_workers w ON w.id = j.claimed_by "
         "WHERE j.state_id = %s AND j.status = 'running' AND j.lease_expires_at >= now()", (state_id,)).fetchone()
@@ -408,12 +415,21 @@ RETURNING w.id, w.name, w.host, w.pid, w.status, w.heartbeat_at
 """
 
 
-def prune_workers(conn: psycopg.Connection, older_than_s: float) -> list[dict[str, Any]]:
+class PrunedWorker(TypedDict):
+    id: int
+    name: str
+    host: str
+    pid: int
+    status: str
+    heartbeat_at: datetime
+
+
+def prune_workers(conn: psycopg.Connection, older_than_s: float) -> list[PrunedWorker]:
     """``kl fleet prune``: delete the workers that are gone (stopped, or no heartbeat within their
     lease) whose last heartbeat is older than OLDER_THAN_S, oldest first. A lost worker still
     holding a running job stays until a worker takes the job over: the take-over names it."""
     with conn.transaction():
-        rows = conn.cursor(row_factory=dict_row).execute(_PRUNE_WORKERS, (older_than_s,)).fetchall()
+        rows = conn.cursor(row_factory=class_row(PrunedWorker)).execute(_PRUNE_WORKERS, (older_than_s,)).fetchall()
     return sorted(rows, key=lambda r: (r["heartbeat_at"], r["id"]))
 
 
@@ -465,24 +481,70 @@ ORDER BY j.finished_at DESC LIMIT %s
 """
 
 
-def queue_figures(conn: psycopg.Connection) -> dict[str, Any]:
+class _QueueRow(TypedDict):
+    due: int
+    upcoming: int
+    running: int
+    lag_s: float | None  # since the oldest due job was due; None: none is due
+    claim_lag_p50_s: float | None  # due to claimed, over the last hour
+    claim_lag_p99_s: float | None
+    succeeded_1h: int
+    failed_jobs_1h: int
+    taken_over_1h: int
+
+
+class QueueFigures(_QueueRow):
+    failed_1h: int
+
+
+class WorkerRow(TypedDict):
+    """A worker as `kl fleet status` shows it, with what it runs now (JSON: state, since, job, run_id)."""
+
+    id: int
+    name: str
+    host: str
+    pid: int
+    status: str
+    parallel_states: int
+    lease_s: float
+    started_at: datetime
+    heartbeat_at: datetime
+    alive: bool
+    running: list[dict[str, Any]]
+
+
+class FleetError(TypedDict):
+    state: str  # the state, or the discovery a job ran
+    at: datetime
+    error: str | None
+    run_id: str | None
+    worker: str
+
+
+class FleetStatus(TypedDict):
+    now: datetime
+    workers: list[WorkerRow]
+    queue: QueueFigures
+    errors: list[FleetError]
+    provider_limits: list[dict[str, Any]]  # the limit, its slots and their holders, as printed
+
+
+def queue_figures(conn: psycopg.Connection) -> QueueFigures:
     """Queue depth and lag, as `kl fleet status` shows them (and /metrics exports them). failed_1h
     counts the failed jobs and the runs failed by a take-over (taken_over_1h of them)."""
-    figures = conn.cursor(row_factory=dict_row).execute(_QUEUE).fetchone() or {}
-    if figures:
-        figures["failed_1h"] = figures["failed_jobs_1h"] + figures["taken_over_1h"]
-    return figures
+    row = conn.cursor(row_factory=class_row(_QueueRow)).execute(_QUEUE).fetchone()
+    assert row is not None  # an aggregate: always one row
+    return QueueFigures(**row, failed_1h=row["failed_jobs_1h"] + row["taken_over_1h"])
 
 
-def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:
+def status(conn: psycopg.Connection, errors: int = 10) -> FleetStatus:
     """What `kl fleet status` shows, from one snapshot: workers, queue, last errors, and each
     fleet-wide provider limit with the slots leased now and by whom."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        cur = conn.cursor(row_factory=dict_row)
-        workers = cur.execute(_WORKERS).fetchall()
+        workers = conn.cursor(row_factory=class_row(WorkerRow)).execute(_WORKERS).fetchall()
         queue = queue_figures(conn)
-        last_errors = cur.execute(_ERRORS, (errors,)).fetchall()
+        last_errors = conn.cursor(row_factory=class_row(FleetError)).execute(_ERRORS, (errors,)).fetchall()
         now_row = conn.execute("SELECT now()").fetchone()
         usage = provider_limits.usage(conn)
         held = provider_limits.holders(conn)
@@ -493,4 +555,4 @@ def status(conn: psycopg.Connection, errors: int = 10) -> dict[str, Any]:
                             "expires_at": h.expires_at}
                            for h in held if (h.source, h.alias) == (u.source, u.alias)]}
               for u in usage]
-    return {"now": now_row[0], "workers": workers, "queue": queue, "errors": last_errors, "provider_limits": limits}
+    return FleetStatus(now=now_row[0], workers=workers, queue=queue, errors=last_errors, provider_limits=limits)
