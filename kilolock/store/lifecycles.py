@@ -232,7 +232,7 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
         relabelled += cur.execute(_UNMASK, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    cur.execute(identities.FROM_TERRAFORM, params)
+    cur.execute(identities.FROM_TERRAFORM, {**params, "relabelled": relabelled > 0})
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
     return opened, closed, relabelled
 
