@@ -186,3 +186,24 @@ def test_a_row_a_version_changes_in_place_follows_it(conn):
     assert claimed(conn, identities.Wanted(ROLE_A, identity_schema_version=1), identities.Wanted(object_id="y")) == [
         [("prod", "cloud_role.a", "identity")], [("prod", "cloud_role.b", "id")]]
     assert {r[2] for r in held} == {"west"}
+
+
+def test_an_observation_that_differs_only_where_nothing_is_indexed_resets_what_earlier_ones_put_in_place(conn):
+    # A refresh whose reads differ from the base only in what the index never holds (a provider's
+    # private data) records its document, finds nothing, and the index is Terraform's again.
+    base = {"a": obj("deploy", ROLE_A), "b": obj("x")}
+    write(conn, "prod", doc(1, base))
+    observe(conn, "prod", doc(1, {"b": obj("x")}), {("cloud_role.a", "")})
+    assert claimed(conn, identities.Wanted(ROLE_A)) == [[]]
+    sid = str(conn.execute("SELECT id FROM states WHERE name = 'prod'").fetchone()[0])
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    raw = doc(1, {**base, "b": {**obj("x"), "private": "bmV3"}})
+    seen = writes.record_observation(conn, "prod", tfstate.parse_state(raw), raw, base=current, touched=set(),
+                                     same_as_base=False, actor="t")
+    assert (seen.on_current, seen.found) == (True, 0)
+    assert conn.execute("SELECT raw_state IS NOT NULL OR head_piece IS NOT NULL FROM state_versions WHERE id = %s",
+                        (seen.version.id,)).fetchone() == (True,)
+    assert claimed(conn, identities.Wanted(ROLE_A)) == [[("prod", "cloud_role.a", "identity")]]
+    held, fresh = _index_as_recomputed(conn)
+    assert held == fresh
