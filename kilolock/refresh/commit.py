@@ -123,7 +123,7 @@ def record_observation(conn: psycopg.Connection, name: str, sid: str, state: tfs
     if keys is not None and not same_as_base and isinstance(raw, str):
         envelope, index = _sealed(conn, name, state, raw, keys)
         raw, sealed = envelope, index
-    db.ping(conn)  # as in commit_refresh: a connection that died during the reads is a plain failure
+    # Outside the try, as commit_refresh's ping: a connection that died during the reads is a plain failure.
     before = observations.last_number(conn, base.id)
     try:
         # Fencing, as for a commit: a worker cut off past its lease must not record on top of the run that replaced it.

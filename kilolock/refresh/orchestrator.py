@@ -86,7 +86,7 @@ def run(
             raise KlError(f"state {name!r} has no versions to refresh")
         parser = tfstate.ExactJSON()
         # Parsed a piece at a time: the whole text is never built next to the document.
-        doc = versions.load_document(conn, name, current.serial, parser.loads)
+        doc = versions.load_document(conn, name, current.serial, parser.loads, terraform_version_id=current.id)
         result.from_serial = current.serial
         result.run_id = refresh_runs.begin(conn, sid, current.id, options.actor)
     except psycopg.Error as exc:
@@ -108,7 +108,7 @@ def run(
                           sleep=cancel.wait, on_wait=on_lock_wait)
 
         # An encrypted state's index may hold its sensitive values masked: its document is the prior.
-        stored = versions.open_attributes(conn, sid) if keys is None else {}
+        stored = versions.open_attributes(conn, sid, len(state.instances)) if keys is None else {}
         groups = {k: [Entry(i, stored.get((i.address, i.deposed))) for i in insts] for k, insts in group_instances(state).items()}
         del stored
         if on_loaded is not None:

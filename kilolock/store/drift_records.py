@@ -181,7 +181,11 @@ WHERE d.state_id = %(sid)s AND d.resolved_version_id IS NULL AND d.current_obser
 RETURNING d.id::text
 """
 
-_HAS_OPEN = "SELECT EXISTS (SELECT 1 FROM drift_records WHERE state_id = %s AND resolved_version_id IS NULL)"
+# Whether an observation found anything, or the state has open drift it may resolve.
+_FOUND_OR_OPEN = """
+SELECT EXISTS (SELECT 1 FROM observed_objects WHERE observation_id = %s)
+    OR EXISTS (SELECT 1 FROM drift_records WHERE state_id = %s AND resolved_version_id IS NULL)
+"""
 
 # Terraform's own view of the state (an apply, an import) replaces what refresh saw.
 _RESOLVE_ALL = """
@@ -226,10 +230,9 @@ def observe(conn: psycopg.Connection, sid: str, vid: str, serial: int, at: datet
     """Bring the state's drift records up to the observation just recorded (same transaction, after
     its observed objects), which must be based on Terraform's current version, and make the
     notification events of the records it opened, updated or resolved."""
-    found = conn.execute("SELECT EXISTS (SELECT 1 FROM observed_objects WHERE observation_id = %s)", (vid,)).fetchone()
-    has_open = conn.execute(_HAS_OPEN, (sid,)).fetchone()
-    if not (found and found[0]) and not (has_open and has_open[0]):
-        return  # nothing found and nothing open: the common confirmation costs two lookups
+    found = conn.execute(_FOUND_OR_OPEN, (vid, sid)).fetchone()
+    if not (found and found[0]):
+        return  # nothing found and nothing open: the common confirmation costs one lookup
     params = {"sid": sid, "vid": vid, "serial": serial, "at": at}
     touched = [str(r[0]) for r in conn.execute(_OBSERVE, params).fetchall()]
     notify.record_drift_events(conn, sid, vid, serial, touched)

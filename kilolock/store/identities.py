@@ -40,21 +40,32 @@ WHERE (x.provider_source, x.provider_alias, x.identity, x.identity_schema_versio
 """
 
 # A Terraform version (after the lifecycle statements, kl_incoming holding the objects it wrote,
-# all or the touched ones): the rows of the lifecycles it closed go, those of its objects are set
-# from their lifecycle rows, and what an observation of an older version put in place is undone
-# (a new Terraform version resolves what was observed; the next observation finds it again).
+# all or the touched ones): the rows of the lifecycles it closed go, those of the lifecycles it
+# opened are inserted, those it changed in place (%(relabelled)s: any was) are set again from their
+# lifecycle rows, and what an observation of an older version put in place is undone (a new
+# Terraform version resolves what was observed; the next observation finds it again).
+# A lifecycle the version continues unchanged keeps its row as it is: nothing it is made of
+# changed. The opened ones are new rows, found by the version that opened them and inserted
+# without a conflict check: comparing every object of a 20,000-instance import against rows
+# that cannot exist yet was most of the index's cost.
 FROM_TERRAFORM = f"""
 WITH closed AS (
     DELETE FROM resource_identities d USING resources c
     WHERE c.closed_by_version_id = %(vid)s AND d.resource_id = c.id
 ),
+opened AS MATERIALIZED (
+    SELECT r.id, r.state_id, r.mode, r.type, r.provider, r.identity, r.identity_schema_version,
+           kl_object_id(r.attributes) AS object_id
+    FROM resources r WHERE r.opened_by_version_id = %(vid)s AND r.delete_serial IS NULL
+),
 ids AS (
     SELECT r.id FROM kl_incoming i
     JOIN resources r ON r.state_id = %(sid)s AND r.delete_serial IS NULL AND r.address = i.address AND r.deposed = i.deposed
+    WHERE %(relabelled)s AND r.opened_by_version_id <> %(vid)s
     UNION
     SELECT o.resource_id FROM resource_identities o WHERE o.state_id = %(sid)s AND o.observed
 ),
-rows AS MATERIALIZED (
+kept AS MATERIALIZED (
     SELECT r.id, r.state_id, r.mode, r.type, r.provider, r.identity, r.identity_schema_version,
            kl_object_id(r.attributes) AS object_id
     FROM ids JOIN resources r ON r.id = ids.id AND r.delete_serial IS NULL
@@ -62,12 +73,18 @@ rows AS MATERIALIZED (
 -- A state has a few provider addresses: each is read once, not once per instance.
 providers AS MATERIALIZED (
     SELECT p.provider, kl_provider_source(p.provider) AS source, kl_provider_alias(p.provider) AS alias
-    FROM (SELECT DISTINCT provider FROM rows) p
+    FROM (SELECT provider FROM opened UNION SELECT provider FROM kept) p
+),
+inserted AS (
+    INSERT INTO resource_identities (resource_id, state_id, {_COLUMNS})
+    SELECT r.id, r.state_id, r.mode, r.type, p.source, p.alias, r.identity, r.identity_schema_version,
+           kl_identity_key(r.identity, r.identity_schema_version), r.object_id, false, false
+    FROM opened r JOIN providers p ON p.provider = r.provider
 )
 INSERT INTO resource_identities AS x (resource_id, state_id, {_COLUMNS})
 SELECT r.id, r.state_id, r.mode, r.type, p.source, p.alias, r.identity, r.identity_schema_version,
        kl_identity_key(r.identity, r.identity_schema_version), r.object_id, false, false
-FROM rows r JOIN providers p ON p.provider = r.provider
+FROM kept r JOIN providers p ON p.provider = r.provider
 {_UPSERT_TAIL}
 """
 

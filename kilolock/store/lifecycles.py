@@ -192,13 +192,13 @@ def _load_incoming(cur: psycopg.Cursor[tuple[object, ...]], state: tfstate.State
                    pieced: bool) -> None:
     """kl_descriptors, kl_scope (the TOUCHED objects) and kl_incoming (the objects the version holds,
     of the touched ones only when given), from the document in kl_doc or its pieces."""
-    cur.execute(_DESCRIPTORS_TABLE)
-    cur.execute(_SCOPE_TABLE)
+    # Statements without parameters go together, one round trip each group (a small refresh's
+    # commit is mostly round trips).
+    cur.execute(_DESCRIPTORS_TABLE + ";" + _SCOPE_TABLE)
     if touched is not None:
         with cur.copy("COPY kl_scope (address, deposed) FROM STDIN") as copy:
             for address_deposed in touched:
                 copy.write_row(address_deposed)
-        cur.execute("ANALYZE kl_scope")
     with cur.copy(
         "COPY kl_descriptors (address, deposed, mode, type, name, module, index_key, provider, ri, ii) FROM STDIN"
     ) as copy:
@@ -209,13 +209,15 @@ def _load_incoming(cur: psycopg.Cursor[tuple[object, ...]], state: tfstate.State
             copy.write_row((inst.address, inst.deposed, inst.mode, inst.type, inst.name, inst.module, key,
                             inst.provider, inst.resource_index, inst.instance_index))
     # Temp tables have no statistics until analysed; without them the joins below go quadratic.
-    cur.execute("ANALYZE kl_descriptors")
-    cur.execute(_INCOMING_TABLE.format(objects=_OBJECTS_OF_PARTS if pieced else _OBJECTS_OF_DOC))
+    # Of the columns joined and compared on only: the statistics of the objects (jsonb) were most
+    # of ANALYZE's time, and no plan uses them (obj -> 'attributes' has no statistics of its own).
+    cur.execute("ANALYZE kl_descriptors (ri, ii, address, deposed)" + (";ANALYZE kl_scope" if touched is not None else ""))
     # Right after a big import `resources` has no statistics yet either, and the planner then
     # probes kl_incoming once per open row: with this index a probe is a lookup, not a scan
     # (a 10,000-instance write went from 22 s to well under one).
-    cur.execute("CREATE INDEX ON kl_incoming (address, deposed)")
-    cur.execute("ANALYZE kl_incoming")
+    cur.execute(_INCOMING_TABLE.format(objects=_OBJECTS_OF_PARTS if pieced else _OBJECTS_OF_DOC)
+                + ";CREATE INDEX ON kl_incoming (address, deposed)"
+                + ";ANALYZE kl_incoming (address, deposed, content_hash, hash_without_identity)")
 
 
 def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstate.State,
@@ -232,7 +234,7 @@ def index(conn: psycopg.Connection, sid: str, version: VersionRow, state: tfstat
         relabelled += cur.execute(_UNMASK, params).rowcount
     relabelled += cur.execute(_UPDATE_METADATA, params).rowcount
     opened = cur.execute(_OPEN_NEW_OR_CHANGED, params).rowcount
-    cur.execute(identities.FROM_TERRAFORM, params)
+    cur.execute(identities.FROM_TERRAFORM, {**params, "relabelled": relabelled > 0})
     cur.execute("DROP TABLE kl_incoming, kl_scope")  # kl_descriptors: pieces.store_pieces reads it too
     return opened, closed, relabelled
 
@@ -246,6 +248,14 @@ def observe(conn: psycopg.Connection, sid: str, observation: VersionRow, state: 
     number of observed objects. ON_CURRENT: the observation is of Terraform's current version, so
     what it read is what is open now (the identity index follows it)."""
     cur = conn.cursor()
+    if not touched:
+        # Nothing read differs from the open rows: nothing to compare, no temporary tables but the
+        # (empty) descriptors pieces.store_pieces joins. What earlier observations put in the
+        # identity index is undone, as an observation of every object read back does.
+        cur.execute(_DESCRIPTORS_TABLE)
+        if on_current:
+            identities.confirmed(conn, sid)
+        return 0
     _load_incoming(cur, state, touched, pieced)
     found = cur.execute(_OBSERVE, {"sid": sid, "vid": observation.id, "masked": masked}).rowcount
     if on_current:

@@ -156,8 +156,7 @@ def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str
     strip_serial = doc_serial == str(serial)
     params: dict[str, Any] = {"sid": sid, "strip_serial": strip_serial}
     cur.execute(_PARTS_TABLE, params)
-    cur.execute("CREATE INDEX ON kl_parts (hash)")
-    cur.execute("ANALYZE kl_parts")
+    cur.execute("CREATE INDEX ON kl_parts (hash); ANALYZE kl_parts (kind, ri, ii, hash)")  # not the bodies: as lifecycles' tables
     cur.execute(_STORE_HEAD, params)
     head = cur.execute(_HEAD_PIECE, params).fetchone()
     assert head is not None

@@ -51,9 +51,10 @@ def lock_state_row(conn: psycopg.Connection, name: str, *, create: bool) -> str 
     """Lock the ``states`` row of NAME (created first when ``create``) for the rest of the caller's
     transaction, and return its id; None when there is no such state. Every write and lock change
     on a state is serialised on this row lock."""
-    if create:
-        conn.execute(_ENSURE_STATE, (name,))
     row = conn.execute(_LOCK_STATE_ROW, (name,)).fetchone()
+    if row is None and create:  # the first write: made, or found made by a concurrent one
+        conn.execute(_ENSURE_STATE, (name,))
+        row = conn.execute(_LOCK_STATE_ROW, (name,)).fetchone()
     return str(row[0]) if row else None
 
 

@@ -222,14 +222,27 @@ WHERE l.id = %s
 """
 
 
+@contextlib.contextmanager
+def _snapshot(conn: psycopg.Connection) -> Iterator[None]:
+    """A read-only transaction of one snapshot (repeatable read), begun in one round trip: BEGIN
+    with its characteristics, not BEGIN then SET TRANSACTION."""
+    saved = conn.isolation_level, conn.read_only
+    conn.isolation_level, conn.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+    try:
+        with conn.transaction():
+            yield
+    finally:
+        # A lost connection is in no state to set anything on (nor to begin another transaction with).
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            conn.isolation_level, conn.read_only = saved
+
 def write_pulled(conn: psycopg.Connection, name: str, serial: int | None, write: Callable[[str], object], *,
                  version_id: str | None = None) -> None:
     """Write version SERIAL of state NAME (default: the current one; VERSION_ID: that version,
     an observation too) as `kl state pull` gives it (tfstate.pretty_state of its text, byte for
     byte), streamed: the rows of one snapshot, one instance at a time, so a big state is never
     held whole."""
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    with _snapshot(conn):
         vid = _document_id(conn, name, serial, version_id)
         row = conn.execute(_PIECES_HEAD, (vid,)).fetchone()
         assert row is not None  # _document_id found it
@@ -290,17 +303,17 @@ def _piece_rows(conn: psycopg.Connection, vid: str, layout: str | None) -> Itera
 
 
 def load_document(conn: psycopg.Connection, name: str, serial: int | None, loads: Callable[[str], Any], *,
-                  version_id: str | None = None) -> Any:
-    """Version SERIAL of state NAME (or the version VERSION_ID, an observation too) parsed with
+                  version_id: str | None = None, terraform_version_id: str | None = None) -> Any:
+    """Version SERIAL of state NAME (or the version VERSION_ID, an observation too, or
+    TERRAFORM_VERSION_ID, one of Terraform's, which hold their own documents) parsed with
     LOADS: the very value LOADS makes of its stored text (keys in jsonb's order), but read a piece at
     a time, as the pull reads it, so neither the server builds nor this process holds the whole
     text next to the parsed document (a refresh of 100,000 instances spent more time on that text
     than on parsing it)."""
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        vid = _document_id(conn, name, serial, version_id)
+    with _snapshot(conn):
+        vid = terraform_version_id or _document_id(conn, name, serial, version_id)
         row = conn.execute(_PIECES_HEAD, (vid,)).fetchone()
-        assert row is not None  # _document_id found it
+        assert row is not None  # _document_id found it, or the caller read its row
         _, head, has_resources, _count, streamable, encrypted, layout = row
         if encrypted or head is None or (has_resources and not streamable):
             return loads(_text_of(conn, vid))
@@ -389,18 +402,29 @@ def has_open_resources(conn: psycopg.Connection, sid: str) -> bool:
     return bool(row and row[0])
 
 
-def open_attributes(conn: psycopg.Connection, sid: str) -> dict[tuple[str, str], bytes]:
+_OPEN_ATTRIBUTES_BATCH = 2000
+
+
+def open_attributes(conn: psycopg.Connection, sid: str, expected: int | None = None) -> dict[tuple[str, str], bytes]:
     """Attributes JSON of each managed object in the current version, by (address, deposed key).
+    EXPECTED: about how many there are, when the caller knows (the instances of the loaded version).
 
     The open lifecycle rows hold exactly the current version's objects (written in the same
     transaction), and PostgreSQL renders their JSON far faster than Python re-serialises it.
     """
+    out: dict[tuple[str, str], bytes] = {}
+    if expected is not None and expected < _OPEN_ATTRIBUTES_BATCH:
+        # What fits in one batch is one statement: a cursor costs four round trips more (begin,
+        # declare, close, commit), a quarter of a small refresh's statements before its reads.
+        for address, deposed, attributes in conn.execute(_OPEN_ATTRIBUTES, (sid,)):
+            if attributes is not None:
+                out[(address, deposed)] = attributes.encode()
+        return out
     # A few thousand rows at a time, not fetchall(): the rows of a 100,000-instance state, held at
     # once next to the bytes made from them, were a second full copy of its attributes; nor one at a
     # time (stream()), which spent more on each row's round of libpq calls than on its data.
-    out: dict[tuple[str, str], bytes] = {}
     with conn.transaction(), conn.cursor(name="kl_open_attributes") as rows:
-        rows.itersize = 2000
+        rows.itersize = _OPEN_ATTRIBUTES_BATCH
         rows.execute(_OPEN_ATTRIBUTES, (sid,))
         for address, deposed, attributes in rows:
             if attributes is not None:

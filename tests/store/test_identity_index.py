@@ -157,3 +157,53 @@ def test_deleting_a_state_takes_its_index_rows_with_it(conn):
         states.delete_state(conn, sid)
     assert claimed(conn, identities.Wanted(ROLE_A), identities.Wanted(ROLE_B)) == [[], [("dev", "cloud_role.b", "identity")]]
     assert conn.execute("SELECT count(*) FROM resource_identities").fetchone() == (1,)
+
+
+def _index_as_recomputed(conn) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The index's rows, and the rows its definition gives every open lifecycle row from scratch."""
+    held = conn.execute("SELECT resource_id, provider_source, provider_alias, identity, identity_schema_version, "
+                        "identity_key, object_id, observed, gone FROM resource_identities ORDER BY resource_id").fetchall()
+    fresh = conn.execute("SELECT id, kl_provider_source(provider), kl_provider_alias(provider), identity, identity_schema_version, "
+                         "kl_identity_key(identity, identity_schema_version), kl_object_id(attributes), false, false "
+                         "FROM resources WHERE delete_serial IS NULL ORDER BY id").fetchall()
+    return held, fresh
+
+
+def test_a_row_a_version_changes_in_place_follows_it(conn):
+    # A write sets the rows of the lifecycles it opens and of those it changes in place (a first
+    # identity, another provider address, another identity schema version), and only those: the
+    # index must still be what its definition gives every open row.
+    write(conn, "prod", doc(1, {"a": obj("deploy"), "b": obj("x"), "c": obj("z", ROLE_B)}))
+    steps = [
+        doc(2, {"a": obj("deploy", ROLE_A), "b": obj("x"), "c": obj("z", ROLE_B)}),  # a's first identity
+        doc(3, {"a": obj("deploy", ROLE_A), "b": obj("x"), "c": obj("z", ROLE_B)}, provider=AWSLIKE + ".west"),
+        doc(4, {"a": obj("deploy", ROLE_A, version=1), "b": obj("y"), "c": obj("z", ROLE_B)}, provider=AWSLIKE + ".west"),
+    ]
+    for raw in steps:
+        write(conn, "prod", raw)
+        held, fresh = _index_as_recomputed(conn)
+        assert held == fresh
+    assert claimed(conn, identities.Wanted(ROLE_A, identity_schema_version=1), identities.Wanted(object_id="y")) == [
+        [("prod", "cloud_role.a", "identity")], [("prod", "cloud_role.b", "id")]]
+    assert {r[2] for r in held} == {"west"}
+
+
+def test_an_observation_that_differs_only_where_nothing_is_indexed_resets_what_earlier_ones_put_in_place(conn):
+    # A refresh whose reads differ from the base only in what the index never holds (a provider's
+    # private data) records its document, finds nothing, and the index is Terraform's again.
+    base = {"a": obj("deploy", ROLE_A), "b": obj("x")}
+    write(conn, "prod", doc(1, base))
+    observe(conn, "prod", doc(1, {"b": obj("x")}), {("cloud_role.a", "")})
+    assert claimed(conn, identities.Wanted(ROLE_A)) == [[]]
+    sid = str(conn.execute("SELECT id FROM states WHERE name = 'prod'").fetchone()[0])
+    current = versions.current_version(conn, sid)
+    assert current is not None
+    raw = doc(1, {**base, "b": {**obj("x"), "private": "bmV3"}})
+    seen = writes.record_observation(conn, "prod", tfstate.parse_state(raw), raw, base=current, touched=set(),
+                                     same_as_base=False, actor="t")
+    assert (seen.on_current, seen.found) == (True, 0)
+    assert conn.execute("SELECT raw_state IS NOT NULL OR head_piece IS NOT NULL FROM state_versions WHERE id = %s",
+                        (seen.version.id,)).fetchone() == (True,)
+    assert claimed(conn, identities.Wanted(ROLE_A)) == [[("prod", "cloud_role.a", "identity")]]
+    held, fresh = _index_as_recomputed(conn)
+    assert held == fresh
