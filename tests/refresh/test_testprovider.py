@@ -434,6 +434,19 @@ def test_the_read_delay_knob_slows_reads_down(kl: Kl) -> None:
     assert "did not answer within" in json.dumps(out), out
 
 
+def test_a_read_a_cancel_cuts_short_resolves_no_drift(kl: Kl) -> None:
+    # A read still in flight when the run is cancelled has no answer: it must not be reported as the
+    # object read back as Terraform wrote it, which would claim its open drift resolved.
+    kl.import_state()
+    edit_remote(kl.ws, "sdk-b", tags={"env": "prod"})
+    first = kl.refresh()
+    assert first["status"] == "succeeded" and SDK in kl.drift(), first
+    out = kl.refresh("--timeout", "10s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "120000", "KL_STOP_GRACE": "1"})
+    assert out["status"] == "cancelled" and out["resources_checked"] == 2, out  # both reads were sent, neither answered
+    assert [d for d in out["drift"] if d["status"] == "resolved"] == [], out
+    assert SDK in kl.drift()
+
+
 def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A provider schema cached before kl asked for identity schemas would hide the identity for
     # good: the factory fetches it again, the cache then holds the identity schemas too.
