@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -432,6 +433,17 @@ def test_the_read_delay_knob_slows_reads_down(kl: Kl) -> None:
     out = kl.refresh("--rpc-timeout", "1s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "5000"})
     assert out["status"] != "succeeded", out
     assert "did not answer within" in json.dumps(out), out
+
+
+def test_a_provider_that_refuses_its_config_says_where_kl_takes_it_from(kl: Kl) -> None:
+    # Terraform's provider block is never read: a provider that needs a setting there fails
+    # Configure, and the run's one line must name the command that stores it for kl.
+    kl.import_state()
+    r = kl("refresh", "tp", "--provider-search-path", str(PLUGIN_CACHE), env={"KL_TESTPROVIDER_DIR": ""})
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.count("\n") == 1, err
+    assert "no directory for the remote objects" in err, err
+    assert re.search(r"fix: `kl provider configure kilolock/test(fw|sdk) --state tp --config FILE`", err), err
 
 
 def test_a_read_a_cancel_cuts_short_resolves_no_drift(kl: Kl) -> None:
