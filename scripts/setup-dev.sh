@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the tests and the demo need, installed idempotently on a fresh machine:
 #   - PostgreSQL server binaries (Debian package, when missing and we are root)
-#   - zsh and fish for the completion tests (Debian packages, when missing and we are root)
-#   - Debian's chromium and chromium-driver for the web UI's browser tests (when missing and we are root)
+#   - with the test extra: zsh and fish for the completion tests, Debian's chromium and
+#     chromium-driver for the web UI's browser tests, PgBouncer for the fleet suite (Debian
+#     packages, when missing and we are root)
 #   - a virtualenv at .venv with kilolock installed editable (builds the Rust codec via maturin)
 #   - the real provider binaries and our test provider (tests/testprovider), Terraform 1.0.3, 1.8.5,
 #     1.12.2 and 1.13.3, OpenTofu 1.6.3, 1.8.5 and 1.12.6 (test-providers.sh, test-terraform.sh)
@@ -60,45 +61,55 @@ if ! have_pg; then
 fi
 done_step "PostgreSQL server binaries" "$pg_status"
 
-# The web UI's browser tests drive Debian's chromium through Debian's chromedriver (a browser build
-# cannot be downloaded here); without root, the tests that need them say what to install.
-browser_status=present
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
-    browser_status=missing
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        browser_status="installed (apt-get)"
-        log "installing chromium and chromium-driver for the browser tests (apt-get install chromium chromium-driver)"
+# The system packages only the tests use, installed with the test extra: the demo (no extras)
+# must not pull a browser or a pooler onto a newcomer's machine, nor warn that they are missing.
+case ",$extras," in
+    *,test,*) test_packages=1 ;;
+    *) test_packages="" ;;
+esac
+if [ -z "$test_packages" ]; then
+    for step in "chromium, chromium-driver" pgbouncer "zsh, fish"; do done_step "$step" "not needed (no test extra)"; done
+else
+    # The web UI's browser tests drive Debian's chromium through Debian's chromedriver (a browser build
+    # cannot be downloaded here); without root, the tests that need them say what to install.
+    browser_status=present
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+        browser_status=missing
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            browser_status="installed (apt-get)"
+            log "installing chromium and chromium-driver for the browser tests (apt-get install chromium chromium-driver)"
+            quiet apt-get update -qq >/dev/null
+            DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+        else
+            log "chromium or chromium-driver is missing: the web UI's browser tests will fail until they are installed (Debian: apt-get install chromium chromium-driver)"
+        fi
+    fi
+    # PgBouncer (Debian's, 1.18) for the fleet suite through a transaction pooler (tests/fleet/test_fleet_pgbouncer.py).
+    have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
+    if ! have_pgbouncer && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        log "installing PgBouncer (apt-get install pgbouncer)"
         quiet apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
-    else
-        log "chromium or chromium-driver is missing: the web UI's browser tests will fail until they are installed (Debian: apt-get install chromium chromium-driver)"
+        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pgbouncer >/dev/null
     fi
+    have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
+    done_step "chromium, chromium-driver" "$browser_status"
+    if have_pgbouncer; then done_step pgbouncer present; else done_step pgbouncer missing; fi
+    # zsh and fish for the completion tests (tests/cli/test_completion.py), which load kl's scripts into them.
+    shells_status=present
+    for shell in zsh fish; do
+        if ! command -v "$shell" >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            log "installing $shell for the completion tests (apt-get install $shell)"
+            quiet apt-get update -qq >/dev/null
+            DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends "$shell" >/dev/null
+            shells_status=installed
+        fi
+        if ! command -v "$shell" >/dev/null; then
+            echo "setup: $shell is missing: the completion tests will fail until it is installed (Debian: apt-get install $shell)" >&2
+            shells_status=missing
+        fi
+    done
+    done_step "zsh, fish" "$shells_status"
 fi
-# PgBouncer (Debian's, 1.18) for the fleet suite through a transaction pooler (tests/fleet/test_fleet_pgbouncer.py).
-have_pgbouncer() { command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; }
-if ! have_pgbouncer && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing PgBouncer (apt-get install pgbouncer)"
-    quiet apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq pgbouncer >/dev/null
-fi
-have_pgbouncer || echo "setup: pgbouncer is missing: its tests will fail until it is installed (Debian: apt-get install pgbouncer)" >&2
-done_step "chromium, chromium-driver" "$browser_status"
-if have_pgbouncer; then done_step pgbouncer present; else done_step pgbouncer missing; fi
-# zsh and fish for the completion tests (tests/cli/test_completion.py), which load kl's scripts into them.
-shells_status=present
-for shell in zsh fish; do
-    if ! command -v "$shell" >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        log "installing $shell for the completion tests (apt-get install $shell)"
-        quiet apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive quiet apt-get install -y -qq --no-install-recommends "$shell" >/dev/null
-        shells_status=installed
-    fi
-    if ! command -v "$shell" >/dev/null; then
-        echo "setup: $shell is missing: the completion tests will fail until it is installed (Debian: apt-get install $shell)" >&2
-        shells_status=missing
-    fi
-done
-done_step "zsh, fish" "$shells_status"
 
 for tool in cargo go python3; do
     command -v "$tool" >/dev/null || { echo "setup: '$tool' is required (Rust via rustup, Go >= 1.26.6, Python >= 3.10)" >&2; exit 1; }

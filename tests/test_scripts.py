@@ -119,6 +119,9 @@ def test_setup_log_takes_the_installers_noise(tmp_path):
         "PostgreSQL server binaries", "chromium, chromium-driver", "pgbouncer", "zsh, fish", ".venv", "providers",
         "Terraform/OpenTofu CLIs", "ready"], tail
     assert "setup: providers: local ready" in tail[5], tail
+    # Narrowed as the demo narrows it (no test extra): no browser, pooler or shells installed for tests it does not run.
+    assert tail[1:4] == [f"setup: {step}: not needed (no test extra) (0 s)" for step in
+                         ("chromium, chromium-driver", "pgbouncer", "zsh, fish")], tail
     assert "test-providers: local" in r.stderr and r.stderr.rstrip().endswith("setup: ready"), r.stderr
     assert all(line.startswith(("setup: ", "test-providers: ")) for line in r.stderr.splitlines()), r.stderr
 

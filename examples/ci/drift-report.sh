@@ -27,7 +27,14 @@ ${KL:-python3 kl.pyz} refresh "$state" --dry-run --detailed-exitcode --format ma
 code=$?
 cat "$errors" >&2
 
-case $code in
+# kl writes a report whenever it exits 0 or 2; a 2 without one came from something else, such as
+# python3 that could not open kl.pyz, and must not pass for drift.
+if [ "$code" -eq 2 ] && [ ! -s "$report" ]; then
+    outcome=failed
+else
+    outcome=$code
+fi
+case $outcome in
     0 | 2) ;;
     *)
         # kl says what went wrong in one line on stderr; the report carries it to the summary or the note.

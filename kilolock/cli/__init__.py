@@ -340,6 +340,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"pool_mode = transaction?); add {db.POOLER_PARAM}=transaction to KL_DATABASE_URL "
                       f"(or set {db.POOLER_ENV}=transaction)", file=sys.stderr)
                 return 1
+        if isinstance(exc, ModuleNotFoundError) and exc.name and exc.name.split(".")[0] != "kilolock":
+            # Not a bug: a Python kl was not installed into (the system python3 run in a checkout
+            # finds the kilolock package there, but none of its dependencies).
+            print(f"kl: {exc.name.split('.')[0]} is not installed for {sys.executable}: run kl with the Python it was "
+                  "installed into (`source .venv/bin/activate`, or .venv/bin/kl), or as one file: python3 kl.pyz",
+                  file=sys.stderr)
+            return 1
         if os.environ.get("KL_DEBUG"):
             raise
         print(f"kl: internal error: {type(exc).__name__}: {exc} (run with KL_DEBUG=1 for a traceback)", file=sys.stderr)

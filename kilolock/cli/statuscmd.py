@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
             ("data", s["data"]),
             ("last refresh", last),
             ("open drift", s["open_drift"] if oldest is None else
-             f"{s['open_drift']} (oldest first detected v{s['open_drift_first_serial']}, open {duration(oldest.total_seconds())})"),
+             f"{s['open_drift']} (oldest first detected {s['open_drift_first_version']}, open {duration(oldest.total_seconds())})"),
             ("locked", _lock_text(s["lock"]) if s["lock"] else "no"),
             # The discoveries run with this state's provider config (kl discover --state).
             *((f"discovered {d.type}", _discovery_text(d)) for d in discovered),

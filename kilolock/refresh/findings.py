@@ -65,7 +65,8 @@ def with_read_back(conn: psycopg.Connection, sid: str, entries: list[Entry], ite
     """ITEMS and, in address order among them, the open drift this run resolves: objects read back
     exactly as Terraform's version holds them where a record says they differed."""
     found = {(i["address"], i["deposed"] or "") for i in items}
-    read = {(e.inst.address, e.inst.deposed) for e in entries if e.read and not e.error}
+    # Sent is not answered: a read a cancel cut short has no update, and says nothing of its object.
+    read = {(e.inst.address, e.inst.deposed) for e in entries if e.read and not e.error and e.update is not None}
     back: list[dict[str, Any]] = [{"address": a, "deposed": d or None, "kind": k, "changes": [], "status": "resolved", "ignored_by": None}
             for a, d, k in drift_records.on_terraforms_baseline(conn, sid) if (a, d) in read and (a, d) not in found]
     return sorted(items + back, key=lambda i: (i["address"], i["deposed"] or "")) if back else items

@@ -48,12 +48,33 @@ def _cause(first: Failure) -> tuple[str, str]:
     return where, what
 
 
-def _fix(result: Result, options: RefreshOptions, what: str) -> str | None:
+# The calls whose error diagnostics reject the provider's configuration, in both protocols; the
+# provider client words such an error "provider NAME: CALL: ...".
+_CONFIG_CALLS = ("Configure", "ConfigureProvider", "PrepareProviderConfig", "ValidateProviderConfig")
+
+
+def _config_fix(result: Result, first: Failure, what: str) -> str | None:
+    """How to give a provider the configuration it refused: kl never reads Terraform's provider
+    block, so a provider that needs settings there fails Configure until they are stored in kl."""
+    if first.provider is None or not what.startswith("provider "):
+        return None
+    call = what.split(": ", 2)[1] if what.count(": ") >= 2 else ""
+    if call not in _CONFIG_CALLS and "config does not fit its schema" not in what:
+        return None
+    # A group's label is SOURCE or SOURCE.ALIAS; a source's last segment (the type) has no dot.
+    host, _, last = first.provider.rpartition("/")
+    type_, _, alias = last.partition(".")
+    source = f"{host}/{type_}".removeprefix("registry.terraform.io/")
+    return (f"fix: `kl provider configure {source}{f' --alias {alias}' if alias else ''} --state {result.state} "
+            "--config FILE` (kl gives a provider the config stored there, not Terraform's provider block)")
+
+
+def _fix(result: Result, options: RefreshOptions, first: Failure, what: str) -> str | None:
     # Here, not at the top: kl runs imports headline, and the provider package imports its launcher.
     from kilolock.provider.errors import NO_BINARY
 
     if not what.startswith(NO_BINARY):
-        return None
+        return _config_fix(result, first, what)
     if options.workdir is None:
         # Discovery looks in the workdir's .terraform/providers: with none stored it looked in kl's own directory.
         return (f"fix: `kl state set {result.state} --workdir DIR` (the directory terraform init ran in) "
@@ -68,7 +89,7 @@ def failed_resources(result: Result, options: RefreshOptions) -> str:
     if not result.failures:
         return f"{result.failed} resource(s) failed; nothing committed"
     where, what = _cause(result.failures[0])
-    fix = _fix(result, options, what)
+    fix = _fix(result, options, result.failures[0], what)
     return (f"{result.failed} resource(s) failed {FIRST}{where}: {shorten(what)}); nothing committed"
             + (f"; {fix}" if fix else ""))
 

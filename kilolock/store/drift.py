@@ -30,7 +30,8 @@ _LAST_CONFIRMED = """SELECT 'v' || c.serial || '.' || c.observation_number FROM 
        ORDER BY c.seq DESC LIMIT 1"""
 
 
-def _cols(table: str, resolved: str) -> str:
+def drift_columns(table: str, resolved: str) -> str:
+    """A drift row's columns as `kl drift` reads them from TABLE, with its versions' labels (v7.3)."""
     return f"""address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
        previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
        first_detected_at, last_confirmed_serial, open_for, changed_attributes,
@@ -41,7 +42,7 @@ def _cols(table: str, resolved: str) -> str:
 # A state's rows numbered in its order (k), so a per-state limit is one filter over all of them.
 _LIST_OPEN = f"""
 SELECT * FROM (
-    SELECT state_id::text AS sid, {_cols("current_resource_drift", "NULL")}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at,
+    SELECT state_id::text AS sid, {drift_columns("current_resource_drift", "NULL")}, NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at,
            NULL::text AS resolved_how, NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason,
            NULL::jsonb AS ignore_rules, row_number() OVER (PARTITION BY state_id ORDER BY address, deposed) AS k
     FROM current_resource_drift WHERE state_id = ANY(%(sids)s::uuid[])) x
@@ -52,7 +53,7 @@ ORDER BY sid, k
 # Open ones first, then the ignored ones, then the resolved ones, latest first.
 _LIST_ALL = f"""
 SELECT * FROM (
-    SELECT state_id::text AS sid, {_cols("resource_drift", "resolved_version_id")}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason,
+    SELECT state_id::text AS sid, {drift_columns("resource_drift", "resolved_version_id")}, resolved_serial, resolved_at, resolved_how, ignore_rule_id, ignore_reason,
            (SELECT jsonb_agg(jsonb_build_object('rule', r.id, 'reason', r.reason) ORDER BY r.id)
             FROM drift_ignore_rules r WHERE r.id = ANY(ignore_rule_ids)) AS ignore_rules,
            row_number() OVER (PARTITION BY state_id ORDER BY resolved_serial DESC NULLS FIRST, ignore_rule_id NULLS FIRST,

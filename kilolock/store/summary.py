@@ -55,6 +55,10 @@ SELECT v.serial, v.lineage, v.terraform_version, v.encrypted, v.unindexed,
        (SELECT count(*) FROM current_resource_drift d WHERE d.state_id = %(sid)s) AS open_drift,
        (SELECT min(d.first_detected_serial) FROM current_resource_drift d
         WHERE d.state_id = %(sid)s) AS open_drift_first_serial,
+       -- As kl drift names it: drift a refresh found was first detected at an observation (v7.3).
+       (SELECT 'v' || d.first_detected_serial || COALESCE('.' || f.observation_number, '')
+        FROM current_resource_drift d LEFT JOIN state_versions f ON f.id = d.first_detected_version_id
+        WHERE d.state_id = %(sid)s ORDER BY d.first_detected_serial, d.first_detected_at LIMIT 1) AS open_drift_first_version,
        (SELECT max(now() - d.first_detected_at) FROM current_resource_drift d
         WHERE d.state_id = %(sid)s) AS open_drift_oldest_for,
        (SELECT who FROM state_locks l WHERE l.state_id = %(sid)s) AS locked_by,
@@ -115,6 +119,7 @@ class _StatusRow(TypedDict):
     data: int
     open_drift: int
     open_drift_first_serial: int | None
+    open_drift_first_version: str | None  # as kl drift names it: v7 or v7.3
     open_drift_oldest_for: timedelta | None
     locked_by: str | None
     lock: dict[str, Any] | None  # the LockInfo

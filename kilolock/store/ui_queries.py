@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kilolock.store.drift import OPEN_BY_STATE
+from kilolock.store.drift import OPEN_BY_STATE, drift_columns
 from kilolock.store.errors import StateNotFound
 from kilolock.store.versions import current_version_of
 
@@ -240,12 +240,9 @@ def runs_page(conn: psycopg.Connection, sid: str, limit: int, offset: int) -> Pa
 
 
 # The columns kilolock.drift.entry reads; open drift is never resolved nor ignored.
-_OPEN_DRIFT = """
-SELECT address, deposed, drift_kind, type, provider,
+_OPEN_DRIFT = f"""
+SELECT {drift_columns("current_resource_drift", "NULL")},
        (SELECT b.mode FROM drift_records x JOIN resources b ON b.id = x.baseline_resource_id WHERE x.id = drift_id) AS mode,
-       detected_serial, detected_at, previous_attributes, current_attributes,
-       previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
-       first_detected_at, last_confirmed_serial, open_for, changed_attributes,
        NULL::bigint AS resolved_serial, NULL::timestamptz AS resolved_at, NULL::text AS resolved_how,
        NULL::bigint AS ignore_rule_id, NULL::text AS ignore_reason, count(*) OVER () AS total
 FROM current_resource_drift WHERE state_id = %(sid)s

@@ -135,6 +135,19 @@ def test_a_refresh_that_fails_exits_1_after_its_own_report(repo: Path, tmp_path:
     assert "\n### Drift check of `prod` failed (exit 1)\n" in report and "kl: refresh failed" in report, report
 
 
+def test_a_kl_that_does_not_run_is_an_error_not_drift(repo: Path, tmp_path: Path):
+    # The default KL, `python3 kl.pyz`, in a job that did not fetch kl.pyz: python3 exits 2 for a
+    # file it cannot open, which is the drift exit code. Without a report it is kl that failed.
+    summary = tmp_path / "summary.md"
+    env = kl_env(KL=shlex.join([sys.executable, str(tmp_path / "kl.pyz")]), GITHUB_STEP_SUMMARY=str(summary))
+    r = subprocess.run(["sh", str(CI / "drift-report.sh"), "prod"], cwd=repo, env=env, capture_output=True, text=True,
+                       timeout=300)
+    report = (repo / "kl-drift.md").read_text()
+    assert r.returncode == 1, r.stderr
+    assert report.startswith("### Drift check of `prod` failed (exit 2)\n"), report
+    assert "kl.pyz" in report and summary.read_text() == report, report
+
+
 class _GitLab:
     """Stands in for GitLab's REST API: records each request, answers as GitLab does (201 and the note)."""
 

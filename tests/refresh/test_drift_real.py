@@ -111,6 +111,10 @@ def test_marks_only_refresh_then_one_deletion_is_one_record_until_the_apply_reso
     assert open_drift(run_kl) == second["total"] == 1
     text = run_kl("drift", "prod").stdout.decode()
     assert text.startswith(f"{TWO}: deleted at {found} (first detected {found}, ") and text.count(TWO) == 1, text
+    # kl status names the version kl drift names (the observation), not only its serial.
+    status = run_kl("status", "prod").stdout.decode()
+    assert f"open drift:   1 (oldest first detected {found}, open " in status, status
+    assert json.loads(run_kl("status", "prod", "--format", "json").stdout)["open_drift_first_version"] == found
 
     # 3. Terraform applies from what kl holds and recreates the file: the drift is resolved.
     pulled = run_kl("state", "pull", "prod")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -432,6 +433,30 @@ def test_the_read_delay_knob_slows_reads_down(kl: Kl) -> None:
     out = kl.refresh("--rpc-timeout", "1s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "5000"})
     assert out["status"] != "succeeded", out
     assert "did not answer within" in json.dumps(out), out
+
+
+def test_a_provider_that_refuses_its_config_says_where_kl_takes_it_from(kl: Kl) -> None:
+    # Terraform's provider block is never read: a provider that needs a setting there fails
+    # Configure, and the run's one line must name the command that stores it for kl.
+    kl.import_state()
+    r = kl("refresh", "tp", "--provider-search-path", str(PLUGIN_CACHE), env={"KL_TESTPROVIDER_DIR": ""})
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.count("\n") == 1, err
+    assert "no directory for the remote objects" in err, err
+    assert re.search(r"fix: `kl provider configure kilolock/test(fw|sdk) --state tp --config FILE`", err), err
+
+
+def test_a_read_a_cancel_cuts_short_resolves_no_drift(kl: Kl) -> None:
+    # A read still in flight when the run is cancelled has no answer: it must not be reported as the
+    # object read back as Terraform wrote it, which would claim its open drift resolved.
+    kl.import_state()
+    edit_remote(kl.ws, "sdk-b", tags={"env": "prod"})
+    first = kl.refresh()
+    assert first["status"] == "succeeded" and SDK in kl.drift(), first
+    out = kl.refresh("--timeout", "10s", env={"KL_TESTPROVIDER_READ_DELAY_MS": "120000", "KL_STOP_GRACE": "1"})
+    assert out["status"] == "cancelled" and out["resources_checked"] == 2, out  # both reads were sent, neither answered
+    assert [d for d in out["drift"] if d["status"] == "resolved"] == [], out
+    assert SDK in kl.drift()
 
 
 def test_a_schema_cached_without_identity_schemas_is_fetched_again_once(kl: Kl, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

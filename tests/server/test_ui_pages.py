@@ -309,6 +309,24 @@ def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, con
     assert "Not counted" not in page(ui, "/ui/state", name="team/noisy")
 
 
+def test_drift_a_refresh_found_is_dated_by_the_observations_kl_drift_names(ui: Client, conn) -> None:
+    # Since refreshes record observations, the serial alone (Terraform's, v1) no longer says which
+    # refresh found the drift: the page names the versions as kl drift does (v1.1, v1.2).
+    from kilolock import tfstate
+    from kilolock.store import states, versions, writes
+    from kit.uistates import document, server, write
+
+    write(conn, "seen", 1, [server("kilo")], "import", "alice")
+    base = versions.current_version(conn, states.state_id(conn, "seen"))
+    assert base is not None
+    raw = document(1, [server("kilo", env="qa")])
+    for _ in range(2):
+        writes.record_observation(conn, "seen", tfstate.parse_state(raw), raw, base=base,
+                                  touched={("cloud_server.kilo", "")}, same_as_base=False, actor="kl-refresh")
+    html = page(ui, "/ui/state", name="seen")
+    assert "First seen at v1.1 (" in html and ", still there at v1.2." in html, html
+
+
 def runs_serials(html: str) -> list[str]:
     """The Serials cell of each refresh run on a state page, newest first, as text."""
     runs = html.split('<h2 id="runs">', 1)[1].split("</table>", 1)[0]
