@@ -278,21 +278,33 @@ def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[dict
 # open records only, and are not historical). One pass makes a +1/-1 per serial; each version sums
 # those up to its serial (a record is resolved only after it was found, so found-by-then minus
 # resolved-by-then is what is open then).
+# A point a version: Terraform's and the observations of it (v8, v8.1, v8.2), so the chart moves
+# with the refreshes that find drift, not only with applies. A record counts from the version that
+# first detected it until the one that resolved it; open ones as current_resource_drift shows them
+# (ignore rules applied there), resolved ones whatever rules say now.
 _DRIFT_SERIES = """
-WITH v AS (SELECT serial, created_at, source FROM state_versions WHERE state_id = %(sid)s AND kind = 'terraform'
-           ORDER BY serial DESC LIMIT %(points)s),
+WITH pts AS (
+    SELECT serial, COALESCE(observation_number, 0) AS obs, created_at, source,
+           'v' || serial || COALESCE('.' || observation_number, '') AS label
+    FROM state_versions WHERE state_id = %(sid)s
+    ORDER BY serial DESC, COALESCE(observation_number, 0) DESC LIMIT %(points)s
+),
 deltas AS MATERIALIZED (
-    SELECT serial, sum(d) AS d FROM (
-        SELECT first_detected_serial AS serial, 1 AS d FROM current_resource_drift WHERE state_id = %(sid)s
-        UNION ALL
-        SELECT first_detected_serial, 1 FROM drift_records WHERE state_id = %(sid)s AND resolved_serial IS NOT NULL
-        UNION ALL
-        SELECT resolved_serial, -1 FROM drift_records WHERE state_id = %(sid)s AND resolved_serial IS NOT NULL
-    ) e GROUP BY serial
+    SELECT v.serial, COALESCE(v.observation_number, 0) AS obs, sum(e.d) AS d
+    FROM (SELECT d.first_detected_version_id AS vid, 1 AS d FROM drift_records d
+          WHERE d.state_id = %(sid)s
+            AND (d.resolved_version_id IS NOT NULL
+                 OR d.id IN (SELECT c.drift_id FROM current_resource_drift c WHERE c.state_id = %(sid)s))
+          UNION ALL
+          SELECT d.resolved_version_id, -1 FROM drift_records d
+          WHERE d.state_id = %(sid)s AND d.resolved_version_id IS NOT NULL) e
+    JOIN state_versions v ON v.id = e.vid
+    GROUP BY 1, 2
 )
-SELECT v.serial, v.created_at, v.source, COALESCE((SELECT sum(x.d) FROM deltas x WHERE x.serial <= v.serial), 0)::bigint AS open
-FROM v
-ORDER BY v.serial
+SELECT p.serial, p.label, p.created_at, p.source,
+       COALESCE((SELECT sum(x.d) FROM deltas x WHERE (x.serial, x.obs) <= (p.serial, p.obs)), 0)::bigint AS open
+FROM pts p
+ORDER BY p.serial, p.obs
 """
 
 

@@ -248,10 +248,10 @@ def test_the_drift_chart_counts_open_drift_at_each_version(ui: Client, conn) -> 
     assert [(p["serial"], p["open"]) for p in series] == [(1, 0), (2, 0), (3, 2), (4, 0), (5, 1)]
     chart = svg.drift_chart(series)
     assert chart.count("<circle") == 5 and 'role="img"' in chart and "<desc" in chart
-    assert "0 then 1, growing; at most 2 (serial 3)" in svg.summary(series)
+    assert "(v1 to v5): 0 then 1, growing; at most 2 (v3)" in svg.summary(series)
     assert svg.summary([]) == "No versions yet." and "<polyline" not in svg.drift_chart([])
     html = page(ui, "/ui/state", name="team/prod")
-    assert "0 then 1, growing; at most 2 (serial 3)" in html
+    assert "0 then 1, growing; at most 2 (v3)" in html
 
 
 def test_a_page_reads_in_one_read_only_snapshot(conn) -> None:
@@ -296,7 +296,7 @@ def test_the_drift_chart_counts_what_the_open_drift_badge_counts(ui: Client, con
     html = page(ui, "/ui/state", name="team/noisy")
     # Two records open, one hidden by the rule: the badge, the chart and kl drift say 1.
     assert "1 drifted" in html and "Open drift (1)" in html
-    assert "Open drift at the last 2 versions (serial 1 to 2): 0 then 1, growing; at most 1 (serial 2)." in html
+    assert "Open drift at the last 2 versions (v1 to v2): 0 then 1, growing; at most 1 (v2)." in html
     assert "Not counted: 1 hidden by ignore rules." in html and "+1 hidden by ignore rules" in html
     series = ui_queries.drift_series(conn, states.state_id(conn, "team/noisy"), 200)
     header = ui_queries.state_header(conn, "team/noisy")
@@ -313,7 +313,7 @@ def test_drift_a_refresh_found_is_dated_by_the_observations_kl_drift_names(ui: C
     # Since refreshes record observations, the serial alone (Terraform's, v1) no longer says which
     # refresh found the drift: the page names the versions as kl drift does (v1.1, v1.2).
     from kilolock import tfstate
-    from kilolock.store import states, versions, writes
+    from kilolock.store import states, ui_queries, versions, writes
     from kit.uistates import document, server, write
 
     write(conn, "seen", 1, [server("kilo")], "import", "alice")
@@ -325,6 +325,10 @@ def test_drift_a_refresh_found_is_dated_by_the_observations_kl_drift_names(ui: C
                                   touched={("cloud_server.kilo", "")}, same_as_base=False, actor="kl-refresh")
     html = page(ui, "/ui/state", name="seen")
     assert "First seen at v1.1 (" in html and ", still there at v1.2." in html, html
+    # The chart moves with the refreshes that found the drift, not only with Terraform's versions.
+    series = ui_queries.drift_series(conn, states.state_id(conn, "seen"), 200)
+    assert [(p["label"], p["open"]) for p in series] == [("v1", 0), ("v1.1", 1), ("v1.2", 1)]
+    assert "Open drift at the last 3 versions (v1 to v1.2): 0 then 1, growing; at most 1 (v1.1)." in html
 
 
 def runs_serials(html: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Open drift over a state's versions as an inline SVG line chart, drawn on the server: no script,
+"""Open drift over a state's versions and observations as an inline SVG line chart, drawn on the server: no script,
 no external file, readable by a screen reader through its title and description."""
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ def summary(points: Sequence[Mapping[str, Any]], hidden: int = 0) -> str:
     peak = max(points, key=lambda p: p["open"])
     trend = "growing" if last["open"] > first["open"] else "shrinking" if last["open"] < first["open"] else "steady"
     apart = f" Not counted: {hidden} hidden by ignore rules." if hidden else ""
-    return (f"Open drift at the last {len(points)} versions (serial {first['serial']} to {last['serial']}): "
-            f"{first['open']} then {last['open']}, {trend}; at most {peak['open']} (serial {peak['serial']}).{apart}")
+    return (f"Open drift at the last {len(points)} versions ({first['label']} to {last['label']}): "
+            f"{first['open']} then {last['open']}, {trend}; at most {peak['open']} ({peak['label']}).{apart}")
 
 
 def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-chart", hidden: int = 0) -> Markup:
-    """POINTS: {serial, open} oldest first (store.ui_queries.drift_series); HIDDEN as for summary."""
+    """POINTS: {label, open} oldest first (store.ui_queries.drift_series: Terraform's versions and
+    the observations of them, v8, v8.1); HIDDEN as for summary."""
     top = _ceiling(max([p["open"] for p in points] + [1]))
     plot_w, plot_h = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
     n = len(points)
@@ -54,8 +55,8 @@ def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-char
         parts.append(f'<line class="grid" x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
         parts.append(f'<text class="tick" x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v}</text>')
     if points:
-        parts.append(f'<text class="tick" x="{_LEFT}" y="{_H - 8}" text-anchor="start">serial {points[0]["serial"]}</text>')
-        parts.append(f'<text class="tick" x="{_W - _RIGHT}" y="{_H - 8}" text-anchor="end">serial {points[-1]["serial"]}</text>')
+        parts.append(f'<text class="tick" x="{_LEFT}" y="{_H - 8}" text-anchor="start">{escape(points[0]["label"])}</text>')
+        parts.append(f'<text class="tick" x="{_W - _RIGHT}" y="{_H - 8}" text-anchor="end">{escape(points[-1]["label"])}</text>')
         line = " ".join(f"{x(i):.1f},{y(p['open']):.1f}" for i, p in enumerate(points))
         area = f"{x(0):.1f},{y(0):.1f} {line} {x(n - 1):.1f},{y(0):.1f}"
         parts.append(f'<polygon class="area" points="{area}"/>')
@@ -63,6 +64,6 @@ def drift_chart(points: Sequence[Mapping[str, Any]], chart_id: str = "drift-char
         if n <= 60:
             for i, p in enumerate(points):
                 parts.append(f'<circle class="dot" cx="{x(i):.1f}" cy="{y(p["open"]):.1f}" r="2.5">'
-                             f'<title>serial {p["serial"]}: {p["open"]} open</title></circle>')
+                             f'<title>{escape(p["label"])}: {p["open"]} open</title></circle>')
     parts.append("</svg>")
     return Markup("".join(parts))
