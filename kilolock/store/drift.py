@@ -11,7 +11,9 @@ Every read takes a list of states and answers for all of them in one statement: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypedDict, cast
+from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
@@ -103,16 +105,49 @@ def _uuid_array(sids: list[str]) -> str:
     return "{" + ",".join(sids) + "}"
 
 
+class DriftRow(TypedDict):
+    """A drift record as `kl drift` reads it (drift_columns, then its resolution and ignore rule):
+    the object's attributes and sensitivity marks before and now are the state's JSON."""
+
+    address: str
+    deposed: str
+    drift_kind: str  # changed, deleted
+    type: str
+    provider: str
+    detected_serial: int
+    detected_at: datetime
+    previous_attributes: Any
+    current_attributes: Any
+    previous_sensitive_attributes: Any
+    current_sensitive_attributes: Any
+    refresh_run_id: UUID | None
+    first_detected_serial: int
+    first_detected_at: datetime
+    last_confirmed_serial: int | None
+    open_for: timedelta
+    changed_attributes: list[str] | None
+    detected_version: str  # v7 or v7.3
+    first_detected_version: str
+    last_confirmed_version: str | None
+    resolved_serial: int | None
+    resolved_at: datetime | None
+    resolved_how: str | None
+    ignore_rule_id: int | None
+    ignore_reason: str | None
+    ignore_rules: list[dict[str, Any]] | None  # JSON: rule, reason
+
+
 def rows_of(conn: psycopg.Connection, sids: list[str], limit: int | None = None, *,
-            include_resolved: bool = False) -> dict[str, list[dict[str, Any]]]:
+            include_resolved: bool = False) -> dict[str, list[DriftRow]]:
     """The records of each state in SIDS (open ones, or all), at most LIMIT per state; a state
     without any is absent."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[DriftRow]] = {}
     cur = conn.cursor(row_factory=dict_row)
     query = _LIST_ALL if include_resolved else _LIST_OPEN
     for r in cur.execute(query, {"sids": _uuid_array(sids), "limit": limit}).fetchall():
         del r["k"]
-        out.setdefault(r.pop("sid"), []).append(r)
+        sid = r.pop("sid")
+        out.setdefault(sid, []).append(cast(DriftRow, r))  # the columns the query names, less sid and k
     return out
 
 
@@ -155,7 +190,7 @@ def counts(conn: psycopg.Connection, name: str) -> Counts:
 
 
 def list_drift(conn: psycopg.Connection, name: str, limit: int | None = None, *,
-               include_resolved: bool = False) -> list[dict[str, Any]]:
+               include_resolved: bool = False) -> list[DriftRow]:
     """Raises StateNotFound for an unknown state."""
     sid = state_id(conn, name)
     return rows_of(conn, [sid], limit, include_resolved=include_resolved).get(sid, [])
