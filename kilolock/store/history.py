@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from kilolock import tfstate
 from kilolock.errors import KlError
@@ -56,6 +56,21 @@ ORDER BY address, deposed, at_to
 """
 
 
+class ObjectSide(TypedDict):
+    """An object as one side of a diff holds it (a lifecycle row's, or an observation's), with
+    ``at_to`` saying which side (FROM False, TO True); attributes and marks are the state's JSON."""
+
+    address: str
+    deposed: str
+    mode: str
+    type: str
+    provider: str
+    status: str | None
+    attributes: Any
+    sensitive_attributes: Any
+    at_to: bool
+
+
 def _unindexed(name: str, label: str, why: str) -> KlError:
     why = "" if why == "OpenTofu-encrypted" else f" ({why})"  # the reason a version stored sealed gives
     return KlError(f"state {name!r} {label} is OpenTofu-encrypted and not indexed{why}, so kl cannot diff it: "
@@ -92,11 +107,11 @@ def _check(conn: psycopg.Connection, sid: str, name: str, serials: list[int]) ->
             raise _unindexed(name, f"version {serial}", why)
 
 
-def differing_objects(conn: psycopg.Connection, sid: str, serial_from: int, serial_to: int) -> list[dict[str, Any]]:
+def differing_objects(conn: psycopg.Connection, sid: str, serial_from: int, serial_to: int) -> list[ObjectSide]:
     """Lifecycle rows open at exactly one of the two serials, by address and deposed key; ``at_to``
     says which. An object in both lists (same address and deposed key) changed between them."""
     params = {"sid": sid, "from": serial_from, "to": serial_to}
-    return conn.cursor(row_factory=dict_row).execute(_DIFFERING, params).fetchall()
+    return conn.cursor(row_factory=class_row(ObjectSide)).execute(_DIFFERING, params).fetchall()
 
 
 @dataclass(frozen=True)
@@ -174,18 +189,18 @@ def _objects(conn: psycopg.Connection, sid: str, name: str, end: Endpoint) -> di
     return found
 
 
-def differing_between(conn: psycopg.Connection, sid: str, name: str, a: Endpoint, b: Endpoint) -> list[dict[str, Any]]:
+def differing_between(conn: psycopg.Connection, sid: str, name: str, a: Endpoint, b: Endpoint) -> list[ObjectSide]:
     """As ``differing_objects``, between endpoints either of which may be an observation: the
     objects whose status or attributes differ, or that only one side holds, each side a row with
     ``at_to`` saying which (FROM False, TO True), ordered by address and deposed key."""
     before, after = _objects(conn, sid, name, a), _objects(conn, sid, name, b)
-    rows: list[dict[str, Any]] = []
+    rows: list[ObjectSide] = []
     for key in sorted(before.keys() | after.keys()):
         old, new = before.get(key), after.get(key)
         if old is not None and new is not None and (old["status"], old["attributes"]) == (new["status"], new["attributes"]):
             continue
-        rows += [{**old, "at_to": False}] if old is not None else []
-        rows += [{**new, "at_to": True}] if new is not None else []
+        rows += [cast(ObjectSide, {**old, "at_to": False})] if old is not None else []
+        rows += [cast(ObjectSide, {**new, "at_to": True})] if new is not None else []
     return rows
 
 
