@@ -26,18 +26,20 @@ tests/kit/fleetseed.py (10,000 states, about 1,000,000 instances; KL_BENCH_FLEET
 KL_BENCH_FLEET_WORKERS scale it down, to 20 workers by default), no round of every state (a
 million reads), but schedules from 5 minutes to a day with jitter (FULL_SCHEDULES) run for
 KL_BENCH_FLEET_SECONDS (900) against a faster provider (FULL_LATENCY, FULL_LIMIT), workers
-polling every 2 s as by default: throughput, lag (a refresh not started by the end counts as late
+polling every 2 s as by default, on a cluster of its own (max_connections FULL_MAX_CONNECTIONS): throughput, lag (a refresh not started by the end counts as late
 as the end), CPU, WAL and connections, reported, not gated. `-k direct` or `-k pgbouncer` runs
-one mode. Figures and sizing advice: docs/operations/sizing.md."""
+one mode; KL_BENCH_FLEET_POOL sets PgBouncer's pool (POOL). Figures and sizing advice: docs/operations/sizing.md."""
 from __future__ import annotations
 
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -47,7 +49,7 @@ import pytest
 
 from kit import fleetseed, pg, pgbouncer
 from kit.faults import FAKE_SOURCE, fake_state, install_fake
-from kit.fleet import POLL, q, start_worker, stop, wait_for
+from kit.fleet import POLL, own_cluster, q, restart, start_worker, stop, wait_for
 from kit.kl import kl_cmd, kl_env
 
 QUICK = os.environ.get("KL_BENCH_QUICK") == "1"
@@ -59,10 +61,11 @@ else:
     STATES, WORKERS = (80, 4) if QUICK else (400, 8)
 FULL_SECONDS = float(os.environ.get("KL_BENCH_FLEET_SECONDS", "900"))
 FULL_LATENCY, FULL_LIMIT = 0.05, 32  # a faster provider: 640 reads a second
+FULL_MAX_CONNECTIONS = 400  # the full size's own cluster
 LATENCY = FULL_LATENCY if FULL else 0.3  # seconds per read
 LIMIT = FULL_LIMIT if FULL else 8  # calls in flight, fleet-wide
 CEILING = LIMIT / LATENCY  # reads a second
-POOL = 6  # PgBouncer's default_pool_size: server connections for every client
+POOL = int(os.environ.get("KL_BENCH_FLEET_POOL", "6"))  # PgBouncer's default_pool_size: server connections for every client
 READ_PRIVATE = fleetseed.FAKE_PRIVATE  # the private data the states hold, which the fake's reads keep (FAKE_READ_PRIVATE=keep)
 POLL_S = 2.0 if FULL else float(POLL.removesuffix("ms")) / 1000
 # Measured in quick mode (80 states) on the shared 2-core machine, load 5-10: 86-92% of the ceiling.
@@ -121,9 +124,18 @@ def fleet(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
     tmp = tmp_path_factory.mktemp("fleet")
     cache = install_fake(tmp, tmp / "events.log", FAKE_SLOW_SECONDS=str(LATENCY), FAKE_READ_PRIVATE="keep")
-    with pg.fresh_database(pg_server, prefix="kl_bench_sim_") as url:
-        with psycopg.connect(url, autocommit=True) as conn:
-            apply_migrations(conn)
+    with ExitStack() as stack:
+        if FULL:
+            # 20 workers hold about 160 connections directly: over PostgreSQL's default of 100.
+            cluster, url = stack.enter_context(own_cluster("kl-sim-"))
+            q(url, f"ALTER SYSTEM SET max_connections = {FULL_MAX_CONNECTIONS}")
+            restart(cluster)
+            server = cluster.url("postgres")
+        else:
+            url = stack.enter_context(pg.fresh_database(pg_server, prefix="kl_bench_sim_"))
+            with psycopg.connect(url, autocommit=True) as conn:
+                apply_migrations(conn)
+            server = pg_server
         if FULL:
             made = fleetseed.seed(url, STATES, prefix="sim", document=fleetseed.fake_document, search_paths=[str(cache)])
             print(f"\nfleet of {made['states']} states, {made['instances']} instances: seeded in "
@@ -137,7 +149,7 @@ def fleet(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         r = subprocess.run(kl_cmd("provider", "limit", FAKE_SOURCE, "--max-in-flight", str(LIMIT)),
                            env=kl_env(KL_DATABASE_URL=url), capture_output=True)
         assert r.returncode == 0, r.stderr.decode()
-        yield Fleet(url, pg_server, cache, instances, tmp / "events.log")
+        yield Fleet(url, server, cache, instances, tmp / "events.log")
 
 
 # ---------------------------------------------------------------- what PostgreSQL spent
@@ -153,8 +165,10 @@ def _server_cpu_s(url: str) -> float | None:
     (a backend that exited), plus every live child's. None when the server's processes are not
     this machine's to read."""
     try:
-        backend = int(q(url, "SELECT pg_backend_pid()")[0][0])
-        postmaster, _, _ = _ticks(backend)
+        with psycopg.connect(url, autocommit=True) as conn:  # its backend is the postmaster's child while it is open
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            assert row is not None
+            postmaster, _, _ = _ticks(int(row[0]))
         _, own, reaped = _ticks(postmaster)
         total = own + reaped
         for entry in Path("/proc").iterdir():
@@ -201,36 +215,43 @@ def _wal_by_kind(db_url: str, start: str, end: str) -> str:
 class Mode:
     name: str
     url: str  # what the workers and the bench's kl commands use
-    connections: Callable[[list[int]], tuple[int, int]]  # worker pids -> (their client connections, server connections)
-    most: tuple[int, int] = (0, 0)
+    # worker pids -> (their client connections, server connections, clients waiting for a server connection)
+    connections: Callable[[list[int]], tuple[int, int, int]]
+    most: tuple[int, int, int] = (0, 0, 0)
 
     def sample(self, pids: list[int]) -> None:
         now = self.connections(pids)
-        self.most = (max(self.most[0], now[0]), max(self.most[1], now[1]))
+        self.most = (max(self.most[0], now[0]), max(self.most[1], now[1]), max(self.most[2], now[2]))
 
 
-def _direct_connections(url: str) -> Callable[[list[int]], tuple[int, int]]:
-    def count(pids: list[int]) -> tuple[int, int]:
+def _direct_connections(url: str) -> Callable[[list[int]], tuple[int, int, int]]:
+    def count(pids: list[int]) -> tuple[int, int, int]:
         n = int(q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                        "AND application_name = 'kilolock'")[0][0])
-        return n, n
+        return n, n, 0
     return count
 
 
-def _pooled_connections(url: str, template: str) -> Callable[[list[int]], tuple[int, int]]:
+def _pooled_connections(url: str, template: str) -> Callable[[list[int]], tuple[int, int, int]]:
     """The workers' clients as PgBouncer lists them (its console, SHOW CLIENTS: a unix socket
-    client's pid), and the server connections PgBouncer holds to the database."""
+    client's pid), the server connections PgBouncer holds to the database, and its clients waiting
+    for one (SHOW POOLS)."""
     console = template.format(dbname="pgbouncer")
+    dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
 
-    def count(pids: list[int]) -> tuple[int, int]:
+    def count(pids: list[int]) -> tuple[int, int, int]:
         with psycopg.connect(console, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
             cur = conn.execute("SHOW CLIENTS")
             assert cur.description is not None
             col = [d.name for d in cur.description].index("remote_pid")
             clients = sum(1 for row in cur.fetchall() if row[col] in pids)
+            cur = conn.execute("SHOW POOLS")
+            assert cur.description is not None
+            names = [d.name for d in cur.description]
+            waiting = sum(int(row[names.index("cl_waiting")]) for row in cur.fetchall() if row[names.index("database")] == dbname)
         servers = int(q(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                              "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")[0][0])
-        return clients, servers
+        return clients, servers, waiting
     return count
 
 
@@ -314,6 +335,8 @@ def test_a_fleet_reads_at_its_provider_limit(fleet: Fleet, mode: Mode, tmp_path:
             lines += _round_of_every_state(fleet, mode, pids)
             lines += _lag_while_capacity_suffices(fleet, mode)
     finally:
+        for w in workers:  # all at once: each drains its runs for up to its grace period
+            w.send_signal(signal.SIGTERM)
         outputs = [stop(w, timeout=180) for w in workers]
         q(url, "UPDATE fleet_schedules SET paused = true")
     assert all(code == 0 for code, _ in outputs), [(tmp_path / f"w{n}.log").read_text()[-2000:] for n in range(WORKERS)]
@@ -362,14 +385,15 @@ def _round_of_every_state(fleet: Fleet, mode: Mode, pids: list[int]) -> list[str
     growers = sorted(((size1[t] - size0.get(t, 0), t) for t in size1), reverse=True)[:3]
     p50, p99 = _percentiles(lags)
     cpu = f"{(cpu1 - cpu0) / STATES * 1000:.1f} ms" if cpu0 is not None and cpu1 is not None else "n/a"
-    clients, servers = mode.most
+    clients, servers, waiting = mode.most
     lines = [
         (f"fleet simulation, {mode.name}: {STATES} states ({reads} reads of {LATENCY:g} s), {WORKERS} workers x 4 states, "
         f"limit {LIMIT} in flight, every state at once: {took:.1f} s, {rate:.1f} reads/s against a ceiling of {CEILING:.1f} "
         f"({rate / CEILING:.0%}, gate {CEILING_GATE:.0%}), {STATES / took * 60:.0f} refreshes/min; lag (start - due) "
         f"p50 {p50:.1f} s, p99 {p99:.1f} s (a backlog of {STATES}); per unchanged refresh: PostgreSQL CPU {cpu}, "
         f"relations +{grown:.0f} B after VACUUM, WAL {wal_bytes / STATES:.0f} B; "
-        f"connections: {clients / WORKERS:.1f} a worker (most at once), {servers} to the server"),
+        f"connections: {clients / WORKERS:.1f} a worker (most at once), {servers} to the server, "
+         f"{waiting} clients waiting for one at most"),
         f"fleet simulation, {mode.name}: grew most: " + ", ".join(f"{t} +{b // 1024} KiB" for b, t in growers)
         + f"; WAL of the round: {wal_kinds}",
     ]
@@ -425,12 +449,13 @@ def _scheduled_fleet(fleet: Fleet, mode: Mode, pids: list[int]) -> list[str]:
     took = (end - start).total_seconds()
     wal_bytes = int(q(url, "SELECT %s::pg_lsn - %s::pg_lsn", (wal1, wal0))[0][0])
     cpu = f"{(cpu1 - cpu0) / max(1, runs) * 1000:.1f} ms" if cpu0 is not None and cpu1 is not None else "n/a"
-    clients, servers = mode.most
+    clients, servers, waiting = mode.most
     line = (f"fleet simulation, {mode.name}, full: {STATES} states ({sum(fleet.instances.values())} instances), {WORKERS} "
             f"workers x 4 states, limit {LIMIT} of {LATENCY:g} s reads, schedules "
             + ", ".join(f"{every}~{jitter}" for _, every, jitter in FULL_SCHEDULES)
             + f", {took:.0f} s: {runs} refreshes ({runs / took * 60:.0f}/min, {failed} failed), {reads / took:.1f} reads/s "
             f"(ceiling {CEILING:.0f}); lag over {len(lags)} due: p50 {p50:.1f} s, p99 {p99:.1f} s, most {max(lags, default=0):.1f} s; "
-            f"per refresh: PostgreSQL CPU {cpu}, WAL {wal_bytes / max(1, runs):.0f} B; connections: {clients / WORKERS:.1f} a worker, {servers} to the server")
+            f"per refresh: PostgreSQL CPU {cpu}, WAL {wal_bytes / max(1, runs):.0f} B; connections: {clients / WORKERS:.1f} a worker, "
+            f"{servers} to the server, {waiting} clients waiting for one at most")
     return [line]
 
