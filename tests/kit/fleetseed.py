@@ -8,11 +8,16 @@ instances. A tenth of the states have open drift (one instance), as the template
 
 The clone keeps every row kl wrote, with its ids remapped per copy (a uuid through md5, a bigint by
 an offset above every id used), so each copy is a state as kl would have written it: versions
-stored as pieces, the lifecycle index, observations, drift records and refresh runs."""
+stored as pieces, the lifecycle index, observations, drift records and refresh runs.
+
+The states hold null_resources by default; DOCUMENT (seed(), templates()) makes them of another
+provider (fake_document: the fault-injecting fake's, for the fleet simulation), and SEARCH_PATHS
+is stored in every state's settings (cloned with it), where a refresh finds that provider."""
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -42,25 +47,50 @@ def _document(serial: int, instances: int, rev: int, drifted: int | None = None)
                        "outputs": {}, "resources": resources}).encode()
 
 
-def _template(conn: psycopg.Connection, name: str, instances: int, drift: bool) -> None:
+# (serial, instances, rev, the instance drifted or None) -> a state document
+Document = Callable[[int, int, int, "int | None"], bytes]
+FAKE_PRIVATE = "a2VwdA=="  # what the fake's reads keep (FAKE_READ_PRIVATE=keep): a refresh finds nothing new
+
+
+def fake_document(serial: int, instances: int, rev: int, drifted: int | None = None) -> bytes:
+    """Instances of the fake provider's fake_slow (kit.faults), as its reads answer them with
+    FAKE_READ_PRIVATE=keep: a refresh against the fake observes what Terraform's version holds."""
+    from kit.faults import FAKE_SOURCE
+
+    sensitive = [[{"type": "get_attr", "value": "secret"}]]
+    resources = [{"mode": "managed", "type": "fake_slow", "name": f"r{i}", "provider": f'provider["{FAKE_SOURCE}"]',
+                  "instances": [{"schema_version": 2, "sensitive_attributes": sensitive, "private": FAKE_PRIVATE,
+                                 "attributes": {"id": f"id{i}", "secret": "hunter2", "rule": [],
+                                                "value": "changed" if i == drifted else str(rev if i == 0 else 1)}}]}
+                 for i in range(instances)]
+    return json.dumps({"version": 4, "terraform_version": "1.8.5", "serial": serial, "lineage": "fleet",
+                       "outputs": {}, "resources": resources}).encode()
+
+
+def _template(conn: psycopg.Connection, name: str, instances: int, drift: bool, document: Document,
+              search_paths: list[str] | None) -> None:
     """Import v1, apply v2 (one instance changed), then RUNS refreshes: all confirm v2 but the
     last one of a drifting state, which observes one instance changed."""
     from kilolock import tfstate
-    from kilolock.store import refresh_runs, states, versions, writes
+    from kilolock.store import refresh_runs, settings, states, versions, writes
 
-    v1 = _document(1, instances, 1)
+    v1 = document(1, instances, 1, None)
     writes.store_document(conn, name, tfstate.parse_state(v1), v1, source="import", actor="seed")
-    v2 = _document(2, instances, 2)
+    v2 = document(2, instances, 2, None)
     writes.store_document(conn, name, tfstate.parse_state(v2), v2, source="apply", actor="seed")
     sid = states.state_id(conn, name)
+    if search_paths is not None:
+        settings.update(conn, sid, settings.Changes({"provider_search_paths": search_paths}), "seed")
+    last = json.loads(v2)["resources"][-1]
+    drifted_address = f"{last['type']}.{last['name']}"
     base = versions.current_version(conn, sid)
     assert base is not None
     for n in range(RUNS):
         found = drift and n == RUNS - 1
         run = refresh_runs.begin(conn, sid, base.id, "seed")
-        raw = _document(2, instances, 2, drifted=instances - 1 if found else None)
+        raw = document(2, instances, 2, instances - 1 if found else None)
         seen = writes.record_observation(conn, name, tfstate.parse_state(raw), raw, base=base,
-                                         touched={(f"null_resource.n{instances - 1}", "")} if found else set(),
+                                         touched={(drifted_address, "")} if found else set(),
                                          same_as_base=not found, actor="seed")
         refresh_runs.finish(conn, run, status="succeeded", checked=instances, changed=int(found), failed=0,
                             error_summary=None, to_version_id=seen.version.id)
@@ -115,22 +145,24 @@ def _plan(states: int, prefix: str) -> list[tuple[str, int, bool, int]]:
     return plan
 
 
-def templates(url: str, prefix: str = "fleet") -> None:
+def templates(url: str, prefix: str = "fleet", document: Document = _document,
+              search_paths: list[str] | None = None) -> None:
     """The template states (one per size, drifting and not), written through kl's write path: a
     database to clone (CREATE DATABASE ... TEMPLATE) before seed()."""
     with psycopg.connect(url, autocommit=True) as conn:
         for name, size, drift, _ in _plan(len(SIZES) * 2, prefix):
-            _template(conn, name, size, drift)
+            _template(conn, name, size, drift, document, search_paths)
 
 
-def seed(url: str, states: int, prefix: str = "fleet") -> dict[str, Any]:
+def seed(url: str, states: int, prefix: str = "fleet", document: Document = _document,
+         search_paths: list[str] | None = None) -> dict[str, Any]:
     """STATES states named PREFIX/<size>-<drift|clean>/NNNNN, cloned from the templates (written
     first by templates() unless the database holds them), as the module says; returns what it made."""
     started = time.perf_counter()
     plan = _plan(states, prefix)
     with psycopg.connect(url, autocommit=True) as conn:
         if conn.execute("SELECT count(*) FROM states").fetchone() == (0,):
-            templates(url, prefix)
+            templates(url, prefix, document, search_paths)
         templated = time.perf_counter()
         with conn.transaction():
             # Triggers off (foreign keys included) while rows whose references are already right go in.
