@@ -23,7 +23,7 @@ from kilolock.store import history
 from kilolock.store.states import state_id
 
 # A version's label as `kl state versions` writes it: v7 (Terraform's), v7.3 (its third observation).
-_LABEL = "SELECT 'v' || v.serial || COALESCE('.' || v.observation_number, '') FROM state_versions v WHERE v.id = {}"
+VERSION_LABEL = "SELECT 'v' || v.serial || COALESCE('.' || v.observation_number, '') FROM state_versions v WHERE v.id = {}"
 # The latest observation before the record's resolution (any, while it is open) that was of the
 # version the drift is against: it saw the drift still there, or it would have resolved it.
 _LAST_CONFIRMED = """SELECT 'v' || c.serial || '.' || c.observation_number FROM state_versions c
@@ -37,8 +37,8 @@ def drift_columns(table: str, resolved: str) -> str:
     return f"""address, deposed, drift_kind, type, provider, detected_serial, detected_at, previous_attributes, current_attributes,
        previous_sensitive_attributes, current_sensitive_attributes, refresh_run_id, first_detected_serial,
        first_detected_at, last_confirmed_serial, open_for, changed_attributes,
-       ({_LABEL.format("detected_version_id")}) AS detected_version,
-       ({_LABEL.format("first_detected_version_id")}) AS first_detected_version,
+       ({VERSION_LABEL.format("detected_version_id")}) AS detected_version,
+       ({VERSION_LABEL.format("first_detected_version_id")}) AS first_detected_version,
        ({_LAST_CONFIRMED.format(table=table, resolved=resolved)}) AS last_confirmed_version"""
 
 # A state's rows numbered in its order (k), so a per-state limit is one filter over all of them.

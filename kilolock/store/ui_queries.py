@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, TypedDict
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
-from kilolock.store.drift import OPEN_BY_STATE, drift_columns
+from kilolock.store.drift import OPEN_BY_STATE, VERSION_LABEL, drift_columns
 from kilolock.store.errors import StateNotFound
 from kilolock.store.versions import current_version_of
 
@@ -158,8 +159,28 @@ WHERE s.name = %s
 """).format(current=current_version_of(sql.SQL("s.id")))
 
 
-def state_header(conn: psycopg.Connection, name: str) -> dict[str, Any]:
-    row = _dicts(conn).execute(_HEADER, (name,)).fetchone()
+class StateHeader(TypedDict):
+    """The head of a state's page: its current version (None fields before the first), counts and lock."""
+
+    id: str
+    name: str
+    serial: int | None
+    lineage: str | None
+    terraform_version: str | None
+    updated_at: datetime | None
+    encrypted: bool
+    unindexed: bool | None
+    versions: int
+    resources: int
+    open_drift: int
+    ignored_drift: int  # open records ignore rules hide
+    lock_who: str | None
+    lock_operation: str | None
+    locked_at: datetime | None
+
+
+def state_header(conn: psycopg.Connection, name: str) -> StateHeader:
+    row = conn.cursor(row_factory=class_row(StateHeader)).execute(_HEADER, (name,)).fetchone()
     if row is None:
         raise StateNotFound(name)
     return row
@@ -267,9 +288,21 @@ ORDER BY r.id
 """
 
 
-def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[dict[str, Any]]:
+class RuleFor(TypedDict):
+    id: int
+    states_glob: str
+    address_glob: str
+    path: str | None
+    reason: str | None
+    created_at: datetime
+    created_by: str | None
+    expires_at: datetime | None
+    hides: int  # records of the state it hides
+
+
+def ignore_rules_for(conn: psycopg.Connection, sid: str, name: str) -> list[RuleFor]:
     """The unexpired ignore rules whose state glob matches NAME, with how many open records each hides."""
-    return _dicts(conn).execute(_RULES_FOR, {"sid": sid, "name": name}).fetchall()
+    return conn.cursor(row_factory=class_row(RuleFor)).execute(_RULES_FOR, {"sid": sid, "name": name}).fetchall()
 
 
 # Open drift at each of the state's last versions, counted as the badge counts it: what is open
@@ -308,8 +341,16 @@ ORDER BY p.serial, p.obs
 """
 
 
-def drift_series(conn: psycopg.Connection, sid: str, points: int) -> list[dict[str, Any]]:
-    return _dicts(conn).execute(_DRIFT_SERIES, {"sid": sid, "points": points}).fetchall()
+class SeriesPoint(TypedDict):
+    serial: int
+    label: str  # v8, or v8.1 for an observation of it
+    created_at: datetime
+    source: str
+    open: int
+
+
+def drift_series(conn: psycopg.Connection, sid: str, points: int) -> list[SeriesPoint]:
+    return conn.cursor(row_factory=class_row(SeriesPoint)).execute(_DRIFT_SERIES, {"sid": sid, "points": points}).fetchall()
 
 
 # --- a resource instance's lifecycle --------------------------------------------------------------
@@ -337,8 +378,10 @@ def lifecycles_page(conn: psycopg.Connection, sid: str, address: str, deposed: s
     return _paged(rows, conn, _LIFECYCLES, params, offset)
 
 
-_DRIFT_AT = """
-SELECT drift_kind, first_detected_serial, first_detected_at, detected_serial, resolved_serial, resolved_at, resolved_how,
+_DRIFT_AT = f"""
+SELECT drift_kind, first_detected_serial, ({VERSION_LABEL.format("first_detected_version_id")}) AS first_detected_version,
+       first_detected_at, detected_serial, resolved_serial,
+       ({VERSION_LABEL.format("resolved_version_id")}) AS resolved_version, resolved_at, resolved_how,
        ignore_rule_id, changed_attributes
 FROM resource_drift
 WHERE state_id = %s AND address = %s AND deposed = %s
@@ -347,9 +390,25 @@ LIMIT 100
 """
 
 
-def drift_at(conn: psycopg.Connection, sid: str, address: str, deposed: str) -> list[dict[str, Any]]:
+class DriftAt(TypedDict):
+    """A drift record of one instance as its page shows it, dated by version labels (v8.1) as kl drift dates it."""
+
+    drift_kind: str
+    first_detected_serial: int
+    first_detected_version: str
+    first_detected_at: datetime
+    detected_serial: int
+    resolved_serial: int | None
+    resolved_version: str | None
+    resolved_at: datetime | None
+    resolved_how: str | None
+    ignore_rule_id: int | None
+    changed_attributes: list[str] | None
+
+
+def drift_at(conn: psycopg.Connection, sid: str, address: str, deposed: str) -> list[DriftAt]:
     """The drift records of one instance, latest first (at most 100)."""
-    return _dicts(conn).execute(_DRIFT_AT, (sid, address, deposed)).fetchall()
+    return conn.cursor(row_factory=class_row(DriftAt)).execute(_DRIFT_AT, (sid, address, deposed)).fetchall()
 
 
 _INSTANCES = """
@@ -431,10 +490,16 @@ def _search_params(s: Search) -> dict[str, Any]:
             "path": s.path, "value": s.value, "exclude": list(s.exclude_types), "stored": Jsonb(dict(s.stored_paths))}
 
 
-def search_kinds(conn: psycopg.Connection, s: Search) -> list[dict[str, Any]]:
+class SearchKind(TypedDict):
+    provider: str
+    mode: str
+    type: str
+
+
+def search_kinds(conn: psycopg.Connection, s: Search) -> list[SearchKind]:
     """The (provider, mode, type) of every instance S may match, by every filter but the value at
     the path (which needs them): whose schemas say where the value is stored and whether it is secret."""
-    return _dicts(conn).execute(_SEARCH_KINDS, _search_params(s)).fetchall()
+    return conn.cursor(row_factory=class_row(SearchKind)).execute(_SEARCH_KINDS, _search_params(s)).fetchall()
 
 
 def search(conn: psycopg.Connection, s: Search, limit: int, offset: int) -> Page:

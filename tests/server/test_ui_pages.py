@@ -329,6 +329,8 @@ def test_drift_a_refresh_found_is_dated_by_the_observations_kl_drift_names(ui: C
     series = ui_queries.drift_series(conn, states.state_id(conn, "seen"), 200)
     assert [(p["label"], p["open"]) for p in series] == [("v1", 0), ("v1.1", 1), ("v1.2", 1)]
     assert "Open drift at the last 3 versions (v1 to v1.2): 0 then 1, growing; at most 1 (v1.1)." in html
+    # The instance's own page dates its drift record the same way.
+    assert "<td>v1.1, " in page(ui, "/ui/resource", state="seen", address="cloud_server.kilo")
 
 
 def runs_serials(html: str) -> list[str]:
