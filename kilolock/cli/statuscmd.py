@@ -5,9 +5,11 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from kilolock import globs
 from kilolock.cli import args as cli_args
 from kilolock.cli import render
 from kilolock.cli.commands import CommandContext
+from kilolock.errors import KlError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +48,6 @@ def _discovery_json(d: Any) -> dict[str, Any]:
 
 
 def _run_many(args: argparse.Namespace, context: CommandContext) -> int:
-    from kilolock import globs
-    from kilolock.errors import KlError
     from kilolock.store import states, summary
 
     with context.open_store() as conn:
