@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, cast
-from uuid import UUID
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,6 +20,9 @@ from psycopg.rows import dict_row
 from kilolock import drift
 from kilolock.store import history
 from kilolock.store.states import state_id
+
+if TYPE_CHECKING:
+    from uuid import UUID  # a refresh never loads uuid (its import costs start-up)
 
 # A version's label as `kl state versions` writes it: v7 (Terraform's), v7.3 (its third observation).
 VERSION_LABEL = "SELECT 'v' || v.serial || COALESCE('.' || v.observation_number, '') FROM state_versions v WHERE v.id = {}"
