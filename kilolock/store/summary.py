@@ -22,10 +22,15 @@ ORDER BY s.name
 
 # The API's list, each state's object written by PostgreSQL: built in Python (a dict a row, a
 # datetime each for json's fallback) it cost three times the statement at 10,000 states.
-# to_json writes a timestamptz as datetime.isoformat does (json_body's way), in the session's zone.
+# A timestamp is written as datetime.isoformat writes it (json_body's way), in the session's zone:
+# six digits of microseconds or none, where to_json trims trailing zeros (…:10.26557+00:00).
+_ISOFORMAT = """to_char({t}, 'YYYY-MM-DD"T"HH24:MI:SS')
+    || CASE WHEN extract(microseconds FROM {t})::bigint % 1000000 <> 0 THEN to_char({t}, '.US') ELSE '' END
+    || to_char({t}, 'TZH:TZM')"""
 _LIST_JSON = sql.SQL("""
 SELECT s.name, json_build_object('name', s.name, 'serial', v.serial, 'versions', s.version_count,
-                                 'resources', s.instance_count, 'updated_at', v.created_at, 'lock', l.info)::text AS object
+                                 'resources', s.instance_count, 'updated_at', """ + _ISOFORMAT.format(t="v.created_at") + """,
+                                 'lock', l.info)::text AS object
 FROM states s
 LEFT JOIN LATERAL ({current}) v ON true
 LEFT JOIN state_locks l ON l.state_id = s.id

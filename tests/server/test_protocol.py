@@ -258,13 +258,17 @@ def test_json_api(client, db_url, make_state):
     assert client.request("GET", "/healthz").json() == {"status": "ok"}
 
 
-def test_api_states_are_kl_state_list_with_each_lock(client, run_kl, make_state):
+def test_api_states_are_kl_state_list_with_each_lock(client, db_url, run_kl, make_state):
     """The API's list is `kl state list --format json`'s rows, each with its lock's LockInfo (None
     when unlocked): a state written twice, one never written (locked first, as Terraform does
     before its first write: no serial), and one unlocked."""
     assert client.request("POST", "/states/team/a", make_state(1, {"a": {"id": "1"}})).status == 200
     assert client.request("POST", "/states/team/a", make_state(2, {"a": {"id": "2"}})).status == 200
     assert client.request("POST", "/states/b", make_state(1, {})).status == 200
+    # Times as isoformat writes them: a trailing zero of the microseconds kept, none at all on the second.
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute("UPDATE state_versions v SET created_at = CASE s.name WHEN 'team/a' THEN timestamptz '2026-01-02 03:04:05.12+00' "
+                  "ELSE timestamptz '2026-01-02 03:04:05+00' END FROM states s WHERE s.id = v.state_id")
     assert client.request("LOCK", "/states/team/a", _lock_info("LA")).status == 200
     assert client.request("LOCK", "/states/new", _lock_info("LN", who='bob "the" \\ builder')).status == 200
 
