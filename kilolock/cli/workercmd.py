@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         worker = Worker(conn, config, overrides, say=lambda text: print(text, flush=True))
 
         def on_signal(signum: int, _frame: Any) -> None:
-            worker.stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+            worker.request_stop("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         sender.start()

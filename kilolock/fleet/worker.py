@@ -111,8 +111,17 @@ class Worker:
         self.warm = WarmProviders(config.warm_providers, config.warm_idle_s)
         self._slots: FleetSlotSource | None = None  # while claiming: one FleetSlots for all of its runs
         self._stop_at: float | None = None  # time.monotonic() of stop()
+        self._stop_requested: str | None = None  # by a signal (request_stop), for run() to act on
         self._db_failures = 0  # database errors in a row in the claiming loop
         self.abandoned = 0  # threads still stuck (on a hung database) when the worker gave up on them
+
+    def request_stop(self, why: str) -> None:
+        """stop() as a signal handler may ask for it: the handler runs on the main thread between
+        any two bytecodes, also inside an Event.set() of that thread (a first signal's stop()),
+        whose lock is not reentrant: a second SIGTERM there deadlocked the worker. So it only
+        notes the request, taking no lock, and run()'s supervising loop (back every 0.2 s) stops."""
+        if self._stop_requested is None:
+            self._stop_requested = why
 
     def stop(self, why: str = "SIGTERM") -> None:
         if not self._stopping.is_set():
@@ -140,6 +149,8 @@ class Worker:
         while claiming.is_alive():
             # A bounded join: the main thread must come back to run the SIGTERM handler.
             claiming.join(min(0.2, self._until_exit(0.2)))
+            if self._stop_requested is not None and not self._stopping.is_set():
+                self.stop(self._stop_requested)
             if self._stop_at is not None and time.monotonic() >= self._exit_deadline():
                 break
         self._stopping.set()

@@ -262,3 +262,25 @@ def test_a_worker_tells_a_bug_in_a_run_from_a_lost_database(conn, monkeypatch, e
         assert not said
     else:
         assert not recorded and len(said) == 1 and said[0].startswith("kl worker ") and ": s: " in said[0], said
+
+
+def test_a_signal_during_the_main_threads_own_event_set_cannot_deadlock_the_worker(conn):
+    # A second SIGTERM ran its handler inside the first one's Event.set() on the main thread, and
+    # the handler's own set() waited for the lock that thread already held: the worker never exited.
+    # The handler now only notes the request; here another thread stands in for the reentry.
+    import threading
+
+    from kilolock.fleet.worker import Worker, WorkerConfig
+    from kilolock.refresh.options import RefreshOverrides
+
+    worker = Worker(conn, WorkerConfig(name="reentry", warm_providers=0), RefreshOverrides(), say=lambda _t: None)
+    noted = threading.Event()
+
+    def handler() -> None:
+        worker.request_stop("SIGTERM")
+        noted.set()
+
+    with worker._stopping._cond, worker._wake._cond:  # type: ignore[attr-defined] # as inside Event.set() of the main thread
+        threading.Thread(target=handler, daemon=True).start()
+        assert noted.wait(5), "request_stop waited for a lock a signal handler may already hold"
+    assert worker._stop_requested == "SIGTERM" and not worker._stopping.is_set()
