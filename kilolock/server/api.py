@@ -56,7 +56,6 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
     from kilolock import globs, inventory
     from kilolock.errors import UsageError
     from kilolock.store import inventory as inventory_store
-    from kilolock.store import ui_queries
 
     def one(key: str) -> str | None:
         values = params.get(key) or []
@@ -76,14 +75,21 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
     except UsageError as exc:
         return text(400, str(exc))
     with conn.transaction():
-        names = [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)]
-        f = inventory_store.filters(conn, ui_queries.state_ids(conn, names), type_glob, provider, address, wheres,
+        f = inventory_store.filters(conn, _readable_state_ids(conn, glob, may_read), type_glob, provider, address, wheres,
                               one("drifted") in ("1", "true"))
         rows = inventory_store.instances(conn, f, limit=limit + 1, after=after)
     more = len(rows) > limit
     rows = rows[:limit]
     return json_body(200, {"version": 1, "resources": [dict(r) for r in rows],  # COLUMNS, in order
                            "next_cursor": inventory.cursor_after(rows[-1]) if more else None})
+
+
+def _readable_state_ids(conn: psycopg.Connection, glob: str, may_read: Callable[[str], bool]) -> list[str]:
+    """The ids of the states GLOB matches that the caller may read: what a resources page lists."""
+    from kilolock import globs
+    from kilolock.store import ui_queries
+
+    return ui_queries.state_ids(conn, [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)])
 
 
 def _page_limit(one: Callable[[str], str | None]) -> int:
@@ -103,7 +109,6 @@ def _duplicates(conn: psycopg.Connection, params: Mapping[str, list[str]], one: 
     from kilolock import globs, inventory
     from kilolock.errors import UsageError
     from kilolock.store import inventory as inventory_store
-    from kilolock.store import ui_queries
 
     try:
         other = next((k for k in ("type", "provider", "address", "where", "drifted") if one(k) is not None), None)
@@ -116,8 +121,7 @@ def _duplicates(conn: psycopg.Connection, params: Mapping[str, list[str]], one: 
     except UsageError as exc:
         return text(400, str(exc))
     with conn.transaction():
-        names = [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)]
-        groups = inventory_store.duplicates_page(conn, ui_queries.state_ids(conn, names), limit + 1, after)
+        groups = inventory_store.duplicates_page(conn, _readable_state_ids(conn, glob, may_read), limit + 1, after)
     more = len(groups) > limit
     groups = groups[:limit]
     shown = [{"confidence": g["confidence"], "evidence": g["evidence"], "provider": g["provider"], "type": g["type"],
