@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import class_row
 
 from kilolock.store.drift import OPEN_BY_STATE
 from kilolock.store.states import state_id
@@ -82,6 +82,9 @@ ORDER BY rr.started_at DESC LIMIT 1
 """
 
 
+_Row = TypeVar("_Row")
+
+
 class ListedState(TypedDict):
     """A row of `kl state list`."""
 
@@ -138,33 +141,34 @@ class StateStatus(_StatusRow):
     last_refresh: LastRefresh | None
 
 
-def _fleet_wide(conn: psycopg.Connection, query: sql.Composed, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """QUERY's rows without JIT: a probe a state puts the planner's estimate past jit_above_cost
-    from about 10,000 states on, and compiling took 55-85 ms of a statement that ran in 170."""
+def _fleet_wide(conn: psycopg.Connection, row: type[_Row], query: sql.Composed, params: dict[str, Any] | None = None) -> list[_Row]:
+    """QUERY's rows (as ROW) without JIT: a probe a state puts the planner's estimate past
+    jit_above_cost from about 10,000 states on, and compiling took 55-85 ms of a statement that ran in 170."""
     with conn.transaction():
         conn.execute("SET LOCAL jit = off")
-        return conn.cursor(row_factory=dict_row).execute(query, params).fetchall()
+        return conn.cursor(row_factory=class_row(row)).execute(query, params).fetchall()
 
 
 def list_states(conn: psycopg.Connection) -> list[ListedState]:
-    with conn.transaction():
-        conn.execute("SET LOCAL jit = off")  # as _fleet_wide
-        return conn.cursor(row_factory=class_row(ListedState)).execute(_LIST).fetchall()
+    return _fleet_wide(conn, ListedState, _LIST)
+
+
+class _NamedObject(TypedDict):
+    name: str
+    object: str  # JSON text
 
 
 def states_as_json(conn: psycopg.Connection) -> list[tuple[str, str]]:
     """Every state as (name, its `kl state list --format json` object with its lock's LockInfo,
     as JSON text), in one snapshot."""
-    return [(str(r["name"]), str(r["object"])) for r in _fleet_wide(conn, _LIST_JSON)]
+    return [(r["name"], r["object"]) for r in _fleet_wide(conn, _NamedObject, _LIST_JSON)]
 
 
 def states_status(conn: psycopg.Connection, name_regex: str) -> list[StateLine]:
     """`kl status --states`: each state whose name matches NAME_REGEX (kilolock.globs.sql_regex),
     by name: serial, resources, open drift (as `kl status STATE` counts it), its latest refresh
     run and who holds its lock."""
-    with conn.transaction():
-        conn.execute("SET LOCAL jit = off")  # as _fleet_wide
-        return conn.cursor(row_factory=class_row(StateLine)).execute(_STATUSES, {"regex": name_regex}).fetchall()
+    return _fleet_wide(conn, StateLine, _STATUSES, {"regex": name_regex})
 
 
 def state_status(conn: psycopg.Connection, name: str) -> StateStatus:
