@@ -199,7 +199,7 @@ def test_duplicates_over_the_api_are_paged_and_name_only_the_states_the_caller_m
     reader = fleet.with_auth(f"Bearer {token}")
     seen = _duplicate_pages(reader, "", limit=1)
     assert [(g["type"], g["key"]) for g in seen] == [(g["type"], g["key"]) for g in in_app]
-    for group, full in zip(seen, in_app):
+    for group, full in zip(seen, in_app, strict=True):
         assert [c["state"] for c in group["claims"]] == ["app/b"]
         assert group["hidden_claims"] == len(full["claims"]) - 1
     local = next(g for g in seen if g["type"] == "local_file")
