@@ -84,12 +84,15 @@ def resources(conn: psycopg.Connection, params: Mapping[str, list[str]], may_rea
                            "next_cursor": inventory.cursor_after(rows[-1]) if more else None})
 
 
-def _readable_state_ids(conn: psycopg.Connection, glob: str, may_read: Callable[[str], bool]) -> list[str]:
-    """The ids of the states GLOB matches that the caller may read: what a resources page lists."""
+def _readable_state_ids(conn: psycopg.Connection, glob: str, may_read: Callable[[str], bool]) -> list[str] | None:
+    """The ids of the states GLOB matches that the caller may read: what a resources page lists
+    (None: every state, which the store reads by its indexes rather than as a list of 10,000 ids)."""
     from kilolock import globs
     from kilolock.store import ui_queries
 
-    return ui_queries.state_ids(conn, [n for n in globs.select(glob, ui_queries.state_names(conn)) if may_read(n)])
+    every = ui_queries.state_names(conn)
+    names = [n for n in globs.select(glob, every) if may_read(n)]
+    return None if len(names) == len(every) else ui_queries.state_ids(conn, names)
 
 
 def _page_limit(one: Callable[[str], str | None]) -> int:
