@@ -473,10 +473,17 @@ _SEARCH_WHERE = f"""{_SEARCH_FILTERS}
                OR (%(path)s::text[]) = k.steps[1:cardinality(%(path)s::text[])])))
 """
 
+# The matches gathered first, then counted and sorted: written as one SELECT, the planner took the
+# LIMIT to mean it could stop early, walked the states by name and re-read every match for each
+# (the window count needs them all anyway): a search by type over 10,000 states and 1,000,000
+# instances ran for over 40 s; gathered, 143 ms.
 _SEARCH = f"""
-SELECT st.name AS state, r.address, r.deposed, r.type, r.provider, r.mode, r.create_serial, count(*) OVER () AS total
-{_SEARCH_WHERE}
-ORDER BY st.name, r.address, r.deposed
+WITH found AS MATERIALIZED (
+    SELECT st.name AS state, r.address, r.deposed, r.type, r.provider, r.mode, r.create_serial
+    {_SEARCH_WHERE}
+)
+SELECT *, count(*) OVER () AS total FROM found
+ORDER BY state, address, deposed
 LIMIT %(limit)s OFFSET %(offset)s
 """
 
