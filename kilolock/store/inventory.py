@@ -197,15 +197,32 @@ def stream_instances(conn: psycopg.Connection, f: Filters) -> Iterator[Inventory
             yield from cur
 
 
-def kinds(conn: psycopg.Connection, f: Filters, first_step: str) -> list[InstanceKind]:
-    """The (provider, mode, type) of every instance F may match, by every filter but the values (whose
-    schemas say where a value at a path starting with FIRST_STEP is stored, and whether it is secret)."""
-    where, params = _conditions(Filters(**{**f.__dict__, "wheres": ()}))
-    query = sql.SQL("SELECT DISTINCT i.provider, i.mode, i.type FROM inventory i WHERE {} AND i.attributes ? %(first)s").format(
-        where)
+# Every (type, provider, mode) of the open lifecycle rows, a probe of resources_kind_idx each (a
+# loose index scan): a few hundred probes where reading which rows hold an attribute was a pass
+# over every open instance (5.3 s at 1,000,000).
+_OPEN_KINDS = """
+WITH RECURSIVE k AS (
+    (SELECT type, provider, mode FROM resources WHERE delete_serial IS NULL ORDER BY type, provider, mode LIMIT 1)
+    UNION ALL
+    SELECT n.type, n.provider, n.mode FROM k CROSS JOIN LATERAL (
+        SELECT r.type, r.provider, r.mode FROM resources r
+        WHERE r.delete_serial IS NULL AND (r.type, r.provider, r.mode) > (k.type, k.provider, k.mode)
+        ORDER BY r.type, r.provider, r.mode LIMIT 1) n
+)
+SELECT provider, mode, type FROM k
+WHERE (%(type)s::text IS NULL OR type = %(type)s) AND (%(regex)s::text IS NULL OR type ~ %(regex)s)
+  AND (%(source)s::text IS NULL OR kl_provider_source(provider) = %(source)s)
+"""
+
+
+def kinds(conn: psycopg.Connection, f: Filters) -> list[InstanceKind]:
+    """The (provider, mode, type) of every open instance of F's type and provider, in any state:
+    whose schemas say where a value at a path is stored and whether it is secret. More kinds than
+    F's states hold (or than hold the attribute) only add hints that match nothing."""
     with conn.transaction():
         _read_settings(conn)
-        return conn.cursor(row_factory=class_row(InstanceKind)).execute(query, {**params, "first": first_step}).fetchall()
+        return conn.cursor(row_factory=class_row(InstanceKind)).execute(_OPEN_KINDS, {
+            "type": f.type, "regex": f.type_regex, "source": f.provider_source}).fetchall()
 
 
 def filters(conn: psycopg.Connection, state_ids: list[str] | None, type_glob: str | None, provider: str | None,
@@ -222,11 +239,11 @@ def filters(conn: psycopg.Connection, state_ids: list[str] | None, type_glob: st
         type_regex=globs.sql_regex(type_glob) if type_glob and globs.is_glob(type_glob) else None,
         provider_source=provider, address_regex=globs.address_regex(address) if address else None, drifted=drifted)
     out = []
+    found = kinds(conn, base) if wheres else []
+    schemas = history.cached_schemas(conn, attrsearch.schema_keys(found))
     for path, values in wheres:
-        steps = attrsearch.path_steps(path)
-        found = kinds(conn, base, steps[0])
-        hints = attrsearch.hints(found, history.cached_schemas(conn, attrsearch.schema_keys(found)), path)
-        out.append(Where(steps, values, hints.secret_types, hints.stored_paths))
+        hints = attrsearch.hints(found, schemas, path)
+        out.append(Where(attrsearch.path_steps(path), values, hints.secret_types, hints.stored_paths))
     return Filters(**{**base.__dict__, "wheres": tuple(out)})
 
 
