@@ -19,7 +19,7 @@ from psycopg.rows import class_row, dict_row
 from psycopg.types.json import Jsonb
 
 from kilolock import schema as sch
-from kilolock.store.ui_queries import MARK_STEPS
+from kilolock.store.ui_queries import MARK_STEPS, OPEN_KINDS
 
 # The keys of each instance, in this order (docs/inventory.md): the JSON, the CSV header and
 # the API's items.
@@ -197,31 +197,13 @@ def stream_instances(conn: psycopg.Connection, f: Filters) -> Iterator[Inventory
             yield from cur
 
 
-# Every (type, provider, mode) of the open lifecycle rows, a probe of resources_kind_idx each (a
-# loose index scan): a few hundred probes where reading which rows hold an attribute was a pass
-# over every open instance (5.3 s at 1,000,000).
-_OPEN_KINDS = """
-WITH RECURSIVE k AS (
-    (SELECT type, provider, mode FROM resources WHERE delete_serial IS NULL ORDER BY type, provider, mode LIMIT 1)
-    UNION ALL
-    SELECT n.type, n.provider, n.mode FROM k CROSS JOIN LATERAL (
-        SELECT r.type, r.provider, r.mode FROM resources r
-        WHERE r.delete_serial IS NULL AND (r.type, r.provider, r.mode) > (k.type, k.provider, k.mode)
-        ORDER BY r.type, r.provider, r.mode LIMIT 1) n
-)
-SELECT provider, mode, type FROM k
-WHERE (%(type)s::text IS NULL OR type = %(type)s) AND (%(regex)s::text IS NULL OR type ~ %(regex)s)
-  AND (%(source)s::text IS NULL OR kl_provider_source(provider) = %(source)s)
-"""
-
-
 def kinds(conn: psycopg.Connection, f: Filters) -> list[InstanceKind]:
     """The (provider, mode, type) of every open instance of F's type and provider, in any state:
     whose schemas say where a value at a path is stored and whether it is secret. More kinds than
     F's states hold (or than hold the attribute) only add hints that match nothing."""
     with conn.transaction():
         _read_settings(conn)
-        return conn.cursor(row_factory=class_row(InstanceKind)).execute(_OPEN_KINDS, {
+        return conn.cursor(row_factory=class_row(InstanceKind)).execute(OPEN_KINDS, {
             "type": f.type, "regex": f.type_regex, "source": f.provider_source}).fetchall()
 
 

@@ -190,6 +190,23 @@ def test_search_never_answers_about_a_secret(ui: Client) -> None:
         assert "0 results" in html and "cloud_server.alpha" not in html.split("results", 1)[1]
 
 
+def test_the_types_a_search_skips_as_secret_are_named_only_where_the_viewer_has_them(start_server, conn, run_kl) -> None:
+    import json
+
+    from kilolock.server.auth import Authenticator
+
+    populate(conn)
+    r = run_kl("token", "create", "sandbox-viewer", "--role", "read", "--states", "sandbox", "--format", "json")
+    assert r.returncode == 0, r.stderr.decode()
+    admin = page(start_server(auth=Authenticator(token=TOKEN)).basic("viewer", TOKEN), "/ui/search", attr='password = "nope"')
+    assert "Not searched in cloud_server" in admin
+    server = start_server(auth=Authenticator.from_config(None, env={}, kl_tokens=True))
+    # cloud_server's schema calls password sensitive, but the sandbox holds no cloud_server: its
+    # viewer is told nothing of a type in states it may not read.
+    viewer = page(server.basic("sandbox-viewer", json.loads(r.stdout)["token"]), "/ui/search", attr='password = "nope"')
+    assert "0 results" in viewer and "Not searched" not in viewer and "cloud_server" not in viewer
+
+
 def test_bad_input_is_one_line_on_an_error_page(ui: Client) -> None:
     for path, status, says in [
         ("/ui/search?attr=" + quote("tags[env] = 1"), 400, "expected [NUMBER]"),

@@ -335,7 +335,7 @@ def search(conn: psycopg.Connection, request: Request) -> View:
         hints = attrsearch.hints(kinds, history.cached_schemas(conn, attrsearch.schema_keys(kinds)), path)
         query = ui_queries.Search(**{**query.__dict__, "exclude_types": hints.secret_types,
                                      "stored_paths": hints.stored_paths})
-        context["hidden"] = list(hints.secret_types)
+        context["hidden"] = ui_queries.present_types(conn, query.state_ids, hints.secret_types)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
     # The same instances with their identity, status and drift, for tools: `kl resources` over
     # HTTP. Its --provider is a source, not the search's substring, so that filter is left out.
