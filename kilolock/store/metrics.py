@@ -109,8 +109,8 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
     """One consistent read (a REPEATABLE READ snapshot): the gauges and the histogram agree."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        # Compiling never pays for these short statements (when each state's runs were probed, the
-        # estimate passed jit_above_cost from about 10,000 states on and compiling took a third).
+        # A probe a state puts the estimate past jit_above_cost from about 10,000 states on, and
+        # compiling took a third of the statement.
         conn.execute("SET LOCAL jit = off")
         cur = conn.cursor(row_factory=dict_row)
         states = [StateFigures(*r) for r in conn.execute(_STATES).fetchall()]
