@@ -178,14 +178,6 @@ def seed(url: str, states: int, prefix: str = "fleet", document: Document = _doc
                 conn.execute(_clone_sql(conn, table).replace("%(offset)s", str(offset)))
             for table in ("version_pieces", "version_lists"):
                 conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
-            # The copies' runs went in without the triggers that count them (each copy's own row
-            # came with its template's last runs): the fleet's duration histogram counted again.
-            conn.execute("DELETE FROM refresh_run_durations")
-            conn.execute("""
-                INSERT INTO refresh_run_durations (status, bucket, runs, took)
-                SELECT status, kl_refresh_duration_bucket(finished_at - started_at), count(*), sum(finished_at - started_at)
-                FROM refresh_runs WHERE finished_at IS NOT NULL GROUP BY 1, 2
-            """)
             # Each template is its own copy 0: every state is named alike.
             conn.execute("UPDATE states SET name = name || '/00000' WHERE name = ANY(%s)", ([p[0] for p in plan],))
         conn.execute("VACUUM ANALYZE")
