@@ -64,6 +64,15 @@ def fleet_db(pg_server: str) -> Iterator[str]:
         yield url
 
 
+def _count_index(conn: psycopg.Connection) -> int:
+    """The baseline of every gate here: one count of the identity index (every open instance's row
+    read once), without JIT as the queries measured run."""
+    with conn.transaction():
+        conn.execute("SET LOCAL jit = off")
+        row = conn.execute("SELECT count(*) FROM resource_identities").fetchone()
+    return int(row[0]) if row else 0
+
+
 def _median(fn: object, rounds: int) -> float:
     times = []
     for _ in range(rounds):
@@ -83,10 +92,7 @@ def test_a_typed_query_costs_a_few_counts_of_the_index(benchmark, fleet_db: str,
             return store.instances(conn, store.filters(conn, None, "cloud_t3", None, None, where, False))
 
         def count() -> int:
-            with conn.transaction():
-                conn.execute("SET LOCAL jit = off")  # as the typed query runs
-                row = conn.execute("SELECT count(*) FROM resource_identities").fetchone()
-            return int(row[0]) if row else 0
+            return _count_index(conn)
 
         rows = typed()
         found = conn.execute("SELECT count(*) FROM resources WHERE type = 'cloud_t3' "
@@ -155,10 +161,7 @@ def test_a_page_of_the_listing_reads_its_rows_not_the_fleet(benchmark, fleet_db:
         assert middle is not None
 
         def count() -> int:
-            with conn.transaction():
-                conn.execute("SET LOCAL jit = off")
-                row = conn.execute("SELECT count(*) FROM resource_identities").fetchone()
-            return int(row[0]) if row else 0
+            return _count_index(conn)
 
         def first() -> list[store.InventoryRow]:
             return store.instances(conn, store.Filters(), limit=101)
@@ -189,10 +192,7 @@ def test_the_ui_search_across_the_fleet_reads_the_matches_once(benchmark, fleet_
         search = ui_queries.Search(ui_queries.state_ids(conn, ui_queries.state_names(conn)), type="cloud_t3")
 
         def count() -> int:
-            with conn.transaction():
-                conn.execute("SET LOCAL jit = off")
-                row = conn.execute("SELECT count(*) FROM resource_identities").fetchone()
-            return int(row[0]) if row else 0
+            return _count_index(conn)
 
         def page() -> ui_queries.Page:
             with conn.transaction():
@@ -224,10 +224,7 @@ def test_the_hints_of_a_where_read_the_kinds_not_the_rows(benchmark, fleet_db: s
     where = [inventory.where("tags.env=prod")]
     with psycopg.connect(fleet_db, autocommit=True) as conn:
         def count() -> int:
-            with conn.transaction():
-                conn.execute("SET LOCAL jit = off")
-                row = conn.execute("SELECT count(*) FROM resource_identities").fetchone()
-            return int(row[0]) if row else 0
+            return _count_index(conn)
 
         def hints() -> store.Filters:
             return store.filters(conn, None, None, None, None, where, False)
