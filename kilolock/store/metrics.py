@@ -1,8 +1,8 @@
 """What `/metrics` reports about the stored states, read fresh at each scrape.
 
-Counts come from kl's own tables (refresh_runs, current_resource_drift), not from counters kept in
-a process: every `kl serve` replica, and one restarted a minute ago, reports the same figures as
-`kl status`, whichever process ran the refreshes.
+Counts come from kl's own tables (refresh_runs and the figures its triggers keep as runs finish,
+current_resource_drift), not from counters kept in a process: every `kl serve` replica, and one
+restarted a minute ago, reports the same figures as `kl status`, whichever process ran the refreshes.
 """
 from __future__ import annotations
 
@@ -24,29 +24,24 @@ from kilolock.store.provider_limits import LimitUse
 DURATION_BUCKETS: tuple[float, ...] = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
 # Per state: what a dashboard or an alert needs state by state, one sample each (a per-state
-# histogram was 13 samples a state, most of /metrics at 10,000 states). Each state's runs are
-# probed through its indexes, newest first, so the cost follows the states, not the history kept.
-# A state's latest finished run is the one `kl status` shows as its last refresh once nothing runs.
+# histogram was 13 samples a state, most of /metrics at 10,000 states). Each state's last runs are
+# kept as its runs finish (refresh_run_last, migration 0030), so the cost follows the states, not
+# the history kept. A state's latest finished run is the one `kl status` shows as its last refresh
+# once nothing runs.
 _STATES = f"""
 SELECT s.name, COALESCE((d.open ->> s.id::text)::bigint, 0) AS open_drift,
-       (SELECT extract(epoch FROM x.finished_at)::float8 FROM refresh_runs x
-        WHERE x.state_id = s.id AND x.status = 'succeeded' ORDER BY x.finished_at DESC LIMIT 1) AS last_success,
-       (SELECT x.status = 'succeeded' FROM refresh_runs x
-        WHERE x.state_id = s.id AND x.finished_at IS NOT NULL ORDER BY x.started_at DESC LIMIT 1) AS last_succeeded
-FROM states s CROSS JOIN ({OPEN_BY_STATE}) d(open)
+       extract(epoch FROM l.success_at)::float8 AS last_success, l.status = 'succeeded' AS last_succeeded
+FROM states s LEFT JOIN refresh_run_last l ON l.state_id = s.id CROSS JOIN ({OPEN_BY_STATE}) d(open)
 ORDER BY s.name
 """
 
-# The fleet's finished runs by outcome and bucket: `bucket` is the first of DURATION_BUCKETS at or
-# above the duration (it counts in that `le` and every later one; len: only in +Inf). This reads
-# every run ever finished (a counter must never go down), so it costs per run: intervals compared
-# in a CASE, most runs done by its first bounds, and summed as intervals, took 27 ms for 60,000
-# runs where width_bucket over each run's seconds took 64.
-_BUCKET = "CASE " + " ".join(f"WHEN y.took <= interval '{b} seconds' THEN {i}" for i, b in enumerate(DURATION_BUCKETS)) \
-          + f" ELSE {len(DURATION_BUCKETS)} END"
-_DURATIONS = f"""
-SELECT y.status, {_BUCKET} AS bucket, count(*) AS runs, extract(epoch FROM sum(y.took))::float8 AS seconds
-FROM (SELECT rr.status, rr.finished_at - rr.started_at AS took FROM refresh_runs rr WHERE rr.finished_at IS NOT NULL) y
+# The fleet's finished runs by outcome and bucket, summed over the states' counts (refresh_run_durations,
+# kept as runs finish: a scrape costs the same however many runs were ever recorded). `bucket` is the
+# first of DURATION_BUCKETS at or above the duration (it counts in that `le` and every later one;
+# len: only in +Inf); those bounds are also the migration's kl_refresh_duration_bucket.
+_DURATIONS = """
+SELECT status, bucket, sum(runs)::bigint AS runs, extract(epoch FROM sum(took))::float8 AS seconds
+FROM refresh_run_durations
 GROUP BY 1, 2
 ORDER BY 1, 2
 """
@@ -115,8 +110,8 @@ def store_figures(conn: psycopg.Connection) -> StoreFigures:
     """One consistent read (a REPEATABLE READ snapshot): the gauges and the histogram agree."""
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        # A probe a state puts the estimate past jit_above_cost from about 10,000 states on, and
-        # compiling took a third of the statement.
+        # A pass over every state's rows puts the estimate past jit_above_cost from about 10,000
+        # states on, and compiling would cost more than the statement itself.
         conn.execute("SET LOCAL jit = off")
         cur = conn.cursor(row_factory=dict_row)
         states = [StateFigures(*r) for r in conn.execute(_STATES).fetchall()]

@@ -32,7 +32,7 @@ RUNS = 6  # refresh runs per template state: the last one found the drift (drift
 
 # The tables that hold a state's rows, in an order their foreign keys allow.
 TABLES = ("states", "state_settings", "version_pieces", "version_lists", "state_versions", "resources",
-          "observed_objects", "drift_records", "refresh_runs")
+          "observed_objects", "drift_records", "refresh_runs", "refresh_run_last", "refresh_run_durations")
 NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 
 
