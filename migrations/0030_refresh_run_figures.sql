@@ -76,9 +76,11 @@ $$;
 SELECT kl_recount_refresh_run_last(array_agg(id)) FROM states;
 
 -- A run finishing (or written finished): counted in, and its state's last run moved forward when it
--- began later than the one recorded. Both are commutative (ON CONFLICT reads the row as the last
--- committed finish left it), so two runs of one state finishing at once give the figures a
--- recount gives. A finished run changed: its old figures out first.
+-- began later than the one recorded. Both are commutative (an UPDATE that waited on another finish
+-- reads the row as that one left it), so two runs of one state finishing at once give the figures a
+-- recount gives. An UPDATE first, and the upsert only for a state's first row of its kind: an
+-- upsert locks the row before updating it, a WAL record more at every refresh. A finished run
+-- changed: its old figures out first.
 CREATE FUNCTION kl_count_refresh_run() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -89,20 +91,33 @@ BEGIN
         DELETE FROM refresh_run_durations WHERE state_id = OLD.state_id AND runs = 0;
     END IF;
     IF NEW.finished_at IS NOT NULL THEN
-        INSERT INTO refresh_run_durations AS d (state_id, status, bucket, runs, took)
-        VALUES (NEW.state_id, NEW.status, kl_refresh_duration_bucket(NEW.finished_at - NEW.started_at), 1,
-                NEW.finished_at - NEW.started_at)
-        ON CONFLICT (state_id, status, bucket) DO UPDATE SET runs = d.runs + 1, took = d.took + excluded.took;
+        UPDATE refresh_run_durations SET runs = runs + 1, took = took + (NEW.finished_at - NEW.started_at)
+        WHERE state_id = NEW.state_id AND status = NEW.status
+          AND bucket = kl_refresh_duration_bucket(NEW.finished_at - NEW.started_at);
+        IF NOT FOUND THEN
+            INSERT INTO refresh_run_durations AS d (state_id, status, bucket, runs, took)
+            VALUES (NEW.state_id, NEW.status, kl_refresh_duration_bucket(NEW.finished_at - NEW.started_at), 1,
+                    NEW.finished_at - NEW.started_at)
+            ON CONFLICT (state_id, status, bucket) DO UPDATE SET runs = d.runs + 1, took = d.took + excluded.took;
+        END IF;
     END IF;
     IF TG_OP = 'UPDATE' AND OLD.finished_at IS NOT NULL THEN
         PERFORM kl_recount_refresh_run_last(ARRAY[OLD.state_id, NEW.state_id]);
     ELSIF NEW.finished_at IS NOT NULL THEN
-        INSERT INTO refresh_run_last AS l (state_id, started_at, status, success_at)
-        VALUES (NEW.state_id, NEW.started_at, NEW.status, CASE WHEN NEW.status = 'succeeded' THEN NEW.finished_at END)
-        ON CONFLICT (state_id) DO UPDATE SET
-            status = CASE WHEN excluded.started_at >= l.started_at THEN excluded.status ELSE l.status END,
-            started_at = greatest(l.started_at, excluded.started_at),
-            success_at = greatest(l.success_at, excluded.success_at);  -- greatest() passes over a NULL
+        UPDATE refresh_run_last l SET
+            status = CASE WHEN NEW.started_at >= l.started_at THEN NEW.status ELSE l.status END,
+            started_at = greatest(l.started_at, NEW.started_at),
+            -- greatest() passes over a NULL
+            success_at = greatest(l.success_at, CASE WHEN NEW.status = 'succeeded' THEN NEW.finished_at END)
+        WHERE l.state_id = NEW.state_id;
+        IF NOT FOUND THEN
+            INSERT INTO refresh_run_last AS l (state_id, started_at, status, success_at)
+            VALUES (NEW.state_id, NEW.started_at, NEW.status, CASE WHEN NEW.status = 'succeeded' THEN NEW.finished_at END)
+            ON CONFLICT (state_id) DO UPDATE SET
+                status = CASE WHEN excluded.started_at >= l.started_at THEN excluded.status ELSE l.status END,
+                started_at = greatest(l.started_at, excluded.started_at),
+                success_at = greatest(l.success_at, excluded.success_at);
+        END IF;
     END IF;
     RETURN NULL;
 END
