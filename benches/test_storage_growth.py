@@ -17,9 +17,13 @@ refresh 99 KiB; with pieces one state takes 1,205 KiB (its pieces are not compre
 TOASTed document was), a refresh adds 22 KiB (1.8%: lifecycle rows 7.9, pieces 4.7, the id list
 4.3, drift records 3.0), a POST 15 KiB (1.2%), a no-change refresh 1.2 KiB (lock events, its row).
 Then observations (what `kl refresh` records without moving Terraform's serial, migration 0022):
-ROUNDS with 1% of the objects found different (gate as for a refresh commit) and NO_CHANGE_ROUNDS
-that confirm the state unchanged, each at most 1 KiB (its state_versions row alone: no document, no
-lock).
+ROUNDS with 1% of the objects found different (gate as for a refresh commit), NO_CHANGE_ROUNDS
+that read again what the latest observation holds (a drift nobody fixed: a row sharing its document
+and its observed objects copied, nothing else stored, and at most GATE_REPEAT_WAL of the WAL an
+observation of a 1% change writes, measured in the same run: sending the document again through
+temporary tables wrote ~60 KiB of catalog WAL a time), and NO_CHANGE_ROUNDS that
+confirm the state unchanged, each at most 1 KiB (its state_versions row alone: no document, no
+lock). The WAL of each observation step is reported beside its growth.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ CHANGE_SHARE = 0.01
 GATE_CHANGE = 0.06 if QUICK else 0.05
 GATE_NO_CHANGE_BYTES = 2048
 GATE_CONFIRMATION_BYTES = 1024
+GATE_REPEAT_WAL = 0.25
 STORED_CONTENT = ("version_pieces", "version_lists", "resources")
 
 _NULL = 'provider["registry.terraform.io/hashicorp/null"]'
@@ -80,6 +85,14 @@ def _table_bytes(conn: psycopg.Connection) -> dict[str, int]:
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'").fetchall()}
 
 
+def _wal_lsn(conn: psycopg.Connection) -> str:
+    return str(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
+
+
+def _wal_since(conn: psycopg.Connection, lsn: str) -> int:
+    return int(conn.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", (lsn,)).fetchone()[0])  # type: ignore[index]
+
+
 def _growth(before: dict[str, int], after: dict[str, int], writes: int) -> str:
     """The tables that grew, largest first, in bytes per write."""
     grew = sorted(((after[t] - before.get(t, 0)) / writes, t) for t in after if after[t] > before.get(t, 0))
@@ -91,6 +104,7 @@ class _Fleet:
         self.conn = conn
         self.generations = [[0] * INSTANCES for _ in range(STATES)]
         self.serials = [1] * STATES
+        self.observed: list[tuple[list[int], set[tuple[str, str]]]] = [([], set())] * STATES
         self.rng = random.Random(13)
 
     def name(self, s: int) -> str:
@@ -137,10 +151,23 @@ class _Fleet:
             for n in self.rng.sample(range(INSTANCES), max(1, round(INSTANCES * CHANGE_SHARE))):
                 generations[n] += 1
                 touched.add((f"null_resource.r{n}", ""))
+        self.observed[s] = (generations, touched)
+        self._record(s, sid, base, generations, touched, same_as_base=not changed)
+
+    def observe_again(self, s: int) -> None:
+        """A refresh that reads what the latest observation of the state holds."""
+        sid = states.state_id(self.conn, self.name(s))
+        base = versions.current_version(self.conn, sid)
+        assert base is not None
+        generations, touched = self.observed[s]
+        self._record(s, sid, base, generations, touched, same_as_base=False)
+
+    def _record(self, s: int, sid: str, base: versions.VersionRow, generations: list[int],
+                touched: set[tuple[str, str]], *, same_as_base: bool) -> writes.Observation:
         parser = tfstate.ExactJSON()
         raw = json.dumps(_document(s, self.serials[s], generations), separators=(",", ":"))
-        record_observation(self.conn, self.name(s), sid, tfstate.parse_state(parser.loads(raw)), parser, base, "bench",
-                           None, touched, same_as_base=not changed)
+        return record_observation(self.conn, self.name(s), sid, tfstate.parse_state(parser.loads(raw)), parser, base,
+                                  "bench", None, touched, same_as_base=same_as_base)
 
     def post(self, s: int) -> None:
         self.change(s)
@@ -170,14 +197,25 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
                 fleet.refresh(s, changed=False)
         sizes.append(_table_bytes(conn))
 
+        wal = _wal_lsn(conn)
         for _ in range(ROUNDS):
             for s in range(STATES):
                 fleet.observe(s, changed=True)
+        wal_per_observation = _wal_since(conn, wal) / (STATES * ROUNDS)
         sizes.append(_table_bytes(conn))
 
+        wal = _wal_lsn(conn)
+        for _ in range(NO_CHANGE_ROUNDS):
+            for s in range(STATES):
+                fleet.observe_again(s)
+        wal_per_repeat = _wal_since(conn, wal) / (STATES * NO_CHANGE_ROUNDS)
+        sizes.append(_table_bytes(conn))
+
+        wal = _wal_lsn(conn)
         for _ in range(NO_CHANGE_ROUNDS):
             for s in range(STATES):
                 fleet.observe(s, changed=False)
+        wal_per_confirmation = _wal_since(conn, wal) / (STATES * NO_CHANGE_ROUNDS)
         sizes.append(_table_bytes(conn))
 
         # Every version still reads back as written (the last of each state, whose text we hold).
@@ -190,21 +228,25 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
     per_post = (total[3] - total[2]) / (STATES * POST_ROUNDS)
     per_no_change = (total[4] - total[3]) / (STATES * NO_CHANGE_ROUNDS)
     per_observation = (total[5] - total[4]) / (STATES * ROUNDS)
+    per_repeat = (total[6] - total[5]) / (STATES * NO_CHANGE_ROUNDS)
     # What the tables that grew added: confirmations resolve drift the observations before them
     # opened, and VACUUM then shrinks tables that are not theirs.
-    per_confirmation = sum(max(0, sizes[6][t] - sizes[5].get(t, 0)) for t in sizes[6]) / (STATES * NO_CHANGE_ROUNDS)
+    per_confirmation = sum(max(0, sizes[7][t] - sizes[6].get(t, 0)) for t in sizes[7]) / (STATES * NO_CHANGE_ROUNDS)
     bench_summary.append(
         f"storage growth ({STATES} states x {INSTANCES} instances, {CHANGE_SHARE:.0%} changed per write): one state "
         f"{state_size / 1024:.0f} KiB in the database ({doc_size / 1024:.0f} KiB of JSON); per refresh commit "
         f"{per_refresh / 1024:.1f} KiB = {per_refresh / state_size:.1%} of a state ({ROUNDS} rounds, gate {GATE_CHANGE:.0%}); "
         f"per backend POST {per_post / 1024:.1f} KiB = {per_post / state_size:.1%}; per no-change refresh "
         f"{per_no_change:.0f} B (gate {GATE_NO_CHANGE_BYTES} B); per observation of a 1% change "
-        f"{per_observation / 1024:.1f} KiB = {per_observation / state_size:.1%}; per observation of no change "
-        f"{per_confirmation:.0f} B (gate {GATE_CONFIRMATION_BYTES} B)")
+        f"{per_observation / 1024:.1f} KiB = {per_observation / state_size:.1%} and {wal_per_observation / 1024:.1f} KiB "
+        f"of WAL; per read repeating the latest observation {per_repeat:.0f} B and {wal_per_repeat:.0f} B of WAL = "
+        f"{wal_per_repeat / wal_per_observation:.2f}x an observation's (gate {GATE_REPEAT_WAL}x); per observation "
+        f"of no change {per_confirmation:.0f} B (gate {GATE_CONFIRMATION_BYTES} B) and {wal_per_confirmation:.0f} B of WAL")
     for label, (a, b, count) in {"import": (0, 1, STATES), "refresh": (1, 2, STATES * ROUNDS),
                                   "POST": (2, 3, STATES * POST_ROUNDS), "no-change refresh": (3, 4, STATES * NO_CHANGE_ROUNDS),
                                   "observation": (4, 5, STATES * ROUNDS),
-                                  "no-change observation": (5, 6, STATES * NO_CHANGE_ROUNDS)}.items():
+                                  "repeated observation": (5, 6, STATES * NO_CHANGE_ROUNDS),
+                                  "no-change observation": (6, 7, STATES * NO_CHANGE_ROUNDS)}.items():
         bench_summary.append(f"  KiB per {label}: {_growth(sizes[a], sizes[b], count)}")
     assert per_refresh <= GATE_CHANGE * state_size, f"a 1% refresh adds {per_refresh / state_size:.1%} of a state"
     assert per_post <= GATE_CHANGE * state_size, f"a 1% backend POST adds {per_post / state_size:.1%} of a state"
@@ -213,3 +255,8 @@ def test_storage_grows_with_change(bench_db: str, bench_summary: list[str]) -> N
     assert not grew, f"no-change refreshes stored content: {grew} bytes"
     assert per_observation <= GATE_CHANGE * state_size, f"a 1% observation adds {per_observation / state_size:.1%} of a state"
     assert per_confirmation <= GATE_CONFIRMATION_BYTES, f"an observation of no change adds {per_confirmation:.0f} B"
+    grew = {t: sizes[6][t] - sizes[5][t] for t in sizes[6]
+            if sizes[6][t] > sizes[5].get(t, 0) and t not in ("state_versions", "observed_objects")}
+    assert not grew, f"reads repeating the latest observation stored more than their rows: {grew} bytes"
+    assert wal_per_repeat <= GATE_REPEAT_WAL * wal_per_observation, \
+        f"a read repeating the latest observation wrote {wal_per_repeat / wal_per_observation:.2f}x an observation's WAL"

@@ -120,27 +120,28 @@ _SET_LAYOUT = "UPDATE state_versions SET layout = %(layout)s WHERE id = %(vid)s"
 # An observation is a version row of its own kind, numbered per base.
 _INSERT_PIECED_VERSION = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
-                            content_hash, actor, encrypted, kind, base_version_id, observation_number)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s) RETURNING {VERSION_COLS}
+                            content_hash, actor, encrypted, kind, base_version_id, observation_number, compared_to_base)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s) RETURNING {VERSION_COLS}
 """
 
 _INSERT_WHOLE_FROM_DOC = f"""
 INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, raw_state, content_hash, actor, encrypted,
-                            kind, base_version_id, observation_number)
-SELECT %s, %s, %s, %s, %s, doc, %s, %s, false, %s, %s, %s FROM kl_doc RETURNING {VERSION_COLS}
+                            kind, base_version_id, observation_number, compared_to_base)
+SELECT %s, %s, %s, %s, %s, doc, %s, %s, false, %s, %s, %s, %s FROM kl_doc RETURNING {VERSION_COLS}
 """
 
 
-def _kind(observation: tuple[str, int] | None) -> tuple[str, str | None, int | None]:
-    """The kind, base and number columns of a version row: OBSERVATION is (base id, number)."""
-    return ("terraform", None, None) if observation is None else ("observation", observation[0], observation[1])
+def _kind(observation: tuple[str, int, bool] | None) -> tuple[str, str | None, int | None, bool | None]:
+    """The kind, base, number and compared_to_base columns of a version row: OBSERVATION is (base
+    id, number, whether what it found different from its base is recorded with it)."""
+    return ("terraform", None, None, None) if observation is None else ("observation", *observation)
 
 
 def insert_version(conn: psycopg.Connection, sid: str, serial: int, lineage: str, terraform_version: str | None,
                    source: str, new_hash: str, actor: str | None,
-                   observation: tuple[str, int] | None = None) -> tuple[VersionRow, bool, bool]:
+                   observation: tuple[str, int, bool] | None = None) -> tuple[VersionRow, bool, bool]:
     """Insert the version row for the document in kl_doc: as pieces when they can rebuild it, else
-    whole; an observation's row when OBSERVATION (its base's id, its number) is given. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
+    whole; an observation's row when OBSERVATION (its base's id, its number, whether it is compared to its base) is given. Returns the row, whether it is pieced (kl_parts then holds the document's pieces; its
     head piece is stored, the rest waits for store_pieces) and whether it has resources."""
     cur = conn.cursor()
     shape = cur.execute(_DOC_SHAPE).fetchone()

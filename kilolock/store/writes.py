@@ -201,7 +201,16 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
         holder = locks.current(conn, sid)
         locked_by = holder if locks.may_change_objects(holder) else None
         on_current = cur is not None and cur.id == base.id and locked_by is None
-        number = observations.last_number(conn, base.id) + 1
+        last = observations.latest(conn, sid) if on_current else None
+        if last is not None and last.base_version_id == base.id:
+            number = (last.observation_number or 0) + 1
+            if not same_as_base and sealed is None and not last.confirms and last.content_hash == new_hash:
+                repeated = _repeat_observation(conn, last, number, actor)
+                if repeated is not None:
+                    drift_records.observe(conn, sid, repeated[0].id, repeated[0].serial, repeated[0].created_at)
+                    return Observation(state_id=sid, version=repeated[0], on_current=True, found=repeated[1])
+        else:
+            number = observations.last_number(conn, base.id) + 1
         found = 0
         if same_as_base:
             version = versions.version_rows(conn).execute(_INSERT_CONFIRMATION, (actor, number, base.id)).fetchone()
@@ -223,7 +232,7 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
             _put_document(conn, raw, "state")
             version, pieced, has_resources = pieces.insert_version(
                 conn, sid, base.serial, base.lineage, state.terraform_version or None, "refresh", new_hash, actor,
-                observation=(base.id, number))
+                observation=(base.id, number, on_current))
             # Against a base that is no longer current, the open rows are a newer version's, and
             # under a writer's lock they may be about to be: nothing to compare.
             found = lifecycles.observe(conn, sid, version, state, touched if on_current else set(), pieced,
@@ -234,6 +243,42 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
         if on_current:
             drift_records.observe(conn, sid, version.id, version.serial, version.created_at)
         return Observation(state_id=sid, version=version, on_current=on_current, found=found, locked_by=locked_by)
+
+
+# A read that found what the latest observation of the same version holds (a drift nobody fixed,
+# or private data the provider rewrites at every read): a row of its own, so that `kl drift` and
+# `kl state versions` say it was seen again, sharing that observation's document (head piece and
+# layout) and copying its observed objects in one statement each. The full path would send and
+# split the document again through temporary tables: ~60 KiB of catalog WAL at every refresh.
+_REPEAT_OBSERVATION = f"""
+INSERT INTO state_versions (state_id, serial, lineage, terraform_version, source, head_piece, head_serial, layout,
+                            content_hash, actor, encrypted, kind, base_version_id, observation_number, compared_to_base)
+SELECT state_id, serial, lineage, terraform_version, 'refresh', head_piece, head_serial, layout, content_hash, %s, false,
+       'observation', base_version_id, %s, true
+FROM state_versions WHERE id = %s AND compared_to_base AND head_piece IS NOT NULL
+RETURNING {VERSION_COLS}
+"""
+_REPEAT_OBSERVED = """
+INSERT INTO observed_objects (observation_id, state_id, address, deposed, baseline_resource_id, gone, status, attributes,
+                              sensitive_attributes, content_hash, identity, identity_schema_version)
+SELECT %s, state_id, address, deposed, baseline_resource_id, gone, status, attributes, sensitive_attributes,
+       content_hash, identity, identity_schema_version
+FROM observed_objects WHERE observation_id = %s
+"""
+
+
+def _repeat_observation(conn: psycopg.Connection, last: VersionRow, number: int,
+                        actor: str | None) -> tuple[VersionRow, int] | None:
+    """Record again what LAST (the state's latest observation, of its current version, holding the
+    same document) recorded: the new row and how many objects it found different. The same
+    document against the same lifecycle rows finds the same objects. None when LAST cannot stand
+    for this read: it compared nothing (an apply held the state's lock), or its document is stored
+    whole (copying it would store it again)."""
+    version = versions.version_rows(conn).execute(_REPEAT_OBSERVATION, (actor, number, last.id)).fetchone()
+    if version is None:
+        return None
+    found = conn.execute(_REPEAT_OBSERVED, (version.id, last.id)).rowcount
+    return version, found
 
 
 # --- the private core, shared by the operations above ------------------------------------------

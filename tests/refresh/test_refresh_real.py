@@ -218,6 +218,44 @@ def test_out_of_band_deletion_removes_the_instance_and_kl_drift_lists_it(run_kl,
     assert json.loads(run_kl("drift", "prod", "--format", "json").stdout)["drift"] == []
 
 
+def test_a_drift_read_again_shares_the_observations_document_until_the_read_changes(run_kl, db_url, workspace):
+    """An object deleted behind Terraform's back stays deleted run after run: each run records an
+    observation (so `kl drift` says when it was last seen), the later ones sharing the first one's
+    document and copying its observed objects rather than storing the document again, and the
+    drift stays as it was found. Once the read changes, the document is stored anew."""
+    serial = import_state(run_kl, workspace)
+    two = workspace / "out" / "two.txt"
+    content = two.read_bytes()
+    two.unlink()
+    outs = []
+    for _ in range(3):
+        r, out = kl_refresh(run_kl, workspace, "--workdir", ".")
+        assert r.returncode == 0 and out["status"] == "succeeded", r.stderr
+        outs.append(out)
+    assert [o["observation"] for o in outs] == [f"v{serial}.{n}" for n in (1, 2, 3)]
+    assert [o["changed_addresses"] for o in outs] == [['local_file.f["two"]']] * 3
+    with psycopg.connect(db_url) as c:
+        rows = c.execute("SELECT v.head_piece, v.layout, v.content_hash, (SELECT array_agg(o.address) FROM observed_objects o "
+                         "WHERE o.observation_id = v.id) FROM state_versions v WHERE v.kind = 'observation' "
+                         "ORDER BY v.observation_number").fetchall()
+        assert len(rows) == 3 and rows[0][0] is not None and rows[1] == rows[0] and rows[2] == rows[0], rows
+        assert rows[0][3] == ['local_file.f["two"]']
+    observed = pulled(run_kl, "--observed")
+    assert sorted(i["index_key"] for res in observed["resources"] if res["type"] == "local_file"
+                  for i in res["instances"]) == ["four", "one", "three"]
+    d = json.loads(run_kl("drift", "prod", "--format", "json").stdout)
+    assert [(x["address"], x["kind"], x["detected_version"], x["last_confirmed_version"]) for x in d["drift"]] == \
+        [('local_file.f["two"]', "deleted", f"v{serial}.1", f"v{serial}.3")]
+
+    two.write_bytes(content)  # put back as Terraform made it: the next read differs from the last one
+    r, out = kl_refresh(run_kl, workspace, "--workdir", ".")
+    assert r.returncode == 0 and out["observation"] == f"v{serial}.4", out
+    assert json.loads(run_kl("drift", "prod", "--format", "json").stdout)["drift"] == []
+    assert 'local_file.f["two"]' in {f'{res["type"]}.{res["name"]}["{i["index_key"]}"]'
+                                     for res in pulled(run_kl, "--observed")["resources"] if res["type"] == "local_file"
+                                     for i in res["instances"]}
+
+
 def test_wrong_working_directory_trips_the_mass_removal_guard(run_kl, db_url, workspace, tmp_path):
     # local_file paths are relative: from elsewhere every file looks gone, which must not be committed.
     import_state(run_kl, workspace)
