@@ -63,8 +63,15 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     overrides = RefreshOverrides(lock_timeout=parse_duration(args.lock_timeout, allow_zero=True),
                                  default_actor=cli_args.default_actor())
     from kilolock.notify.deliver import Background
+    from kilolock.provider.process import sweep_orphaned_socket_dirs
     from kilolock.store import notify
 
+    # A long-lived process on a host where kl processes get killed outright (the OOM killer, a
+    # container's SIGKILL): what those left in the temporary directory goes at each start.
+    swept = sweep_orphaned_socket_dirs()
+    if swept:
+        print(f"removed {swept} plugin socket director{'y' if swept == 1 else 'ies'} left by kl processes that are gone",
+              flush=True)
     url = db.resolve_target().url
     # A worker commits, so it sends what its runs notify while it runs, not only when it exits.
     sender = Background(lambda: db.connect(url))

@@ -115,6 +115,68 @@ atexit.register(kill_all)
 # --- one plugin process ---------------------------------------------------------------------------
 
 
+SOCKET_DIR_PREFIX = "kl-plugin-"
+
+
+def sweep_orphaned_socket_dirs(base: str | None = None) -> int:
+    """Remove the plugin socket directories (in BASE, the temporary directory by default) of kl
+    processes that are gone: a kl killed outright (SIGKILL, the OOM killer) cannot remove its own.
+    Only this user's, named by a process id no process has any more, and with no plugin answering
+    on its socket (a kl in another PID namespace sharing the directory, a container's, has an id
+    this one cannot see); returns how many went."""
+    base = base or tempfile.gettempdir()
+    try:
+        entries = os.scandir(base)
+    except OSError:
+        return 0
+    swept = 0
+    with entries:
+        for entry in entries:
+            pid_text = entry.name[len(SOCKET_DIR_PREFIX):].partition("-")[0]
+            if not entry.name.startswith(SOCKET_DIR_PREFIX) or not pid_text.isdigit():
+                continue
+            try:
+                if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                    continue
+                os.kill(int(pid_text), 0)
+                continue  # its process is alive (or the id was reused: left for that one)
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue  # another user's process, or the entry went meanwhile
+            if _serving(entry.path):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            swept += not os.path.exists(entry.path)
+    return swept
+
+
+def _serving(directory: str) -> bool:
+    """Whether a plugin may still use DIRECTORY: one of its sockets accepts a connection, or it is
+    too new for its plugin to be listening yet."""
+    import socket as sockets
+    import time
+
+    try:
+        names = os.listdir(directory)
+        if not names and time.time() - os.stat(directory).st_mtime < 60:
+            return True
+    except OSError:
+        return False
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if not stat.S_ISSOCK(os.stat(path, follow_symlinks=False).st_mode):
+                continue
+            with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as probe:
+                probe.settimeout(0.5)
+                probe.connect(path)
+            return True
+        except OSError:
+            continue  # refused: nothing listens there any more
+    return False
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to start and how: the binary, its certificate, timeout, secrets and directory."""
@@ -173,7 +235,9 @@ class PluginProcess:
         if spec.cwd is not None and not os.path.isdir(spec.cwd):
             # Popen would say FileNotFoundError, which reads as a missing binary.
             raise PluginStartError(f"working directory {spec.cwd} does not exist on this host")
-        socket_dir = tempfile.mkdtemp(prefix="kl-plugin-")  # mode 0700: only kl's user can connect
+        # mode 0700: only kl's user can connect. Named by this process, which removes it when the
+        # plugin ends; one a SIGKILLed kl left behind is swept by sweep_orphaned_socket_dirs.
+        socket_dir = tempfile.mkdtemp(prefix=f"{SOCKET_DIR_PREFIX}{os.getpid()}-")
         env = dict(os.environ)
         env.pop("PLUGIN_CLIENT_CERT", None)
         for var in _KL_CREDENTIALS:
