@@ -202,17 +202,18 @@ def record_observation(conn: psycopg.Connection, name: str, state: tfstate.State
         locked_by = holder if locks.may_change_objects(holder) else None
         on_current = cur is not None and cur.id == base.id and locked_by is None
         last = observations.latest(conn, sid) if on_current else None
+        repeated = None
         if last is not None and last.base_version_id == base.id:
             number = (last.observation_number or 0) + 1
             if not same_as_base and sealed is None and not last.confirms and last.content_hash == new_hash:
                 repeated = _repeat_observation(conn, last, number, actor)
-                if repeated is not None:
-                    drift_records.observe(conn, sid, repeated[0].id, repeated[0].serial, repeated[0].created_at)
-                    return Observation(state_id=sid, version=repeated[0], on_current=True, found=repeated[1])
         else:
             number = observations.last_number(conn, base.id) + 1
         found = 0
-        if same_as_base:
+        version: VersionRow | None
+        if repeated is not None:
+            version, found = repeated
+        elif same_as_base:
             version = versions.version_rows(conn).execute(_INSERT_CONFIRMATION, (actor, number, base.id)).fetchone()
             assert version is not None
             if on_current:
