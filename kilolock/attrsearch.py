@@ -51,6 +51,35 @@ def path_steps(path: sch.AttributePath) -> list[str]:
     return [step.name if isinstance(step, sch.GetAttr) else str(step.key) for step in path]
 
 
+@dataclass(frozen=True)
+class Containing:
+    """What the attribute index (migration 0032, jsonb ``@>``) can be asked for a value at a path:
+    documents (JSON texts) of which every attributes object holding one of the values there contains
+    one, and whether containing one is the same as holding a value (a scalar at keys only)."""
+
+    documents: tuple[str, ...]
+    exact: bool
+
+
+def containing(path: sch.AttributePath, values: Sequence[str]) -> Containing | None:
+    """The documents VALUES (JSON texts) at PATH make (``tags.env="prod"``: ``{"tags": {"env":
+    "prod"}}``); None for a path through a list index, where containment cannot say the position
+    (and ``#>`` reads an int step as a map's key too). An object or array value is contained in a
+    larger one, so it is not exact: the value must still be compared."""
+    import json
+
+    if any(isinstance(step, sch.Index) and not isinstance(step.key, str) for step in path) or not path:
+        return None
+    documents, exact = [], True
+    for text in values:
+        doc: Any = json.loads(text)
+        exact = exact and not isinstance(doc, (dict, list))
+        for step in reversed(path):
+            doc = {step.name if isinstance(step, sch.GetAttr) else step.key: doc}
+        documents.append(json.dumps(doc, separators=(",", ":")))
+    return Containing(tuple(documents), exact)
+
+
 def schema_keys(kinds: Sequence[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     """The schemas to read for KINDS (``provider``, ``mode``, ``type`` of every instance the search
     may match)."""

@@ -77,6 +77,7 @@ class Pager:
     total: int
     anchor: str = ""
     label: str = "pages"
+    more: bool = False  # more than total, not counted (a search's count stops at a cap)
 
     @classmethod
     def of(cls, request: Request, param: str, anchor: str = "", label: str = "pages") -> Pager:
@@ -84,8 +85,13 @@ class Pager:
         assert page is not None
         return cls(request, param, page, request.per_page, 0, anchor, label)
 
-    def with_total(self, total: int) -> Pager:
-        return Pager(self.request, self.param, self.page, self.per, total, self.anchor, self.label)
+    def with_total(self, total: int, more: bool = False) -> Pager:
+        return Pager(self.request, self.param, self.page, self.per, total, self.anchor, self.label, more)
+
+    @property
+    def total_text(self) -> str:
+        """The total as a page says it: ``more than 10,000`` past a count's cap."""
+        return f"more than {self.total:,}" if self.more else str(self.total)
 
     @property
     def offset(self) -> int:
@@ -327,14 +333,19 @@ def search(conn: psycopg.Connection, request: Request) -> View:
     if form["attr"]:
         path, literal = parse_attribute_query(form["attr"])
         path_steps, value = attrsearch.path_steps(path), json.dumps(literal)
-    names = access.visible_names(request.grants, ui_queries.state_names(conn))
-    query = ui_queries.Search(ui_queries.state_ids(conn, names), type=form["type"] or None, address_regex=address_regex,
+    every = ui_queries.state_names(conn)
+    names = access.visible_names(request.grants, every)
+    query = ui_queries.Search(None if len(names) == len(every) else ui_queries.state_ids(conn, names), type=form["type"] or None, address_regex=address_regex,
                               provider=form["provider"] or None, path=path_steps, value=value)
     if path_steps is not None:
         kinds = ui_queries.search_kinds(conn, query)
         hints = attrsearch.hints(kinds, history.cached_schemas(conn, attrsearch.schema_keys(kinds)), path)
+        # The attribute index answers for the value where every type keeps it at the path itself.
+        found_in = attrsearch.containing(path, [value]) if value is not None and not hints.stored_paths else None
         query = ui_queries.Search(**{**query.__dict__, "exclude_types": hints.secret_types,
-                                     "stored_paths": hints.stored_paths})
+                                     "stored_paths": hints.stored_paths,
+                                     "contains": found_in.documents[0] if found_in else None,
+                                     "exact": bool(found_in and found_in.exact)})
         context["hidden"] = ui_queries.present_types(conn, query.state_ids, hints.secret_types)
     found = ui_queries.search(conn, query, pager.per, pager.offset)
     # The same instances with their identity, status and drift, for tools: `kl resources` over
@@ -342,7 +353,7 @@ def search(conn: psycopg.Connection, request: Request) -> View:
     from urllib.parse import urlencode
 
     api = {"type": form["type"], "address": form["address"], "where": form["attr"]}
-    context.update(results=found.rows, pager=pager.with_total(found.total),
+    context.update(results=found.rows, pager=pager.with_total(found.total, found.more),
                    api_url="/api/v1/resources?" + urlencode({k: v for k, v in api.items() if v}))
     return View("search.html", context)
 
