@@ -116,3 +116,12 @@ def test_the_ui_search_counts_up_to_its_cap_and_says_more(fleet: psycopg.Connect
     assert (len(page.rows), page.total, page.more) == (4, 5, True)
     page = _ui_search(fleet, type="null_resource")
     assert (page.total, page.more) == (5, True)
+
+
+@pytest.mark.parametrize("gather_at_most", [0, 1_000], ids=["walk", "gather"])
+def test_both_ways_keep_to_the_states_asked_for(fleet: psycopg.Connection, monkeypatch: pytest.MonkeyPatch,
+                                                gather_at_most: int) -> None:
+    ids = [str(r[0]) for r in fleet.execute("SELECT id FROM states WHERE name IN ('s1', 's3')")]
+    f = store.filters(fleet, ids, None, None, None, [inventory.where("triggers.env=prod")], False)
+    monkeypatch.setattr(store, "GATHER_AT_MOST", gather_at_most)
+    assert _keys(_pages(fleet, f, 2)) == [(s, f"null_resource.n{i}") for s in ("s1", "s3") for i in (1, 3, 5)]
