@@ -125,3 +125,24 @@ def test_both_ways_keep_to_the_states_asked_for(fleet: psycopg.Connection, monke
     f = store.filters(fleet, ids, None, None, None, [inventory.where("triggers.env=prod")], False)
     monkeypatch.setattr(store, "GATHER_AT_MOST", gather_at_most)
     assert _keys(_pages(fleet, f, 2)) == [(s, f"null_resource.n{i}") for s in ("s1", "s3") for i in (1, 3, 5)]
+
+
+def test_the_search_page_says_more_than_its_cap(fleet: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kilolock.server.access import Grant, Grants
+    from kilolock.server.auth import Principal
+    from kilolock.server.ui import pages, render
+
+    def shown(**params: str) -> str:
+        request = pages.Request(Principal("alice"), Grants("user:alice", (Grant("read", "**", "test"),)), "/ui/search",
+                                {k: [v] for k, v in {"per": "4", **params}.items()})
+        with fleet.transaction():
+            ui_queries.read_only_snapshot(fleet)
+            view = pages.search(fleet, request)
+        return render.page(view.template, principal=request.principal, replica_lag=None, **view.context).decode()
+
+    assert "8 results" in shown(attr='triggers["env"] = "prod"')
+    monkeypatch.setattr(ui_queries, "SEARCH_COUNT_CAP", 5)
+    html = shown(attr='triggers["env"] = "prod"')
+    assert "more than 5 results" in html and "1–4 of more than 5" in html and "Page 1 of 2+" in html
+    assert "Counted up to 5" in html
+    assert "1 result<" in shown(attr='id = "s2-3"')
