@@ -161,11 +161,9 @@ def _instances_query(f: Filters, limit: int | None, after: tuple[str, str, str] 
                         "> (%(after_state)s, %(after_address)s, %(after_deposed)s)").format(where)
         params.update(after_state=after[0], after_address=after[1], after_deposed=after[2])
     params["limit"] = limit
-    if limit is not None and f.resource_ids is None and any(w.contains for w in f.wheres):
-        # Many instances hold the value (with_candidates): a page walks the states by name and
-        # each one's rows until it is full. The planner cannot tell many from few through the
-        # view's attributes (a drift's observed ones over the lifecycle row's), and gathered and
-        # sorted every match instead: 1.2 s for one value 190,000 of 1,000,000 instances hold.
+    if limit is not None and f.resource_ids is None and f.wheres:
+        # Many instances may hold the value (with_candidates): a page walks the states by name and
+        # each one's rows until it is full.
         params["walk_states"] = f.state_ids
         return sql.SQL("SELECT w.* FROM states s CROSS JOIN LATERAL ({select} WHERE i.state_id = s.id AND {where} "
                        "ORDER BY i.address, i.deposed LIMIT %(limit)s) w "
@@ -179,31 +177,43 @@ def _instances_query(f: Filters, limit: int | None, after: tuple[str, str, str] 
 
 
 # At most this many instances holding a searched value are gathered and sorted; with more, a page
-# walks the states in order (it fills soon). Either way a page costs a few ms over 1,000,000.
+# walks the states in order (it fills soon). The planner cannot tell which through the view's
+# attributes (a drift's observed ones over the lifecycle row's): left to itself it gathered and
+# sorted 190,000 matches of 1,000,000 for a page (1.2 s), or walked every state for a value no
+# instance holds (6 s).
 GATHER_AT_MOST = 10_000
 
-# The lifecycle rows whose attributes, or whose open drift's observed attributes, contain a document.
+# The lifecycle rows that may hold a --where's value ({lifecycle}), and those whose open drift's
+# observed attributes may ({observed}): what the page then reads, when there are few.
 _CANDIDATES = """
-(SELECT id FROM resources WHERE delete_serial IS NULL AND attributes @> ANY(%(docs)s::jsonb[]) AND ({index})
- LIMIT %(cap)s)
+(SELECT id FROM resources WHERE delete_serial IS NULL AND ({lifecycle}) LIMIT %(cap)s)
 UNION
 SELECT r.id FROM drift_records d
 JOIN observed_objects oc ON oc.id = d.current_observed_id AND NOT oc.gone
 JOIN resources r ON r.state_id = d.state_id AND r.address = d.address AND r.deposed = d.deposed AND r.delete_serial IS NULL
-WHERE d.resolved_version_id IS NULL AND oc.attributes @> ANY(%(docs)s::jsonb[])
+WHERE d.resolved_version_id IS NULL AND ({observed})
 """
 
 
 def with_candidates(conn: psycopg.Connection, f: Filters) -> Filters:
-    """F narrowed to the lifecycle rows the attribute index finds for its first --where the index
-    answers, when they are at most GATHER_AT_MOST; F itself otherwise (no such --where, or many)."""
-    w = next((w for w in f.wheres if w.contains), None)
+    """F narrowed to the lifecycle rows that may hold its first --where's value (one the attribute
+    index answers if any: else a read of every open row's value at the path, a type storing it
+    elsewhere taken whole), when they are at most GATHER_AT_MOST; F itself otherwise."""
+    w = next((w for w in f.wheres if w.contains), f.wheres[0] if f.wheres else None)
     if w is None:
         return f
-    # the index read once per document (a test of ANY(...) is not one it takes)
-    index = sql.SQL(" OR ").join(sql.SQL("attributes @> {}::jsonb").format(sql.Literal(d)) for d in w.contains)
-    query = sql.SQL(_CANDIDATES).format(index=index)
-    ids = [str(r[0]) for r in conn.execute(query, {"docs": list(w.contains), "cap": GATHER_AT_MOST + 1})]
+    lifecycle: sql.Composable
+    observed: sql.Composable
+    if w.contains:
+        # the index read once per document (a test of ANY(...) is not one it takes)
+        lifecycle = sql.SQL(" OR ").join(sql.SQL("attributes @> {}::jsonb").format(sql.Literal(d)) for d in w.contains)
+        observed = sql.SQL("oc.attributes @> ANY({}::jsonb[])").format(sql.Literal(list(w.contains)))
+    else:
+        lifecycle = sql.SQL("attributes #> {}::text[] = ANY({}::jsonb[]) OR type = ANY({}::text[])").format(
+            sql.Literal(w.path), sql.Literal(list(w.values)), sql.Literal(list(w.stored_paths)))
+        observed = sql.SQL("true")  # few: every open drift's observed object
+    query = sql.SQL(_CANDIDATES).format(lifecycle=lifecycle, observed=observed)
+    ids = [str(r[0]) for r in conn.execute(query, {"cap": GATHER_AT_MOST + 1})]
     return f if len(ids) > GATHER_AT_MOST else Filters(**{**f.__dict__, "resource_ids": ids})
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import class_row
 
 from kilolock import attrsearch, inventory, tfstate
 from kilolock import schema as sch
@@ -20,13 +21,18 @@ NULL = 'provider["registry.terraform.io/hashicorp/null"]'
 SECRET_AT = ("s2", 3)  # this instance's triggers are marked sensitive
 
 
-def _document(state: str) -> bytes:
+# What a refresh then reads differently (a drift): the inventory shows the observed value.
+OBSERVED = {"s1": {1: "dev"}, "s3": {2: "prod"}}
+
+
+def _document(state: str, observed: dict[int, str] | None = None) -> bytes:
     resources = []
     for i in range(6):
         marks = [[{"type": "get_attr", "value": "triggers"}]] if (state, i) == SECRET_AT else []
+        env = (observed or {}).get(i, "prod" if i % 2 else "dev")
         resources.append({"mode": "managed", "type": "null_resource", "name": f"n{i}", "provider": NULL,
                           "instances": [{"schema_version": 0, "sensitive_attributes": marks, "attributes": {
-                              "id": f"{state}-{i}", "triggers": {"env": "prod" if i % 2 else "dev", "port": "80"},
+                              "id": f"{state}-{i}", "triggers": {"env": env, "port": "80"},
                               "rules": [{"cidr": f"10.0.{i}.0/24"}]}}]})
     return json.dumps({"version": 4, "terraform_version": "1.8.5", "serial": 1, "lineage": f"l-{state}",
                        "outputs": {}, "resources": resources}).encode()
@@ -34,9 +40,17 @@ def _document(state: str) -> bytes:
 
 @pytest.fixture
 def fleet(conn: psycopg.Connection) -> psycopg.Connection:
+    from kilolock.store import states, versions
+
     for state in ("s1", "s2", "s3"):
         raw = _document(state)
         writes.store_document(conn, state, tfstate.parse_state(raw), raw, source="import", actor="test")
+    for state, changed in OBSERVED.items():
+        base = versions.current_version(conn, states.state_id(conn, state))
+        assert base is not None
+        raw = _document(state, changed)
+        writes.record_observation(conn, state, tfstate.parse_state(raw), raw, base=base, same_as_base=False,
+                                  touched={(f"null_resource.n{i}", "") for i in changed}, actor="test")
     return conn
 
 
@@ -56,14 +70,19 @@ def _pages(conn: psycopg.Connection, f: store.Filters, size: int) -> list[store.
 
 
 @pytest.mark.parametrize("gather_at_most", [0, 1_000], ids=["walk", "gather"])
-@pytest.mark.parametrize("text", ["triggers.env=prod", "triggers.port=80", "id=s3-4", "triggers.env=none"])
+@pytest.mark.parametrize("indexed", [True, False], ids=["index", "no-index"])
+@pytest.mark.parametrize("text", ["triggers.env=prod", "triggers.port=80", "id=s3-4", "triggers.env=none",
+                                  "rules[0].cidr=10.0.2.0/24"])
 def test_both_ways_list_what_reading_every_instance_lists(fleet: psycopg.Connection, monkeypatch: pytest.MonkeyPatch,
-                                                          gather_at_most: int, text: str) -> None:
+                                                          gather_at_most: int, indexed: bool, text: str) -> None:
     f = store.filters(fleet, None, None, None, None, [inventory.where(text)], False)
-    assert f.wheres[0].contains and f.wheres[0].exact  # a scalar at keys: the index answers it
-    # what reading every instance's value at the path finds
+    assert bool(f.wheres[0].contains) == (text[0] != "r")  # the index answers a scalar at keys
+    # What reading every instance's value at the path finds: the view's rows filtered, as one query.
     read_all = store.Filters(wheres=tuple(store.Where(w.path, w.values, w.secret_types) for w in f.wheres))
-    expected = store.instances(fleet, read_all)
+    query, params = store._instances_query(read_all, None, None)
+    expected = fleet.cursor(row_factory=class_row(store.InventoryRow)).execute(query, params).fetchall()
+    if not indexed:
+        f = read_all  # the candidates from every open row's value instead of the index
     monkeypatch.setattr(store, "GATHER_AT_MOST", gather_at_most)
     assert store.instances(fleet, f) == expected
     assert list(store.stream_instances(fleet, f)) == expected
@@ -75,8 +94,10 @@ def test_the_values_are_matched_and_a_secret_never_is(fleet: psycopg.Connection)
     def listed(text: str) -> list[tuple[str, str]]:
         return _keys(store.instances(fleet, store.filters(fleet, None, None, None, None, [inventory.where(text)], False)))
 
-    prod = [(s, f"null_resource.n{i}") for s in ("s1", "s2", "s3") for i in (1, 3, 5) if (s, i) != SECRET_AT]
-    assert listed("triggers.env=prod") == prod
+    # as observed: s1's n1 now dev, s3's n2 now prod; s2's n3 marked secret
+    assert listed("triggers.env=prod") == [("s1", "null_resource.n3"), ("s1", "null_resource.n5"), ("s2", "null_resource.n1"),
+                                           ("s2", "null_resource.n5"), ("s3", "null_resource.n1"), ("s3", "null_resource.n2"),
+                                           ("s3", "null_resource.n3"), ("s3", "null_resource.n5")]
     assert len(listed("triggers.port=80")) == 17  # "80" in a map of strings: the loose value; not s2's marked one
     assert listed("id=s2-3") == [("s2", "null_resource.n3")]  # the mark covers triggers only
     assert listed("rules[0].cidr=10.0.2.0/24") == [(s, "null_resource.n2") for s in ("s1", "s2", "s3")]
@@ -124,7 +145,8 @@ def test_both_ways_keep_to_the_states_asked_for(fleet: psycopg.Connection, monke
     ids = [str(r[0]) for r in fleet.execute("SELECT id FROM states WHERE name IN ('s1', 's3')")]
     f = store.filters(fleet, ids, None, None, None, [inventory.where("triggers.env=prod")], False)
     monkeypatch.setattr(store, "GATHER_AT_MOST", gather_at_most)
-    assert _keys(_pages(fleet, f, 2)) == [(s, f"null_resource.n{i}") for s in ("s1", "s3") for i in (1, 3, 5)]
+    assert _keys(_pages(fleet, f, 2)) == [("s1", "null_resource.n3"), ("s1", "null_resource.n5"), ("s3", "null_resource.n1"),
+                                         ("s3", "null_resource.n2"), ("s3", "null_resource.n3"), ("s3", "null_resource.n5")]
 
 
 def test_the_search_page_says_more_than_its_cap(fleet: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
